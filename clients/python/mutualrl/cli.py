@@ -1,0 +1,84 @@
+"""The `mutualrl` command line: one entry point, subcommands registered by each package.
+
+Each module in COMMAND_MODULES exposes `register(commands: Commands)`; a module is listed only
+once its commands work. Heavy imports happen inside handlers so `mutualrl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "mutualrl.common.cli",
+)
+
+
+class Commands:
+    """Registers `mutualrl A B ...` commands, creating parent groups (`bench`, `inspect`) on use."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._parser = parser
+        self._groups: dict[tuple[str, ...], argparse._SubParsersAction] = {}
+        self._parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
+
+    def _subparsers(self, path: tuple[str, ...]) -> argparse._SubParsersAction:
+        if path not in self._groups:
+            parent = self._parsers[path]
+            self._groups[path] = parent.add_subparsers(
+                dest="_".join(("cmd", *path)), metavar="COMMAND", required=True)
+        return self._groups[path]
+
+    def group(self, path: Sequence[str], help: str) -> None:
+        """Declare a group (e.g. ("bench",)) with its help text; idempotent."""
+        key = tuple(path)
+        for depth in range(1, len(key) + 1):
+            sub = key[:depth]
+            if sub not in self._parsers:
+                self._parsers[sub] = self._subparsers(sub[:-1]).add_parser(
+                    sub[-1], help=help if sub == key else None,
+                    description=help if sub == key else None)
+
+    def add(self, path: Sequence[str], help: str, handler: Handler) -> argparse.ArgumentParser:
+        """Add the command `mutualrl *path`; returns its parser for arguments."""
+        key = tuple(path)
+        if len(key) > 1 and key[:-1] not in self._parsers:
+            self.group(key[:-1], help=f"{' '.join(key[:-1])} commands")
+        parser = self._subparsers(key[:-1]).add_parser(key[-1], help=help, description=help)
+        parser.set_defaults(handler=handler)
+        self._parsers[key] = parser
+        return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mutualrl",
+        description="Mutual reinforcement learning: heterogeneous policies trained with GRPO "
+        "that share experience through SEE, THL and MWRA.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="Python logging level.")
+    commands = Commands(parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return int(handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

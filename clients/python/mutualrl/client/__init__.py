@@ -1,0 +1,1 @@
+"""Python SDK: typed clients for SEE, THL and MWRA (sync and asyncio)."""

@@ -1,0 +1,1 @@
+"""Pieces every MutualRL service shares: typed config, auth, gRPC server and channel helpers."""

@@ -1,0 +1,77 @@
+"""Typed configuration: pydantic models loaded from YAML files in `configs/`.
+
+One YAML file describes a whole run; each process reads the section it owns
+(`load_section(path, "see", SeeConfig)`), so services never import the trainer's schema.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Config(BaseModel):
+    """Base of every config model: unknown keys are errors, field docstrings are descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class ServiceConfig(Config):
+    """What every gRPC service needs to listen, authenticate and expose metrics."""
+
+    host: str = "127.0.0.1"
+    """Interface the gRPC server binds to (use 0.0.0.0 in containers)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port; 0 picks a free one (the bound port is logged and returned)."""
+    auth_token: str | None = None
+    """Bearer token every call must carry (`authorization: Bearer <token>`); None disables auth.
+    Defaults to the MUTUALRL_AUTH_TOKEN environment variable when unset."""
+    tls_cert: Path | None = None
+    """PEM certificate chain; with `tls_key` the server listens with TLS instead of plaintext."""
+    tls_key: Path | None = None
+    """PEM private key matching `tls_cert`."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint; None serves none (0 picks a free one)."""
+    grace_seconds: float = Field(default=5.0, ge=0)
+    """On SIGTERM, in-flight calls get this long to finish before the server stops."""
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """Largest gRPC message accepted or sent."""
+
+    def resolved_token(self) -> str | None:
+        """The configured token, else MUTUALRL_AUTH_TOKEN, else None (auth off)."""
+        return self.auth_token or os.environ.get("MUTUALRL_AUTH_TOKEN") or None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a clear error names the file when it is not a mapping."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_section(path: str | Path | None, section: str, model: type[M], **overrides: Any) -> M:
+    """Build `model` from one top-level section of a run YAML (missing file or section: defaults).
+
+    Keyword overrides that are not None win over the file (command-line flags).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        raw = load_yaml(path).get(section) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: section '{section}' must be a mapping")
+        data.update(raw)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return model.model_validate(data)
+
+
+def load_model(path: str | Path, model: type[M]) -> M:
+    """Build `model` from a whole YAML file."""
+    return model.model_validate(load_yaml(path))

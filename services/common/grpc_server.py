@@ -122,10 +122,11 @@ async def start_server(
     `service_names` are full proto service names (`mutualrl.v1.ExperienceExchange`); each is
     reported SERVING by the health service once the server has started.
     """
+    # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     token = cfg.resolved_token()
     if token:
-        interceptors.insert(0, BearerAuthInterceptor(token))
+        interceptors.append(BearerAuthInterceptor(token))
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),

@@ -11,11 +11,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 
-class Restart(str, Enum):
+class Restart(StrEnum):
     """What to do when a process exits on its own."""
 
     NEVER = "never"

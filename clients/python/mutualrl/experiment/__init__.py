@@ -1,0 +1,1 @@
+"""`mutualrl experiment`: the probe comparison (none / prp / xgrpo / sgt) over paired seeds."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmutualrl/v1/allocation.proto\x12\x0bmutualrl.v1\"H\n\x0eWorkerCapacity\x12\x11\n\tcpu_slots\x18\x01 \x01(\x05\x12\x11\n\tgpu_count\x18\x02 \x01(\x05\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\"\xc3\x01\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12-\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1b.mutualrl.v1.WorkerCapacity\x12/\n\x06labels\x18\x03 \x03(\x0b\x32\x1f.mutualrl.v1.Worker.LabelsEntry\x12\x17\n\x0frollout_address\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x15RegisterWorkerRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12#\n\x06worker\x18\x02 \x01(\x0b\x32\x13.mutualrl.v1.Worker\"J\n\x05Lease\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xpires_unix_ms\x18\x03 \x01(\x03\"5\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"<\n\x17\x44\x65registerWorkerRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"+\n\x18\x44\x65registerWorkerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\x89\x01\n\x15RegisterPolicyRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x12\n\ntrainer_id\x18\x03 \x01(\t\x12\x11\n\tmin_units\x18\x04 \x01(\x05\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x16\n\x0erollout_budget\x18\x06 \x01(\x05\"Z\n\nPolicyInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x12\n\ntrainer_id\x18\x03 \x01(\t\x12\x15\n\rsmoothed_cost\x18\x04 \x01(\x01\"\x83\x01\n\x0eStepCostReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12\x0f\n\x07samples\x18\x06 \x01(\x03\x12\r\n\x05units\x18\x07 \x01(\x05\"6\n\x0bStepCostAck\x12\'\n\x06policy\x18\x01 \x01(\x0b\x32\x17.mutualrl.v1.PolicyInfo\"H\n\x14GetAllocationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\"\xbb\x01\n\nAllocation\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nworker_ids\x18\x05 \x03(\t\x12\r\n\x05units\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x16\n\x0erollout_budget\x18\x08 \x01(\x05\x12\x0e\n\x06\x61\x63tive\x18\t \x01(\x08\x12\x10\n\x08strategy\x18\n \x01(\t\";\n\x16WatchAllocationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\"(\n\x16ListAllocationsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"t\n\x0bWorkerState\x12#\n\x06worker\x18\x01 \x01(\x0b\x32\x13.mutualrl.v1.Worker\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.mutualrl.v1.Lease\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\"\xb9\x01\n\x0f\x41llocationTable\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x0b\x61llocations\x18\x02 \x03(\x0b\x32\x17.mutualrl.v1.Allocation\x12)\n\x07workers\x18\x03 \x03(\x0b\x32\x18.mutualrl.v1.WorkerState\x12)\n\x08policies\x18\x04 \x03(\x0b\x32\x17.mutualrl.v1.PolicyInfo\x12\x12\n\nidle_units\x18\x05 \x01(\x05\x32\x84\x05\n\tAllocator\x12H\n\x0eRegisterWorker\x12\".mutualrl.v1.RegisterWorkerRequest\x1a\x12.mutualrl.v1.Lease\x12>\n\tHeartbeat\x12\x1d.mutualrl.v1.HeartbeatRequest\x1a\x12.mutualrl.v1.Lease\x12_\n\x10\x44\x65registerWorker\x12$.mutualrl.v1.DeregisterWorkerRequest\x1a%.mutualrl.v1.DeregisterWorkerResponse\x12M\n\x0eRegisterPolicy\x12\".mutualrl.v1.RegisterPolicyRequest\x1a\x17.mutualrl.v1.PolicyInfo\x12G\n\x0eReportStepCost\x12\x1b.mutualrl.v1.StepCostReport\x1a\x18.mutualrl.v1.StepCostAck\x12K\n\rGetAllocation\x12!.mutualrl.v1.GetAllocationRequest\x1a\x17.mutualrl.v1.Allocation\x12Q\n\x0fWatchAllocation\x12#.mutualrl.v1.WatchAllocationRequest\x1a\x17.mutualrl.v1.Allocation0\x01\x12T\n\x0fListAllocations\x12#.mutualrl.v1.ListAllocationsRequest\x1a\x1c.mutualrl.v1.AllocationTableb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmutualrl/v1/allocation.proto\x12\x0bmutualrl.v1\"H\n\x0eWorkerCapacity\x12\x11\n\tcpu_slots\x18\x01 \x01(\x05\x12\x11\n\tgpu_count\x18\x02 \x01(\x05\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\"\xc3\x01\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12-\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1b.mutualrl.v1.WorkerCapacity\x12/\n\x06labels\x18\x03 \x03(\x0b\x32\x1f.mutualrl.v1.Worker.LabelsEntry\x12\x17\n\x0frollout_address\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x15RegisterWorkerRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12#\n\x06worker\x18\x02 \x01(\x0b\x32\x13.mutualrl.v1.Worker\"J\n\x05Lease\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xpires_unix_ms\x18\x03 \x01(\x03\"5\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"<\n\x17\x44\x65registerWorkerRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"+\n\x18\x44\x65registerWorkerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\x89\x01\n\x15RegisterPolicyRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x12\n\ntrainer_id\x18\x03 \x01(\t\x12\x11\n\tmin_units\x18\x04 \x01(\x05\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x16\n\x0erollout_budget\x18\x06 \x01(\x05\"\xb8\x02\n\nPolicyInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x12\n\ntrainer_id\x18\x03 \x01(\t\x12\x15\n\rsmoothed_cost\x18\x04 \x01(\x01\x12\x0c\n\x04live\x18\x05 \x01(\x08\x12\x19\n\x11last_seen_unix_ms\x18\x06 \x01(\x03\x12\x11\n\tmin_units\x18\x07 \x01(\x05\x12\x0e\n\x06weight\x18\x08 \x01(\x01\x12\x16\n\x0erollout_budget\x18\t \x01(\x05\x12\x0f\n\x07reports\x18\n \x01(\x03\x12\x14\n\x0clast_seconds\x18\x0b \x01(\x01\x12\x13\n\x0blast_tokens\x18\x0c \x01(\x03\x12\x14\n\x0clast_samples\x18\r \x01(\x03\x12\x12\n\nlast_units\x18\x0e \x01(\x05\x12\x12\n\nlast_round\x18\x0f \x01(\x03\";\n\x16PolicyHeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\"<\n\x17\x44\x65registerPolicyRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\"+\n\x18\x44\x65registerPolicyResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\x83\x01\n\x0eStepCostReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12\x0f\n\x07samples\x18\x06 \x01(\x03\x12\r\n\x05units\x18\x07 \x01(\x05\"6\n\x0bStepCostAck\x12\'\n\x06policy\x18\x01 \x01(\x0b\x32\x17.mutualrl.v1.PolicyInfo\"H\n\x14GetAllocationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\"\x94\x02\n\nAllocation\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nworker_ids\x18\x05 \x03(\t\x12\r\n\x05units\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x16\n\x0erollout_budget\x18\x08 \x01(\x05\x12\x0e\n\x06\x61\x63tive\x18\t \x01(\x08\x12\x10\n\x08strategy\x18\n \x01(\t\x12\x19\n\x11rollout_addresses\x18\x0b \x03(\t\x12(\n\x06slices\x18\x0c \x03(\x0b\x32\x18.mutualrl.v1.WorkerSlice\x12\x12\n\npool_units\x18\r \x01(\x05\"H\n\x0bWorkerSlice\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05units\x18\x02 \x01(\x05\x12\x17\n\x0frollout_address\x18\x03 \x01(\t\";\n\x16WatchAllocationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\"(\n\x16ListAllocationsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xff\x01\n\x0bWorkerState\x12#\n\x06worker\x18\x01 \x01(\x0b\x32\x13.mutualrl.v1.Worker\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.mutualrl.v1.Lease\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x44\n\x0funits_by_policy\x18\x05 \x03(\x0b\x32+.mutualrl.v1.WorkerState.UnitsByPolicyEntry\x12\r\n\x05units\x18\x06 \x01(\x05\x1a\x34\n\x12UnitsByPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x8d\x02\n\x0f\x41llocationTable\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x0b\x61llocations\x18\x02 \x03(\x0b\x32\x17.mutualrl.v1.Allocation\x12)\n\x07workers\x18\x03 \x03(\x0b\x32\x18.mutualrl.v1.WorkerState\x12)\n\x08policies\x18\x04 \x03(\x0b\x32\x17.mutualrl.v1.PolicyInfo\x12\x12\n\nidle_units\x18\x05 \x01(\x05\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\r\n\x05round\x18\x07 \x01(\x03\x12\x10\n\x08strategy\x18\x08 \x01(\t\x12\x0e\n\x06leader\x18\t \x01(\t\x12\x12\n\npool_units\x18\n \x01(\x05\x32\xb6\x06\n\tAllocator\x12H\n\x0eRegisterWorker\x12\".mutualrl.v1.RegisterWorkerRequest\x1a\x12.mutualrl.v1.Lease\x12>\n\tHeartbeat\x12\x1d.mutualrl.v1.HeartbeatRequest\x1a\x12.mutualrl.v1.Lease\x12_\n\x10\x44\x65registerWorker\x12$.mutualrl.v1.DeregisterWorkerRequest\x1a%.mutualrl.v1.DeregisterWorkerResponse\x12M\n\x0eRegisterPolicy\x12\".mutualrl.v1.RegisterPolicyRequest\x1a\x17.mutualrl.v1.PolicyInfo\x12G\n\x0eReportStepCost\x12\x1b.mutualrl.v1.StepCostReport\x1a\x18.mutualrl.v1.StepCostAck\x12O\n\x0fPolicyHeartbeat\x12#.mutualrl.v1.PolicyHeartbeatRequest\x1a\x17.mutualrl.v1.PolicyInfo\x12_\n\x10\x44\x65registerPolicy\x12$.mutualrl.v1.DeregisterPolicyRequest\x1a%.mutualrl.v1.DeregisterPolicyResponse\x12K\n\rGetAllocation\x12!.mutualrl.v1.GetAllocationRequest\x1a\x17.mutualrl.v1.Allocation\x12Q\n\x0fWatchAllocation\x12#.mutualrl.v1.WatchAllocationRequest\x1a\x17.mutualrl.v1.Allocation0\x01\x12T\n\x0fListAllocations\x12#.mutualrl.v1.ListAllocationsRequest\x1a\x1c.mutualrl.v1.AllocationTableb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKER_LABELSENTRY']._loaded_options = None
   _globals['_WORKER_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATE_UNITSBYPOLICYENTRY']._loaded_options = None
+  _globals['_WORKERSTATE_UNITSBYPOLICYENTRY']._serialized_options = b'8\001'
   _globals['_WORKERCAPACITY']._serialized_start=45
   _globals['_WORKERCAPACITY']._serialized_end=117
   _globals['_WORKER']._serialized_start=120
@@ -51,24 +53,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=631
   _globals['_REGISTERPOLICYREQUEST']._serialized_start=634
   _globals['_REGISTERPOLICYREQUEST']._serialized_end=771
-  _globals['_POLICYINFO']._serialized_start=773
-  _globals['_POLICYINFO']._serialized_end=863
-  _globals['_STEPCOSTREPORT']._serialized_start=866
-  _globals['_STEPCOSTREPORT']._serialized_end=997
-  _globals['_STEPCOSTACK']._serialized_start=999
-  _globals['_STEPCOSTACK']._serialized_end=1053
-  _globals['_GETALLOCATIONREQUEST']._serialized_start=1055
-  _globals['_GETALLOCATIONREQUEST']._serialized_end=1127
-  _globals['_ALLOCATION']._serialized_start=1130
-  _globals['_ALLOCATION']._serialized_end=1317
-  _globals['_WATCHALLOCATIONREQUEST']._serialized_start=1319
-  _globals['_WATCHALLOCATIONREQUEST']._serialized_end=1378
-  _globals['_LISTALLOCATIONSREQUEST']._serialized_start=1380
-  _globals['_LISTALLOCATIONSREQUEST']._serialized_end=1420
-  _globals['_WORKERSTATE']._serialized_start=1422
-  _globals['_WORKERSTATE']._serialized_end=1538
-  _globals['_ALLOCATIONTABLE']._serialized_start=1541
-  _globals['_ALLOCATIONTABLE']._serialized_end=1726
-  _globals['_ALLOCATOR']._serialized_start=1729
-  _globals['_ALLOCATOR']._serialized_end=2373
+  _globals['_POLICYINFO']._serialized_start=774
+  _globals['_POLICYINFO']._serialized_end=1086
+  _globals['_POLICYHEARTBEATREQUEST']._serialized_start=1088
+  _globals['_POLICYHEARTBEATREQUEST']._serialized_end=1147
+  _globals['_DEREGISTERPOLICYREQUEST']._serialized_start=1149
+  _globals['_DEREGISTERPOLICYREQUEST']._serialized_end=1209
+  _globals['_DEREGISTERPOLICYRESPONSE']._serialized_start=1211
+  _globals['_DEREGISTERPOLICYRESPONSE']._serialized_end=1254
+  _globals['_STEPCOSTREPORT']._serialized_start=1257
+  _globals['_STEPCOSTREPORT']._serialized_end=1388
+  _globals['_STEPCOSTACK']._serialized_start=1390
+  _globals['_STEPCOSTACK']._serialized_end=1444
+  _globals['_GETALLOCATIONREQUEST']._serialized_start=1446
+  _globals['_GETALLOCATIONREQUEST']._serialized_end=1518
+  _globals['_ALLOCATION']._serialized_start=1521
+  _globals['_ALLOCATION']._serialized_end=1797
+  _globals['_WORKERSLICE']._serialized_start=1799
+  _globals['_WORKERSLICE']._serialized_end=1871
+  _globals['_WATCHALLOCATIONREQUEST']._serialized_start=1873
+  _globals['_WATCHALLOCATIONREQUEST']._serialized_end=1932
+  _globals['_LISTALLOCATIONSREQUEST']._serialized_start=1934
+  _globals['_LISTALLOCATIONSREQUEST']._serialized_end=1974
+  _globals['_WORKERSTATE']._serialized_start=1977
+  _globals['_WORKERSTATE']._serialized_end=2232
+  _globals['_WORKERSTATE_UNITSBYPOLICYENTRY']._serialized_start=2180
+  _globals['_WORKERSTATE_UNITSBYPOLICYENTRY']._serialized_end=2232
+  _globals['_ALLOCATIONTABLE']._serialized_start=2235
+  _globals['_ALLOCATIONTABLE']._serialized_end=2504
+  _globals['_ALLOCATOR']._serialized_start=2507
+  _globals['_ALLOCATOR']._serialized_end=3329
 # @@protoc_insertion_point(module_scope)

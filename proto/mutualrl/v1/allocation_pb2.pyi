@@ -92,16 +92,60 @@ class RegisterPolicyRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("run_id", "policy_id", "trainer_id", "smoothed_cost")
+    __slots__ = ("run_id", "policy_id", "trainer_id", "smoothed_cost", "live", "last_seen_unix_ms", "min_units", "weight", "rollout_budget", "reports", "last_seconds", "last_tokens", "last_samples", "last_units", "last_round")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
     SMOOTHED_COST_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_UNITS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNITS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     trainer_id: str
     smoothed_cost: float
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., smoothed_cost: _Optional[float] = ...) -> None: ...
+    live: bool
+    last_seen_unix_ms: int
+    min_units: int
+    weight: float
+    rollout_budget: int
+    reports: int
+    last_seconds: float
+    last_tokens: int
+    last_samples: int
+    last_units: int
+    last_round: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., smoothed_cost: _Optional[float] = ..., live: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ..., reports: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_tokens: _Optional[int] = ..., last_samples: _Optional[int] = ..., last_units: _Optional[int] = ..., last_round: _Optional[int] = ...) -> None: ...
+
+class PolicyHeartbeatRequest(_message.Message):
+    __slots__ = ("run_id", "policy_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    policy_id: str
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterPolicyRequest(_message.Message):
+    __slots__ = ("run_id", "policy_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    policy_id: str
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterPolicyResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
 
 class StepCostReport(_message.Message):
     __slots__ = ("run_id", "policy_id", "round", "seconds", "tokens", "samples", "units")
@@ -138,7 +182,7 @@ class GetAllocationRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("run_id", "policy_id", "epoch", "round", "worker_ids", "units", "threads", "rollout_budget", "active", "strategy")
+    __slots__ = ("run_id", "policy_id", "epoch", "round", "worker_ids", "units", "threads", "rollout_budget", "active", "strategy", "rollout_addresses", "slices", "pool_units")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +193,9 @@ class Allocation(_message.Message):
     ROLLOUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    POOL_UNITS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     epoch: int
@@ -159,7 +206,20 @@ class Allocation(_message.Message):
     rollout_budget: int
     active: bool
     strategy: str
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., units: _Optional[int] = ..., threads: _Optional[int] = ..., rollout_budget: _Optional[int] = ..., active: _Optional[bool] = ..., strategy: _Optional[str] = ...) -> None: ...
+    rollout_addresses: _containers.RepeatedScalarFieldContainer[str]
+    slices: _containers.RepeatedCompositeFieldContainer[WorkerSlice]
+    pool_units: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., units: _Optional[int] = ..., threads: _Optional[int] = ..., rollout_budget: _Optional[int] = ..., active: _Optional[bool] = ..., strategy: _Optional[str] = ..., rollout_addresses: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[WorkerSlice, _Mapping]]] = ..., pool_units: _Optional[int] = ...) -> None: ...
+
+class WorkerSlice(_message.Message):
+    __slots__ = ("worker_id", "units", "rollout_address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    units: int
+    rollout_address: str
+    def __init__(self, worker_id: _Optional[str] = ..., units: _Optional[int] = ..., rollout_address: _Optional[str] = ...) -> None: ...
 
 class WatchAllocationRequest(_message.Message):
     __slots__ = ("run_id", "policy_id")
@@ -176,27 +236,48 @@ class ListAllocationsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker", "lease", "state", "holder")
+    __slots__ = ("worker", "lease", "state", "holder", "units_by_policy", "units")
+    class UnitsByPolicyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    UNITS_BY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
     worker: Worker
     lease: Lease
     state: str
     holder: str
-    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ...) -> None: ...
+    units_by_policy: _containers.ScalarMap[str, int]
+    units: int
+    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ..., units_by_policy: _Optional[_Mapping[str, int]] = ..., units: _Optional[int] = ...) -> None: ...
 
 class AllocationTable(_message.Message):
-    __slots__ = ("run_id", "allocations", "workers", "policies", "idle_units")
+    __slots__ = ("run_id", "allocations", "workers", "policies", "idle_units", "epoch", "round", "strategy", "leader", "pool_units")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     POLICIES_FIELD_NUMBER: _ClassVar[int]
     IDLE_UNITS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    POOL_UNITS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
     policies: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
     idle_units: int
-    def __init__(self, run_id: _Optional[str] = ..., allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., idle_units: _Optional[int] = ...) -> None: ...
+    epoch: int
+    round: int
+    strategy: str
+    leader: str
+    pool_units: int
+    def __init__(self, run_id: _Optional[str] = ..., allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ..., idle_units: _Optional[int] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., strategy: _Optional[str] = ..., leader: _Optional[str] = ..., pool_units: _Optional[int] = ...) -> None: ...

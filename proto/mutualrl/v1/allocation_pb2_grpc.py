@@ -59,6 +59,16 @@ class AllocatorStub:
                 request_serializer=mutualrl_dot_v1_dot_allocation__pb2.StepCostReport.SerializeToString,
                 response_deserializer=mutualrl_dot_v1_dot_allocation__pb2.StepCostAck.FromString,
                 _registered_method=True)
+        self.PolicyHeartbeat = channel.unary_unary(
+                '/mutualrl.v1.Allocator/PolicyHeartbeat',
+                request_serializer=mutualrl_dot_v1_dot_allocation__pb2.PolicyHeartbeatRequest.SerializeToString,
+                response_deserializer=mutualrl_dot_v1_dot_allocation__pb2.PolicyInfo.FromString,
+                _registered_method=True)
+        self.DeregisterPolicy = channel.unary_unary(
+                '/mutualrl.v1.Allocator/DeregisterPolicy',
+                request_serializer=mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyRequest.SerializeToString,
+                response_deserializer=mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyResponse.FromString,
+                _registered_method=True)
         self.GetAllocation = channel.unary_unary(
                 '/mutualrl.v1.Allocator/GetAllocation',
                 request_serializer=mutualrl_dot_v1_dot_allocation__pb2.GetAllocationRequest.SerializeToString,
@@ -109,6 +119,18 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PolicyHeartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetAllocation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -154,6 +176,16 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.ReportStepCost,
                     request_deserializer=mutualrl_dot_v1_dot_allocation__pb2.StepCostReport.FromString,
                     response_serializer=mutualrl_dot_v1_dot_allocation__pb2.StepCostAck.SerializeToString,
+            ),
+            'PolicyHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyHeartbeat,
+                    request_deserializer=mutualrl_dot_v1_dot_allocation__pb2.PolicyHeartbeatRequest.FromString,
+                    response_serializer=mutualrl_dot_v1_dot_allocation__pb2.PolicyInfo.SerializeToString,
+            ),
+            'DeregisterPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterPolicy,
+                    request_deserializer=mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyRequest.FromString,
+                    response_serializer=mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyResponse.SerializeToString,
             ),
             'GetAllocation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAllocation,
@@ -306,6 +338,60 @@ class Allocator:
             '/mutualrl.v1.Allocator/ReportStepCost',
             mutualrl_dot_v1_dot_allocation__pb2.StepCostReport.SerializeToString,
             mutualrl_dot_v1_dot_allocation__pb2.StepCostAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mutualrl.v1.Allocator/PolicyHeartbeat',
+            mutualrl_dot_v1_dot_allocation__pb2.PolicyHeartbeatRequest.SerializeToString,
+            mutualrl_dot_v1_dot_allocation__pb2.PolicyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mutualrl.v1.Allocator/DeregisterPolicy',
+            mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyRequest.SerializeToString,
+            mutualrl_dot_v1_dot_allocation__pb2.DeregisterPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,391 @@
+"""Allocation policies of MWRA: pure math, no network code (tested in microseconds).
+
+Vocabulary
+----------
+*Unit*: what the pool is counted in, a CPU thread in local mode and a GPU in cluster mode.
+*Pool*: the units of the live workers, N = sum of their units.
+*Cost* c_i of policy i: the unit-seconds one round of policy i needs, measured as
+``seconds * units`` of each reported step and smoothed with an exponential moving average (EMA,
+``ema``). Under the linear-scaling assumption a round of policy i on u_i units takes
+
+    t_i = c_i / u_i            (seconds)
+
+and the round barrier is reached when the slowest policy finishes, at the *makespan*
+``T(u) = max_i c_i / u_i``. Units of a policy that finishes early idle until the barrier; the
+idle fraction is ``sum_i u_i (T - t_i) / (N T)``.
+
+Policies (``Settings.strategy``)
+--------------------------------
+``static``     fixed shares by weight: quotas q_i = N w_i / sum_j w_j, rounded by largest
+               remainder (``apportion``), every policy at least its minimum m_i.
+``balanced``   min-makespan (``balanced_shares``): the continuous optimum gives every policy
+               q_i = N c_i / sum_j c_j units, so that all finish together at sum_j c_j / N. The
+               integer optimum T* is the least T with ``sum_i max(m_i, ceil(c_i / T)) <= N``
+               (``min_makespan``); every policy first gets that many units, and the units left
+               over (they cannot lower T*) go by largest remainder of q_i. Hysteresis keeps the
+               previous split while ``T(previous) <= (1 + h) T*`` so noise does not thrash it.
+``time-share`` when the pool cannot give every policy its minimum (N < sum m_i, e.g. fewer units
+               than policies), policies take turns: the policy ids in sorted order form a ring,
+               each round takes the next policies of the ring whose minimums fit (at most
+               ``turn_policies`` of them), the active ones divide the pool (by cost, as in
+               ``balanced``), the others sit the round out; the cursor moves past the last
+               policy taken, so every policy gets a turn within ceil(P / A) rounds for A active
+               per round. ``static``/``balanced`` fall back to it when the pool is too small.
+
+Rounds: a ``Plan`` is made for one round and fixed once any policy asked for that round;
+``plan_round`` is called only when a policy asks for a later round (between rounds).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Strategy = Literal["static", "balanced", "time-share"]
+STRATEGIES: tuple[str, ...] = ("static", "balanced", "time-share")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A live policy as the allocator sees it."""
+
+    policy_id: str
+    min_units: int = 1
+    """Fewest units the policy may get when it is active (>= 1)."""
+    weight: float = 1.0
+    """Share weight of `static` (> 0)."""
+    rollout_budget: int = 0
+    """Samples per active round, handed back in the allocation."""
+    cost: float | None = None
+    """Smoothed unit-seconds per round; None until the policy reported a step."""
+
+
+@dataclass(frozen=True)
+class PoolWorker:
+    """A live worker: `units` of the pool (CPU slots or GPUs), its CPU slots and rollout server."""
+
+    worker_id: str
+    units: int
+    cpu_slots: int = 0
+    rollout_address: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How plans are made (mirrors the allocation fields of `MwraConfig`)."""
+
+    strategy: Strategy = "balanced"
+    hysteresis: float = 0.1
+    """`balanced` keeps the previous split unless the optimum is this much (relative) faster."""
+    turn_policies: int | None = None
+    """`time-share`: most policies active in one round (None: as many as fit)."""
+
+
+@dataclass
+class Plan:
+    """The allocation of a run for one round: who holds which units of which worker."""
+
+    round: int
+    epoch: int
+    strategy: str
+    """The rule that produced it: `static`, `balanced` or `time-share` (after any fallback)."""
+    units: dict[str, int]
+    """Units per policy of the plan (0 for a policy that sits the round out)."""
+    placement: dict[str, dict[str, int]]
+    """policy -> worker -> units taken from that worker."""
+    active: list[str]
+    pool_units: int
+    workers: list[str]
+    """Live workers the plan was made over (sorted)."""
+    policies: list[str]
+    """Live policies the plan was made for (sorted)."""
+    next_turn: str | None = None
+    """time-share cursor: the first policy in line next round."""
+    costs: dict[str, float] = field(default_factory=dict)
+    """Costs the plan was computed with (unit-seconds per round)."""
+    threads: dict[str, int] = field(default_factory=dict)
+    """CPU threads per policy: on each worker, its share of the worker's CPU slots
+    (``floor(cpu_slots * units_taken / worker_units)``, at least 1 per policy holding units;
+    equal to the units in CPU mode; 0 for a policy that sits the round out)."""
+    rollout: dict[str, str] = field(default_factory=dict)
+    """Rollout server address of each placed worker that has one."""
+
+    @property
+    def idle_units(self) -> int:
+        return self.pool_units - sum(self.units.values())
+
+    @property
+    def empty(self) -> bool:
+        """Nobody holds anything: such a plan may be replaced within its round (startup)."""
+        return sum(self.units.values()) == 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        return cls(**json.loads(text))
+
+
+def ema(previous: float | None, observed: float, alpha: float) -> float:
+    """Exponential moving average: ``alpha * observed + (1 - alpha) * previous``.
+
+    The first observation is taken as it is; alpha in (0, 1] is the weight of the newest.
+    """
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    if previous is None:
+        return observed
+    return alpha * observed + (1.0 - alpha) * previous
+
+
+def makespan(costs: Mapping[str, float], units: Mapping[str, int]) -> float:
+    """``max_i c_i / u_i`` over the policies holding units (inf when one holds none)."""
+    worst = 0.0
+    for pid, cost in costs.items():
+        u = units.get(pid, 0)
+        if u <= 0:
+            return math.inf
+        worst = max(worst, cost / u)
+    return worst
+
+
+def idle_fraction(costs: Mapping[str, float], units: Mapping[str, int]) -> float:
+    """Share of the unit-time of a round spent waiting at the barrier:
+    ``sum_i u_i (T - c_i/u_i) / (N T)`` with T the makespan and N the units held."""
+    total = sum(units[p] for p in costs)
+    span = makespan(costs, units)
+    if total == 0 or span in (0.0, math.inf):
+        return 0.0
+    busy = sum(costs.values())  # sum_i u_i * (c_i / u_i)
+    return (total * span - busy) / (total * span)
+
+
+def _clamped_minimums(minimums: Mapping[str, int], total: int) -> dict[str, int]:
+    # A policy may ask for more than the whole pool; on its turn it gets the pool.
+    return {p: max(1, min(int(m), total)) for p, m in minimums.items()}
+
+
+def apportion(quotas: Mapping[str, float], total: int, minimums: Mapping[str, int],
+              base: Mapping[str, int] | None = None,
+              tiebreak: Mapping[str, float] | None = None) -> dict[str, int]:
+    """Integer shares summing to `total`, each >= its minimum, close to `quotas`.
+
+    Largest-remainder (Hamilton) rounding: start from ``max(m_i, floor(q_i))`` (or `base`),
+    then hand out missing units one at a time to the largest deficit ``q_i - u_i`` and, when the
+    minimums overshoot, take units back from the largest surplus ``u_i - q_i`` among those above
+    their minimum. Ties go to the larger `tiebreak` value, then to the smaller policy id, so the
+    result is deterministic. Requires ``sum(minimums) <= total``.
+    """
+    if sum(minimums.values()) > total:
+        raise ValueError("minimums exceed the pool; time-share instead")
+    tb = tiebreak or {}
+    shares = {p: max(int(minimums[p]), math.floor(q)) for p, q in quotas.items()}
+    if base is not None:
+        shares = {p: max(int(minimums[p]), int(base[p])) for p in quotas}
+    while sum(shares.values()) < total:
+        pick = min(quotas, key=lambda p: (-(quotas[p] - shares[p]), -tb.get(p, 0.0), p))
+        shares[pick] += 1
+    while sum(shares.values()) > total:
+        above = [p for p in quotas if shares[p] > minimums[p]]
+        pick = min(above, key=lambda p: (-(shares[p] - quotas[p]), tb.get(p, 0.0), p))
+        shares[pick] -= 1
+    return shares
+
+
+def static_shares(weights: Mapping[str, float], total: int,
+                  minimums: Mapping[str, int]) -> dict[str, int]:
+    """`static`: quotas ``N w_i / sum w``, largest-remainder rounding, minimums respected."""
+    wsum = sum(weights.values())
+    quotas = {p: total * w / wsum for p, w in weights.items()}
+    return apportion(quotas, total, minimums, tiebreak=weights)
+
+
+def min_makespan(costs: Mapping[str, float], total: int, minimums: Mapping[str, int]) -> float:
+    """The least achievable makespan T* with integer units (exact).
+
+    Giving policy i ``need_i(T) = max(m_i, ceil(c_i / T))`` units is the cheapest way to finish
+    by T, so T is feasible iff ``sum_i need_i(T) <= N``. T* is one of the values c_i / k
+    (k = 1..N), the only places where some need_i changes; we scan them in increasing order.
+    """
+    if sum(minimums.values()) > total:
+        raise ValueError("minimums exceed the pool")
+    candidates = sorted({c / k for c in costs.values() for k in range(1, total + 1)})
+    for t in candidates:
+        if t <= 0:
+            continue
+        if sum(_need(costs[p], t, minimums[p]) for p in costs) <= total:
+            return t
+    return 0.0  # every cost is zero: any split finishes at once
+
+
+def _need(cost: float, t: float, minimum: int) -> int:
+    # A relative tolerance keeps c/(c/k) from rounding up to k + 1 in floating point.
+    return max(minimum, math.ceil(cost / t * (1 - 1e-12)))
+
+
+def balanced_shares(costs: Mapping[str, float], total: int,
+                    minimums: Mapping[str, int]) -> dict[str, int]:
+    """`balanced`: a min-makespan split, as close to proportional ``N c_i / sum c`` as possible.
+
+    Every policy gets ``need_i(T*)`` (see `min_makespan`), which reaches the optimum; the units
+    left over go by largest remainder of the proportional quotas (more units never raise a
+    finish time). Costs of zero or less are treated as a tiny positive cost.
+    """
+    safe = {p: max(float(c), 1e-9) for p, c in costs.items()}
+    csum = sum(safe.values())
+    quotas = {p: total * c / csum for p, c in safe.items()}
+    t_star = min_makespan(safe, total, minimums)
+    base = {p: _need(safe[p], t_star, minimums[p]) if t_star > 0 else minimums[p] for p in safe}
+    return apportion(quotas, total, minimums, base=base, tiebreak=safe)
+
+
+def turn(policies: Sequence[str], minimums: Mapping[str, int], total: int,
+         cursor: str | None, max_active: int | None = None) -> tuple[list[str], str | None]:
+    """One round of the time-share ring: the active policies and the next cursor.
+
+    `policies` sorted; the turn starts at the first policy id >= `cursor` (wrapping), takes
+    policies while their (clamped) minimums fit into `total` and at most `max_active` of them
+    (always at least one), and the next cursor is the policy after the last one taken.
+    """
+    if not policies:
+        return [], cursor
+    ring = sorted(policies)
+    start = 0 if cursor is None else bisect.bisect_left(ring, cursor) % len(ring)
+    mins = _clamped_minimums(minimums, total)
+    active: list[str] = []
+    used = 0
+    for step in range(len(ring)):
+        pid = ring[(start + step) % len(ring)]
+        if active and (used + mins[pid] > total or (max_active and len(active) >= max_active)):
+            break
+        active.append(pid)
+        used += mins[pid]
+    nxt = ring[(start + len(active)) % len(ring)]
+    return sorted(active), nxt
+
+
+def place(units: Mapping[str, int], workers: Sequence[PoolWorker],
+          previous: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, int]]:
+    """Map unit counts onto workers, keeping what each policy held before where possible.
+
+    Moving a unit costs (a rollout server reloads weights, threads migrate), so each policy first
+    keeps its previous units on workers still live, then fills up from free units in worker-id
+    order. Deterministic: policies and workers are visited in sorted order.
+    """
+    free = {w.worker_id: w.units for w in sorted(workers, key=lambda w: w.worker_id)}
+    need = dict(units)
+    placement: dict[str, dict[str, int]] = {p: {} for p in sorted(units)}
+    for pid in sorted(units):
+        for wid, held in sorted((previous or {}).get(pid, {}).items()):
+            take = min(held, free.get(wid, 0), need[pid])
+            if take > 0:
+                placement[pid][wid] = take
+                free[wid] -= take
+                need[pid] -= take
+    for pid in sorted(units):
+        for wid in free:
+            if need[pid] == 0:
+                break
+            take = min(free[wid], need[pid])
+            if take > 0:
+                placement[pid][wid] = placement[pid].get(wid, 0) + take
+                free[wid] -= take
+                need[pid] -= take
+        if need[pid]:
+            raise ValueError(f"pool too small to place {units[pid]} units for {pid}")
+    return {p: dict(sorted(ws.items())) for p, ws in placement.items()}
+
+
+def effective_costs(policies: Sequence[PolicySpec]) -> dict[str, float]:
+    """Costs to plan with: measured ones, and for policies that never reported the mean of the
+    measured ones (all equal when nobody reported yet, so `balanced` starts as an equal split)."""
+    known = [p.cost for p in policies if p.cost is not None and p.cost > 0]
+    fallback = sum(known) / len(known) if known else 1.0
+    return {p.policy_id: (p.cost if p.cost is not None and p.cost > 0 else fallback)
+            for p in policies}
+
+
+def plan_round(previous: Plan | None, policies: Sequence[PolicySpec],
+               workers: Sequence[PoolWorker], settings: Settings, round_: int) -> Plan:
+    """The plan for `round_` given the live policies, the live workers and the previous plan.
+
+    The epoch moves on only when who-holds-what changes; the round always becomes `round_`.
+    """
+    pols = sorted(policies, key=lambda p: p.policy_id)
+    pool = [w for w in sorted(workers, key=lambda w: w.worker_id) if w.units > 0]
+    total = sum(w.units for w in pool)
+    ids = [p.policy_id for p in pols]
+    costs = effective_costs(pols)
+    prev_epoch = previous.epoch if previous else 0
+    cursor = previous.next_turn if previous else None
+    if total == 0 or not pols:
+        plan = Plan(round=round_, epoch=prev_epoch, strategy=settings.strategy,
+                    units={p: 0 for p in ids}, placement={p: {} for p in ids}, active=[],
+                    pool_units=total, workers=[w.worker_id for w in pool], policies=ids,
+                    next_turn=cursor, costs=costs)
+        return _bump(previous, plan)
+    mins = _clamped_minimums({p.policy_id: p.min_units for p in pols}, total)
+    strategy: str = settings.strategy
+    if strategy == "time-share" or sum(mins.values()) > total:
+        strategy = "time-share"
+        max_active = settings.turn_policies if settings.strategy == "time-share" else None
+        active, cursor = turn(ids, mins, total, cursor, max_active)
+    else:
+        active = ids
+    act_costs = {p: costs[p] for p in active}
+    act_mins = {p: mins[p] for p in active}
+    if strategy == "static":
+        shares = static_shares({p.policy_id: p.weight for p in pols}, total, mins)
+    else:
+        shares = balanced_shares(act_costs, total, act_mins)
+        kept = _kept_by_hysteresis(previous, active, act_costs, act_mins, total, settings)
+        if kept is not None and strategy == (previous.strategy if previous else None):
+            shares = kept
+    units = {p: shares.get(p, 0) for p in ids}
+    placement = place(units, pool, previous.placement if previous else None)
+    plan = Plan(round=round_, epoch=prev_epoch, strategy=strategy, units=units,
+                placement=placement, active=sorted(active), pool_units=total,
+                workers=[w.worker_id for w in pool], policies=ids, next_turn=cursor, costs=costs,
+                threads=_threads(placement, pool),
+                rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
+                         and any(w.worker_id in ws for ws in placement.values())})
+    return _bump(previous, plan)
+
+
+def _threads(placement: Mapping[str, Mapping[str, int]],
+             pool: Sequence[PoolWorker]) -> dict[str, int]:
+    by_id = {w.worker_id: w for w in pool}
+    threads: dict[str, int] = {}
+    for pid, slices in placement.items():
+        n = sum(by_id[wid].cpu_slots * u // by_id[wid].units for wid, u in slices.items())
+        threads[pid] = max(1, n) if slices else 0
+    return threads
+
+
+def _kept_by_hysteresis(previous: Plan | None, active: Sequence[str], costs: Mapping[str, float],
+                        mins: Mapping[str, int], total: int,
+                        settings: Settings) -> dict[str, int] | None:
+    """The previous split when it is still valid and within (1 + h) of the optimal makespan."""
+    if previous is None or sorted(previous.active) != sorted(active):
+        return None
+    old = {p: previous.units.get(p, 0) for p in active}
+    if sum(old.values()) != total or any(old[p] < mins[p] for p in active):
+        return None  # pool or minimums changed: the old split no longer fits
+    best = makespan(costs, balanced_shares(costs, total, mins))
+    if makespan(costs, old) <= (1.0 + settings.hysteresis) * best:
+        return old
+    return None
+
+
+def _bump(previous: Plan | None, plan: Plan) -> Plan:
+    if previous is None:
+        plan.epoch = 1
+    elif (previous.placement != plan.placement or previous.active != plan.active
+          or previous.units != plan.units):
+        plan.epoch = previous.epoch + 1
+    return plan

@@ -1,0 +1,73 @@
+"""Configuration of MWRA: the `mwra:` section of a run YAML (see configs/mwra.yaml)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mutualrl.common.config import ServiceConfig
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _redis_url_from_env() -> str:
+    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+class MwraConfig(ServiceConfig):
+    """The allocator service: where it listens, where its state lives, how it allocates."""
+
+    port: int = Field(default=50053, ge=0, le=65535)
+    """gRPC port (0 picks a free one)."""
+    metrics_port: int | None = Field(default=9103, ge=0, le=65535)
+    """Prometheus /metrics port; None serves none (0 picks a free one)."""
+    redis_url: str = Field(default_factory=_redis_url_from_env)
+    """Redis holding workers, leases, policies, costs and allocations (keys `mwra:{<run>}:...`).
+    Defaults to the REDIS_URL environment variable, else redis://127.0.0.1:6379/0."""
+    redis_timeout_seconds: float = Field(default=5.0, gt=0)
+    """Connect and per-command timeout towards Redis; calls fail with UNAVAILABLE past it."""
+    strategy: Literal["static", "balanced", "time-share"] = "balanced"
+    """Allocation policy: `static` (fixed shares by weight), `balanced` (min-makespan from
+    measured step costs), `time-share` (policies take turns on the pool). `static` and
+    `balanced` fall back to time-share in rounds where the pool cannot give every live policy
+    its minimum."""
+    unit: Literal["auto", "cpu", "gpu"] = "auto"
+    """What the pool is counted in: `cpu` threads (local mode), `gpu`s (cluster mode), or `auto`:
+    GPUs when any live worker has one, else CPU slots."""
+    worker_lease_seconds: float = Field(default=10.0, gt=0)
+    """A worker whose last heartbeat is older than this is lost; workers should heartbeat every
+    third of it."""
+    policy_lease_seconds: float = Field(default=120.0, gt=0)
+    """A policy with no register/report/heartbeat/GetAllocation for this long is gone and its
+    units are released at the next rebalance (longer than the longest training step, or send
+    PolicyHeartbeat)."""
+    smoothing: float = Field(default=0.3, gt=0, le=1)
+    """EMA weight of the newest step cost (1 = use only the last step)."""
+    hysteresis: float = Field(default=0.1, ge=0)
+    """`balanced` keeps the current split unless the optimal makespan is at least this much
+    (relative) shorter: 0.1 = move only for a >= 10% gain, so noisy costs do not thrash it."""
+    turn_policies: int | None = Field(default=None, ge=1)
+    """`time-share`: most policies active in one round (None: as many as the pool fits;
+    1: each round one policy holds the whole pool)."""
+    lock_ttl_seconds: float = Field(default=5.0, gt=0)
+    """TTL of a run's leader lock; a follower takes over this long after the leader died."""
+    tick_seconds: float = Field(default=0.25, gt=0)
+    """Period of the background loop that renews the lock, marks lost workers and serves
+    rebalance requests forwarded by followers (keep well below lock_ttl and the leases)."""
+    follower_wait_seconds: float = Field(default=10.0, ge=0)
+    """How long a follower waits for the leader to make an allocation for a new round before
+    answering with the current one."""
+    watch_poll_seconds: float = Field(default=0.2, gt=0)
+    """WatchAllocation re-reads Redis this often (changes by any replica are seen)."""
+    replica_id: str | None = None
+    """Name of this replica in the leader lock; None: <hostname>-<random> (a stable name lets a
+    restarted replica reclaim its lock at once)."""
+
+    @model_validator(mode="after")
+    def _tick_below_ttl(self) -> MwraConfig:
+        if self.tick_seconds >= self.lock_ttl_seconds:
+            raise ValueError("tick_seconds must be below lock_ttl_seconds, or the lock lapses "
+                             "between renewals")
+        return self

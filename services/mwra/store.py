@@ -1,0 +1,309 @@
+"""MWRA state in Redis: workers, leases, policies, costs, the current plan and the leader lock.
+
+Every key of a run shares the hash tag ``{<run_id>}`` so a Redis Cluster keeps a run in one slot
+(the Lua scripts below touch several keys of one run):
+
+    mwra:{run}:workers   hash  worker_id -> JSON (capacity, labels, rollout_address)
+    mwra:{run}:leases    hash  worker_id -> lease expiry (Unix ms)
+    mwra:{run}:lost      set   workers whose lease lapsed (marked by the leader's reaper)
+    mwra:{run}:policies  hash  policy_id -> JSON (trainer_id, min_units, weight, rollout_budget)
+    mwra:{run}:seen      hash  policy_id -> last sign of life (Unix ms)
+    mwra:{run}:costs     hash  policy_id -> JSON (smoothed cost, last report, report count)
+    mwra:{run}:plan      hash  version -> n (bumped by every write), json -> the current Plan
+    mwra:{run}:want      str   highest round a follower was asked for (served by the leader)
+    mwra:{run}:leader    str   replica id of the leader, with a TTL (the lock)
+
+Only the lock holder writes the plan, and the write is fenced (the script checks the lock and the
+version it read), so a paused ex-leader cannot overwrite its successor's plan.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from mutualrl.mwra.allocation import Plan, ema
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Keys:
+    """Key names of one run."""
+
+    def __init__(self, run_id: str) -> None:
+        base = f"mwra:{{{run_id}}}"
+        self.workers = f"{base}:workers"
+        self.leases = f"{base}:leases"
+        self.lost = f"{base}:lost"
+        self.policies = f"{base}:policies"
+        self.seen = f"{base}:seen"
+        self.costs = f"{base}:costs"
+        self.plan = f"{base}:plan"
+        self.want = f"{base}:want"
+        self.leader = f"{base}:leader"
+
+    def all(self) -> list[str]:
+        return [self.workers, self.leases, self.lost, self.policies, self.seen, self.costs,
+                self.plan, self.want, self.leader]
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    cpu_slots: int
+    gpu_count: int
+    gpu_kind: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    rollout_address: str = ""
+    registered_ms: int = 0
+
+
+@dataclass
+class PolicyRecord:
+    policy_id: str
+    trainer_id: str = ""
+    min_units: int = 1
+    weight: float = 1.0
+    rollout_budget: int = 0
+    registered_ms: int = 0
+
+
+@dataclass
+class CostRecord:
+    smoothed: float | None = None
+    reports: int = 0
+    last_seconds: float = 0.0
+    last_tokens: int = 0
+    last_samples: int = 0
+    last_units: int = 0
+    last_round: int = -1
+
+
+@dataclass
+class RunState:
+    """One consistent read of a run (one round trip)."""
+
+    workers: dict[str, WorkerRecord]
+    leases: dict[str, int]
+    lost: set[str]
+    policies: dict[str, PolicyRecord]
+    seen: dict[str, int]
+    costs: dict[str, CostRecord]
+    plan: Plan | None
+    version: int
+    leader: str | None
+
+
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# KEYS: leader, plan. ARGV: replica id, version read, plan JSON. Returns the new version, or
+# -1 (not the leader) / -2 (someone wrote since the read).
+_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local v = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+if v ~= tonumber(ARGV[2]) then return -2 end
+redis.call('HSET', KEYS[2], 'version', v + 1, 'json', ARGV[3])
+return v + 1
+"""
+
+# KEYS: want. ARGV: round. Keeps the highest requested round.
+_WANT = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(asdict(obj), sort_keys=True, separators=(",", ":"))
+
+
+class MwraStore:
+    """Async access to the Redis state of every run this replica serves."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.r = redis
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._release = redis.register_script(_RELEASE)
+        self._commit = redis.register_script(_COMMIT)
+        self._want = redis.register_script(_WANT)
+
+    @classmethod
+    def from_url(cls, url: str, timeout: float = 5.0) -> MwraStore:
+        # Timeouts: a Redis that hangs must fail calls (UNAVAILABLE), never hang them.
+        return cls(aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
+                                           socket_connect_timeout=timeout))
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    # workers -----------------------------------------------------------------------------
+    async def put_worker(self, run_id: str, rec: WorkerRecord, lease_seconds: float) -> int:
+        k = Keys(run_id)
+        expires = now_ms() + int(lease_seconds * 1000)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hset(k.workers, rec.worker_id, _dump(rec))
+            p.hset(k.leases, rec.worker_id, expires)
+            p.srem(k.lost, rec.worker_id)
+            await p.execute()
+        return expires
+
+    async def renew_lease(self, run_id: str, worker_id: str,
+                          lease_seconds: float) -> tuple[int, bool] | None:
+        """New expiry and whether the worker was lost before; None when it is not registered."""
+        k = Keys(run_id)
+        if not await self.r.hexists(k.workers, worker_id):
+            return None
+        expires = now_ms() + int(lease_seconds * 1000)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hset(k.leases, worker_id, expires)
+            p.srem(k.lost, worker_id)
+            _, revived = await p.execute()
+        return expires, bool(revived)
+
+    async def delete_worker(self, run_id: str, worker_id: str) -> bool:
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hdel(k.workers, worker_id)
+            p.hdel(k.leases, worker_id)
+            p.srem(k.lost, worker_id)
+            removed, _, _ = await p.execute()
+        return bool(removed)
+
+    async def mark_lost(self, run_id: str, worker_ids: list[str]) -> list[str]:
+        """Add workers to the lost set; returns those that were not there yet (counted once)."""
+        if not worker_ids:
+            return []
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=False) as p:
+            for wid in worker_ids:
+                p.sadd(k.lost, wid)
+            added = await p.execute()
+        return [w for w, a in zip(worker_ids, added, strict=True) if a]
+
+    # policies ----------------------------------------------------------------------------
+    async def put_policy(self, run_id: str, rec: PolicyRecord) -> None:
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hset(k.policies, rec.policy_id, _dump(rec))
+            p.hset(k.seen, rec.policy_id, now_ms())
+            await p.execute()
+
+    async def touch_policy(self, run_id: str, policy_id: str) -> bool:
+        """Record a sign of life; False when the policy is not registered."""
+        k = Keys(run_id)
+        if not await self.r.hexists(k.policies, policy_id):
+            return False
+        await self.r.hset(k.seen, policy_id, now_ms())
+        return True
+
+    async def delete_policy(self, run_id: str, policy_id: str) -> bool:
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hdel(k.policies, policy_id)
+            p.hdel(k.seen, policy_id)
+            p.hdel(k.costs, policy_id)
+            removed, _, _ = await p.execute()
+        return bool(removed)
+
+    async def record_cost(self, run_id: str, policy_id: str, *, round_: int, seconds: float,
+                          tokens: int, samples: int, units: int, alpha: float) -> CostRecord:
+        """Fold one step into the policy's EMA (optimistic transaction: concurrent reports of the
+        run retry instead of losing an update)."""
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            while True:
+                try:
+                    await p.watch(k.costs)
+                    raw = await p.hget(k.costs, policy_id)
+                    rec = CostRecord(**json.loads(raw)) if raw else CostRecord()
+                    rec.smoothed = ema(rec.smoothed, seconds * units, alpha)
+                    rec.reports += 1
+                    rec.last_seconds, rec.last_tokens = seconds, tokens
+                    rec.last_samples, rec.last_units, rec.last_round = samples, units, round_
+                    p.multi()
+                    p.hset(k.costs, policy_id, _dump(rec))
+                    p.hset(k.seen, policy_id, now_ms())
+                    await p.execute()
+                    return rec
+                except WatchError:
+                    continue
+
+    # whole run ---------------------------------------------------------------------------
+    async def load(self, run_id: str) -> RunState:
+        k = Keys(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            p.hgetall(k.workers)
+            p.hgetall(k.leases)
+            p.smembers(k.lost)
+            p.hgetall(k.policies)
+            p.hgetall(k.seen)
+            p.hgetall(k.costs)
+            p.hgetall(k.plan)
+            p.get(k.leader)
+            workers, leases, lost, policies, seen, costs, plan, leader = await p.execute()
+        return RunState(
+            workers={w: WorkerRecord(**json.loads(v)) for w, v in workers.items()},
+            leases={w: int(v) for w, v in leases.items()},
+            lost=set(lost),
+            policies={p_: PolicyRecord(**json.loads(v)) for p_, v in policies.items()},
+            seen={p_: int(v) for p_, v in seen.items()},
+            costs={p_: CostRecord(**json.loads(v)) for p_, v in costs.items()},
+            plan=Plan.from_json(plan["json"]) if plan.get("json") else None,
+            version=int(plan.get("version", 0)),
+            leader=leader,
+        )
+
+    async def load_plan(self, run_id: str) -> tuple[Plan | None, int]:
+        raw = await self.r.hgetall(Keys(run_id).plan)
+        if not raw.get("json"):
+            return None, 0
+        return Plan.from_json(raw["json"]), int(raw.get("version", 0))
+
+    async def commit_plan(self, run_id: str, replica: str, version: int, plan: Plan) -> int:
+        k = Keys(run_id)
+        return int(await self._commit(keys=[k.leader, k.plan],
+                                      args=[replica, version, plan.to_json()]))
+
+    async def want_round(self, run_id: str, round_: int) -> None:
+        await self._want(keys=[Keys(run_id).want], args=[round_])
+
+    async def wanted_round(self, run_id: str) -> int:
+        raw = await self.r.get(Keys(run_id).want)
+        return int(raw) if raw is not None else -1
+
+    # leader lock -------------------------------------------------------------------------
+    async def acquire_or_renew(self, run_id: str, replica: str, ttl_seconds: float) -> bool:
+        return bool(await self._acquire(keys=[Keys(run_id).leader],
+                                        args=[replica, int(ttl_seconds * 1000)]))
+
+    async def release(self, run_id: str, replica: str) -> bool:
+        return bool(await self._release(keys=[Keys(run_id).leader], args=[replica]))
+
+    async def leader(self, run_id: str) -> str | None:
+        return await self.r.get(Keys(run_id).leader)

@@ -134,7 +134,7 @@ class AlignTraceRequest(_message.Message):
     def __init__(self, source_tokenizer_id: _Optional[str] = ..., target_tokenizer_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[TraceItem, _Mapping]]] = ..., mode: _Optional[_Union[AlignMode, str]] = ..., placement: _Optional[_Union[Placement, str]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("char_start", "char_end", "source_start", "source_end", "target_start", "target_end", "value")
+    __slots__ = ("char_start", "char_end", "source_start", "source_end", "target_start", "target_end", "value", "one_to_one")
     CHAR_START_FIELD_NUMBER: _ClassVar[int]
     CHAR_END_FIELD_NUMBER: _ClassVar[int]
     SOURCE_START_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class Chunk(_message.Message):
     TARGET_START_FIELD_NUMBER: _ClassVar[int]
     TARGET_END_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    ONE_TO_ONE_FIELD_NUMBER: _ClassVar[int]
     char_start: int
     char_end: int
     source_start: int
@@ -149,10 +150,11 @@ class Chunk(_message.Message):
     target_start: int
     target_end: int
     value: float
-    def __init__(self, char_start: _Optional[int] = ..., char_end: _Optional[int] = ..., source_start: _Optional[int] = ..., source_end: _Optional[int] = ..., target_start: _Optional[int] = ..., target_end: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    one_to_one: bool
+    def __init__(self, char_start: _Optional[int] = ..., char_end: _Optional[int] = ..., source_start: _Optional[int] = ..., source_end: _Optional[int] = ..., target_start: _Optional[int] = ..., target_end: _Optional[int] = ..., value: _Optional[float] = ..., one_to_one: _Optional[bool] = ...) -> None: ...
 
 class AlignedTrace(_message.Message):
-    __slots__ = ("target_token_ids", "target_offset_starts", "target_offset_ends", "target_values", "chunks", "sequence_value", "residual")
+    __slots__ = ("target_token_ids", "target_offset_starts", "target_offset_ends", "target_values", "chunks", "sequence_value", "residual", "mass_error")
     TARGET_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TARGET_OFFSET_STARTS_FIELD_NUMBER: _ClassVar[int]
     TARGET_OFFSET_ENDS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +162,7 @@ class AlignedTrace(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_VALUE_FIELD_NUMBER: _ClassVar[int]
     RESIDUAL_FIELD_NUMBER: _ClassVar[int]
+    MASS_ERROR_FIELD_NUMBER: _ClassVar[int]
     target_token_ids: _containers.RepeatedScalarFieldContainer[int]
     target_offset_starts: _containers.RepeatedScalarFieldContainer[int]
     target_offset_ends: _containers.RepeatedScalarFieldContainer[int]
@@ -167,7 +170,8 @@ class AlignedTrace(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     sequence_value: float
     residual: Residual
-    def __init__(self, target_token_ids: _Optional[_Iterable[int]] = ..., target_offset_starts: _Optional[_Iterable[int]] = ..., target_offset_ends: _Optional[_Iterable[int]] = ..., target_values: _Optional[_Iterable[float]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., sequence_value: _Optional[float] = ..., residual: _Optional[_Union[Residual, _Mapping]] = ...) -> None: ...
+    mass_error: float
+    def __init__(self, target_token_ids: _Optional[_Iterable[int]] = ..., target_offset_starts: _Optional[_Iterable[int]] = ..., target_offset_ends: _Optional[_Iterable[int]] = ..., target_values: _Optional[_Iterable[float]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., sequence_value: _Optional[float] = ..., residual: _Optional[_Union[Residual, _Mapping]] = ..., mass_error: _Optional[float] = ...) -> None: ...
 
 class AlignTraceResponse(_message.Message):
     __slots__ = ("results", "residual")

@@ -1,0 +1,37 @@
+"""THL configuration: the `thl:` section of a run YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from mutualrl.common.config import ServiceConfig
+
+
+class ThlConfig(ServiceConfig):
+    """The Tokenizer Heterogeneity Layer service (`mutualrl thl serve --config run.yaml`)."""
+
+    port: int = Field(default=50052, ge=0, le=65535)
+    """gRPC port (0 picks a free one)."""
+    metrics_port: int | None = Field(default=9102, ge=0, le=65535)
+    """Prometheus /metrics port; None serves none (0 picks a free one)."""
+    redis_url: str | None = None
+    """Redis that persists tokenizer registrations (shared by replicas). None: use `state_dir`
+    if set, else keep registrations in memory only."""
+    key_prefix: str = "mutualrl:thl:"
+    """Prefix of THL's Redis keys (registrations live in the hash `<prefix>tokenizers`)."""
+    state_dir: Path | None = None
+    """Directory for `tokenizers.json` when there is no Redis (single-replica deployments)."""
+    cache_size: int = Field(default=16, ge=1)
+    """Loaded tokenizers kept in memory (LRU); others are reloaded from their paths on use."""
+    max_batch: int = Field(default=1024, ge=1)
+    """Most texts (Retokenize) or items (AlignTrace) per call."""
+    max_text_bytes: int = Field(default=1 << 20, ge=1)
+    """Largest text per entry, in UTF-8 bytes."""
+    align_block_items: int = Field(default=64, ge=1)
+    """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
+    tokenizers: dict[str, str] = Field(default_factory=dict)
+    """Tokenizers to register at start-up: id -> local path (directory or tokenizer.json);
+    an id already registered with another path is overwritten."""
+

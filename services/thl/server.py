@@ -1,0 +1,79 @@
+"""Run THL: build the registry (Redis / state dir / memory), the engine and the gRPC server."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from mutualrl.common.grpc_server import RunningServer, serve_until_signalled, start_server
+from mutualrl.thl.config import ThlConfig
+from mutualrl.thl.engine import AlignmentEngine, EngineLimits
+from mutualrl.thl.registry import (
+    JsonFileStore,
+    MemoryStore,
+    RedisStore,
+    RegistryStore,
+    TokenizerRegistry,
+)
+from mutualrl.thl.servicer import SERVICE_NAME, AlignmentServicer, add_to_server
+
+log = logging.getLogger(__name__)
+
+
+def build_store(cfg: ThlConfig) -> RegistryStore:
+    if cfg.redis_url:
+        return RedisStore(cfg.redis_url, cfg.key_prefix)
+    if cfg.state_dir is not None:
+        return JsonFileStore(cfg.state_dir)
+    log.warning("THL has neither redis_url nor state_dir: registrations live in memory only")
+    return MemoryStore()
+
+
+def build_engine(cfg: ThlConfig) -> AlignmentEngine:
+    """The engine a THL process serves (also what an in-process trainer can build from config)."""
+    registry = TokenizerRegistry(build_store(cfg), cfg.cache_size)
+    engine = AlignmentEngine(registry, EngineLimits(max_batch=cfg.max_batch,
+                                                    max_text_bytes=cfg.max_text_bytes,
+                                                    align_block_items=cfg.align_block_items))
+    for tokenizer_id, path in cfg.tokenizers.items():
+        info = engine.register(tokenizer_id, path, overwrite=True)
+        log.info("registered tokenizer %s (%s, %d ids) from %s", tokenizer_id, info.model_type,
+                 info.vocab_size, path)
+    return engine
+
+
+@dataclass
+class ThlServer:
+    """A running THL: the gRPC server and its engine."""
+
+    cfg: ThlConfig
+    engine: AlignmentEngine
+    grpc: RunningServer
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.grpc.stop(grace)
+        self.engine.registry.close()
+
+
+async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
+    """Start THL on cfg.host:cfg.port (0 = free port) with health, reflection, auth, metrics."""
+    engine = engine if engine is not None else build_engine(cfg)
+    servicer = AlignmentServicer(engine)
+
+    def add(server: grpc.aio.Server) -> None:
+        add_to_server(servicer, server)
+
+    running = await start_server(cfg, add, [SERVICE_NAME])
+    return ThlServer(cfg, engine, running)
+
+
+async def serve(cfg: ThlConfig) -> None:
+    """Run until SIGINT/SIGTERM."""
+    server = await start_thl(cfg)
+    await serve_until_signalled(server.grpc, cfg.grace_seconds)

@@ -35,10 +35,18 @@ SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 
 
 def _byte_bpe(texts: Iterable[str], vocab_size: int, *, use_regex: bool = False,
-              min_frequency: int = 2) -> Tokenizer:
-    """GPT-2 style byte-level BPE; `use_regex=False` lets merges cross digits and punctuation."""
+              min_frequency: int = 2, split_digits: bool = False) -> Tokenizer:
+    """GPT-2 style byte-level BPE.
+
+    `use_regex=False` lets merges cross digits and punctuation; `split_digits=True` keeps every
+    digit its own token (as Llama 3 / GPT-4 style tokenizers do), so numbers are never chunked
+    differently from one operand to the next.
+    """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -179,7 +187,7 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int,
     """Train a tokenizer of `kind` (one of `KINDS`) on `texts` and return it as a fast tokenizer.
 
     Options per kind: byte_bpe `use_regex` (False: merges cross digits/punctuation),
-    `min_frequency`; wordpiece `lowercase`, `min_frequency`; unigram `prepend_scheme`,
+    `split_digits` (one token per digit), `min_frequency`; wordpiece `lowercase`, `min_frequency`; unigram `prepend_scheme`,
     `max_piece_length`; char `alphabet` (characters to include even if unseen).
     Common: `model_max_length`.
     """

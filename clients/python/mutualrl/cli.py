@@ -16,7 +16,23 @@ Handler = Callable[[argparse.Namespace], int]
 
 COMMAND_MODULES: tuple[str, ...] = (
     "mutualrl.common.cli",
+    "mutualrl.experiment.cli",
+    "mutualrl.mwra.cli",
+    "mutualrl.see.cli",
+    "mutualrl.thl.cli",
+    "mutualrl.trainer.cli",
+    "mutualrl.launch.cli",
 )
+
+
+GROUP_HELP = {
+    ("bench",): "Benchmarks: JSON output, each figure a ratio against an anchor measured in the "
+    "same run.",
+    ("inspect",): "Look inside a run: SEE records, policies and transfers; MWRA allocations.",
+    ("see",): "Shared Experience Exchange (SEE): gRPC + REST over Redis.",
+    ("thl",): "Tokenizer Heterogeneity Layer (THL): retokenization and trace alignment.",
+    ("mwra",): "Multi-Worker Resource Allocation (MWRA): workers, leases, allocations.",
+}
 
 
 class Commands:
@@ -48,7 +64,7 @@ class Commands:
         """Add the command `mutualrl *path`; returns its parser for arguments."""
         key = tuple(path)
         if len(key) > 1 and key[:-1] not in self._parsers:
-            self.group(key[:-1], help=f"{' '.join(key[:-1])} commands")
+            self.group(key[:-1], help=GROUP_HELP.get(key[:-1], f"{' '.join(key[:-1])} commands"))
         parser = self._subparsers(key[:-1]).add_parser(key[-1], help=help, description=help)
         parser.set_defaults(handler=handler)
         self._parsers[key] = parser

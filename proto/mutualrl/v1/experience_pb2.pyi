@@ -102,12 +102,14 @@ class ExperienceRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., round: _Optional[int] = ..., prompt_id: _Optional[str] = ..., kind: _Optional[_Union[RecordKind, str]] = ..., prompt_text: _Optional[str] = ..., text: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., offset_starts: _Optional[_Iterable[int]] = ..., offset_ends: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., verified: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[RewardStats, _Mapping]] = ..., created_unix_ms: _Optional[int] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Retention(_message.Message):
-    __slots__ = ("max_stream_len", "ttl_seconds")
+    __slots__ = ("max_stream_len", "ttl_seconds", "max_rounds")
     MAX_STREAM_LEN_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     max_stream_len: int
     ttl_seconds: int
-    def __init__(self, max_stream_len: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    max_rounds: int
+    def __init__(self, max_stream_len: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., max_rounds: _Optional[int] = ...) -> None: ...
 
 class RunConfig(_message.Message):
     __slots__ = ("run_id", "policies", "tau", "retention")
@@ -180,7 +182,7 @@ class PublishResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ..., stored: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class FetchRolloutsRequest(_message.Message):
-    __slots__ = ("run_id", "policy_id", "consumer", "max_records", "block_ms", "current_round", "max_round_lag", "min_policy_version")
+    __slots__ = ("run_id", "policy_id", "consumer", "max_records", "block_ms", "current_round", "max_round_lag", "min_policy_version", "claim_idle_ms")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,7 @@ class FetchRolloutsRequest(_message.Message):
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     MAX_ROUND_LAG_FIELD_NUMBER: _ClassVar[int]
     MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_IDLE_MS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     consumer: str
@@ -197,7 +200,8 @@ class FetchRolloutsRequest(_message.Message):
     current_round: int
     max_round_lag: int
     min_policy_version: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., consumer: _Optional[str] = ..., max_records: _Optional[int] = ..., block_ms: _Optional[int] = ..., current_round: _Optional[int] = ..., max_round_lag: _Optional[int] = ..., min_policy_version: _Optional[int] = ...) -> None: ...
+    claim_idle_ms: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., consumer: _Optional[str] = ..., max_records: _Optional[int] = ..., block_ms: _Optional[int] = ..., current_round: _Optional[int] = ..., max_round_lag: _Optional[int] = ..., min_policy_version: _Optional[int] = ..., claim_idle_ms: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("delivery_id", "record", "delivery_count")
@@ -357,8 +361,15 @@ class TransferCount(_message.Message):
     def __init__(self, taker_policy: _Optional[str] = ..., source_policy: _Optional[str] = ..., kind: _Optional[_Union[RecordKind, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("run_id", "policies", "transfers", "trimmed", "duplicates")
+    __slots__ = ("run_id", "policies", "transfers", "trimmed", "duplicates", "stream_lengths")
     class TrimmedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class StreamLengthsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -370,9 +381,11 @@ class RunStats(_message.Message):
     TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     TRIMMED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policies: _containers.RepeatedCompositeFieldContainer[PolicyCounts]
     transfers: _containers.RepeatedCompositeFieldContainer[TransferCount]
     trimmed: _containers.ScalarMap[str, int]
     duplicates: int
-    def __init__(self, run_id: _Optional[str] = ..., policies: _Optional[_Iterable[_Union[PolicyCounts, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., trimmed: _Optional[_Mapping[str, int]] = ..., duplicates: _Optional[int] = ...) -> None: ...
+    stream_lengths: _containers.ScalarMap[str, int]
+    def __init__(self, run_id: _Optional[str] = ..., policies: _Optional[_Iterable[_Union[PolicyCounts, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., trimmed: _Optional[_Mapping[str, int]] = ..., duplicates: _Optional[int] = ..., stream_lengths: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -1,0 +1,261 @@
+"""Clients of the Shared Experience Exchange: `SeeClient` (blocking) and `AsyncSeeClient`.
+
+Every RPC is retried with exponential backoff on UNAVAILABLE (a restarting SEE or a Redis hiccup
+costs a delay, not a crash). Retrying Publish is safe: records are idempotent by record_id, so a
+batch whose answer was lost stores nothing twice (the retry reports DUPLICATE for those).
+
+    with SeeClient(ClientOptions(address="127.0.0.1:50051")) as see:
+        see.create_run("run1", ["a", "b"], tau=1.0, exist_ok=True)
+        see.publish("run1", records)
+        records = see.take_peer_rollouts("run1", "a", consumer="trainer-a", current_round=3,
+                                         max_round_lag=1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from mutualrl.common.channel import (
+    ClientOptions,
+    acall_with_retry,
+    aio_channel,
+    call_with_retry,
+    sync_channel,
+)
+from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+
+MAX_BATCH = 4096
+
+__all__ = ["AsyncSeeClient", "ClientOptions", "SeeClient", "pb"]
+
+
+def _run_config(run_id: str, policies: Sequence[str], tau: float, max_stream_len: int,
+                ttl_seconds: int, max_rounds: int) -> pb.RunConfig:
+    return pb.RunConfig(run_id=run_id, policies=list(policies), tau=tau,
+                        retention=pb.Retention(max_stream_len=max_stream_len,
+                                               ttl_seconds=ttl_seconds, max_rounds=max_rounds))
+
+
+def _merge(into: pb.PublishResponse, part: pb.PublishResponse) -> None:
+    into.results.extend(part.results)
+    into.stored += part.stored
+    into.duplicates += part.duplicates
+
+
+def _fetch_request(run_id: str, policy_id: str, consumer: str, max_records: int,
+                   block_ms: int, current_round: int, max_round_lag: int,
+                   min_policy_version: int, claim_idle_ms: int) -> pb.FetchRolloutsRequest:
+    return pb.FetchRolloutsRequest(
+        run_id=run_id, policy_id=policy_id, consumer=consumer, max_records=max_records,
+        block_ms=block_ms, current_round=current_round, max_round_lag=max_round_lag,
+        min_policy_version=min_policy_version, claim_idle_ms=claim_idle_ms)
+
+
+class SeeClient:
+    """Blocking client; one channel, closed by `close()` or the context manager."""
+
+    def __init__(self, options: ClientOptions | None = None, **overrides: Any) -> None:
+        self.options = (options or ClientOptions()).model_copy(update=overrides)
+        self._channel = sync_channel(self.options)
+        self.stub = pb_grpc.ExperienceExchangeStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> SeeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+        fn = getattr(self.stub, method)
+        opts = self.options
+        return call_with_retry(opts, lambda: fn(request, timeout=opts.timeout + extra_timeout,
+                                                metadata=opts.metadata()))
+
+    # runs
+    def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
+                   exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
+                   max_rounds: int = 0) -> pb.Run:
+        cfg = _run_config(run_id, policies, tau, max_stream_len, ttl_seconds, max_rounds)
+        return self._call("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
+
+    def get_run(self, run_id: str) -> pb.Run:
+        return self._call("GetRun", pb.GetRunRequest(run_id=run_id))
+
+    def list_runs(self) -> list[pb.Run]:
+        return list(self._call("ListRuns", pb.ListRunsRequest()).runs)
+
+    # publish
+    def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]) -> pb.PublishResponse:
+        """Publish any number of records (split into calls of at most 4096)."""
+        out = pb.PublishResponse()
+        batch = list(records)
+        for i in range(0, len(batch), MAX_BATCH):
+            part = self._call("Publish",
+                              pb.PublishRequest(run_id=run_id, records=batch[i:i + MAX_BATCH]))
+            _merge(out, part)
+        return out
+
+    # reads
+    def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
+                       max_records: int = 256, block_ms: int = 0, current_round: int = -1,
+                       max_round_lag: int = 0, min_policy_version: int = 0,
+                       claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
+        req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
+                             max_round_lag, min_policy_version, claim_idle_ms)
+        return self._call("FetchRollouts", req, extra_timeout=block_ms / 1000)
+
+    def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
+        if not delivery_ids:
+            return 0
+        return int(self._call("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
+                                                   delivery_ids=list(delivery_ids))).acked)
+
+    def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
+                           **kwargs: Any) -> list[pb.ExperienceRecord]:
+        """Fetch peer rollouts and acknowledge them at once (at-most-once for the caller).
+
+        A trainer that must not lose records across its own crash should call
+        `fetch_rollouts`, use the records, then `ack` their delivery ids.
+        """
+        resp = self.fetch_rollouts(run_id, policy_id, consumer, **kwargs)
+        self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
+        return [d.record for d in resp.deliveries]
+
+    def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
+                    policy_id: str = "", expect_policies: Sequence[str] = (),
+                    wait_ms: int = 0) -> pb.RoundStatsResponse:
+        req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
+                                   policy_id=policy_id, expect_policies=list(expect_policies),
+                                   wait_ms=wait_ms)
+        return self._call("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+
+    def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
+                  max_per_prompt: int = 0, min_round: int = 0
+                  ) -> dict[str, list[pb.ExperienceRecord]]:
+        """Peer verified successes per prompt (deduplicated by normalised text)."""
+        req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
+                                  max_per_prompt=max_per_prompt, min_round=min_round)
+        resp = self._call("GetVerifiedSuccesses", req)
+        return {p.prompt_id: list(p.successes) for p in resp.prompts}
+
+    def run_stats(self, run_id: str) -> pb.RunStats:
+        return self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+
+    def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
+                  ) -> Iterator[pb.ExperienceEvent]:
+        """Live events; cancel by closing the returned iterator (`.cancel()` on it)."""
+        req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
+        return self.stub.Subscribe(req, metadata=self.options.metadata())
+
+
+class AsyncSeeClient:
+    """asyncio twin of SeeClient (grpc.aio channel); `async with` or `await close()`."""
+
+    def __init__(self, options: ClientOptions | None = None, **overrides: Any) -> None:
+        self.options = (options or ClientOptions()).model_copy(update=overrides)
+        self._channel = aio_channel(self.options)
+        self.stub = pb_grpc.ExperienceExchangeStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncSeeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+        fn = getattr(self.stub, method)
+        opts = self.options
+        return await acall_with_retry(
+            opts, lambda: fn(request, timeout=opts.timeout + extra_timeout,
+                             metadata=opts.metadata()))
+
+    async def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
+                         exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
+                         max_rounds: int = 0) -> pb.Run:
+        cfg = _run_config(run_id, policies, tau, max_stream_len, ttl_seconds, max_rounds)
+        return await self._call("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
+
+    async def get_run(self, run_id: str) -> pb.Run:
+        return await self._call("GetRun", pb.GetRunRequest(run_id=run_id))
+
+    async def list_runs(self) -> list[pb.Run]:
+        return list((await self._call("ListRuns", pb.ListRunsRequest())).runs)
+
+    async def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]
+                      ) -> pb.PublishResponse:
+        out = pb.PublishResponse()
+        batch = list(records)
+        for i in range(0, len(batch), MAX_BATCH):
+            part = await self._call(
+                "Publish", pb.PublishRequest(run_id=run_id, records=batch[i:i + MAX_BATCH]))
+            _merge(out, part)
+        return out
+
+    async def publish_request(self, request: pb.PublishRequest) -> pb.PublishResponse:
+        """Publish a prepared request as is (the benchmark builds requests once)."""
+        return await self._call("Publish", request)
+
+    async def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
+                             max_records: int = 256, block_ms: int = 0, current_round: int = -1,
+                             max_round_lag: int = 0, min_policy_version: int = 0,
+                             claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
+        req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
+                             max_round_lag, min_policy_version, claim_idle_ms)
+        return await self._call("FetchRollouts", req, extra_timeout=block_ms / 1000)
+
+    async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
+        if not delivery_ids:
+            return 0
+        resp = await self._call("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
+                                                     delivery_ids=list(delivery_ids)))
+        return int(resp.acked)
+
+    async def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
+                                 **kwargs: Any) -> list[pb.ExperienceRecord]:
+        resp = await self.fetch_rollouts(run_id, policy_id, consumer, **kwargs)
+        await self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
+        return [d.record for d in resp.deliveries]
+
+    async def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
+                          policy_id: str = "", expect_policies: Sequence[str] = (),
+                          wait_ms: int = 0) -> pb.RoundStatsResponse:
+        req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
+                                   policy_id=policy_id, expect_policies=list(expect_policies),
+                                   wait_ms=wait_ms)
+        return await self._call("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+
+    async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
+                        max_per_prompt: int = 0, min_round: int = 0
+                        ) -> dict[str, list[pb.ExperienceRecord]]:
+        req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
+                                  max_per_prompt=max_per_prompt, min_round=min_round)
+        resp = await self._call("GetVerifiedSuccesses", req)
+        return {p.prompt_id: list(p.successes) for p in resp.prompts}
+
+    async def run_stats(self, run_id: str) -> pb.RunStats:
+        return await self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+
+    async def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
+                        ) -> AsyncIterator[pb.ExperienceEvent]:
+        """Live events until the caller stops iterating (the call is cancelled then)."""
+        req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
+        call = self.stub.Subscribe(req, metadata=self.options.metadata())
+        try:
+            async for event in call:
+                yield event
+        finally:
+            call.cancel()
+
+
+# Re-exported for callers that only import this module.
+RpcError = grpc.RpcError

@@ -1,0 +1,382 @@
+"""From per-round metrics of every run to the experiment's numbers: final and best held-out
+reward@1 per skill with 95% CIs over seeds, paired differences against `none`, per-skill
+transfer (gain vs the warm start and vs `none`), probe diagnostics, and curves.
+
+Pure: takes plain dicts (parsed metrics.jsonl rows, sft_eval.json, SEE stats), returns plain
+dicts; `render_markdown` turns the result into the tables of results.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mutualrl.experiment.config import CONTROL
+from mutualrl.experiment.stats import Estimate, mean_ci, paired_difference
+
+Row = dict[str, Any]
+HELD = "heldout/"
+
+# Per-round diagnostics averaged over a run (key in metrics.jsonl -> name in results).
+DIAGNOSTICS: dict[str, str] = {
+    "rescued_prompts": "rescues_per_round",
+    "baseline_shift": "baseline_shift",
+    "peer_samples": "peer_samples_per_round",
+    "prp_w_mean": "prp_w_mean",
+    "prp_w_var": "prp_w_var",
+    "prp_w_mean_log": "prp_w_mean_log",
+    "prp_w_kept": "prp_w_kept",
+    "prp_w_clipped": "prp_w_clipped",
+    "thl_multi_token_chunk_share": "thl_residual",
+    "step_s": "step_s",
+}
+
+
+@dataclass
+class RunResult:
+    """What one finished run left behind."""
+
+    run_id: str
+    regime: str
+    probe: str
+    seed: int
+    rows: dict[str, list[Row]]
+    """policy -> metrics.jsonl rows in round order."""
+    wall_s: float
+    status: str = "ok"
+    see: dict[str, Any] = field(default_factory=dict)
+    """SEE's /v1/runs/{run}/stats answer (published per kind, transfer matrix)."""
+
+
+def eval_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows that carry a held-out evaluation."""
+    return [r for r in rows if f"{HELD}mean" in r]
+
+
+def skill_names(rows: Sequence[Row]) -> list[str]:
+    evs = eval_rows(rows)
+    if not evs:
+        return []
+    return [k[len(HELD):] for k in evs[-1] if k.startswith(HELD) and k != f"{HELD}mean"]
+
+
+def final_and_best(rows: Sequence[Row], skills: Sequence[str]) -> tuple[dict[str, float],
+                                                                       dict[str, float]]:
+    """Held-out reward@1 per skill and "mean": at the last evaluation, and the best over
+    evaluations (per key: the best mean is the best evaluation, not a mix of skills)."""
+    evs = eval_rows(rows)
+    if not evs:
+        raise ValueError("no evaluated round")
+    keys = [*skills, "mean"]
+    final = {k: float(evs[-1][f"{HELD}{k}"]) for k in keys}
+    best = {k: max(float(r[f"{HELD}{k}"]) for r in evs) for k in keys}
+    return final, best
+
+
+def run_diagnostics(rows: Sequence[Row]) -> dict[str, float]:
+    """Per-run averages of the probe diagnostics present, rounds trained and fallback rounds."""
+    out: dict[str, float] = {"rounds": float(len(rows)),
+                             "fallback_rounds": float(sum(r.get("fallback", 0.0) for r in rows))}
+    for key, name in DIAGNOSTICS.items():
+        vals = [float(r[key]) for r in rows if key in r]
+        if vals:
+            out[name] = math.fsum(vals) / len(vals)
+    return out
+
+
+def est(values: Sequence[float]) -> dict[str, float] | None:
+    return mean_ci(list(values)).as_dict() if values else None
+
+
+def diff(treated: Sequence[float], control: Sequence[float]) -> dict[str, float] | None:
+    if not treated or len(treated) != len(control):
+        return None
+    return paired_difference(list(treated), list(control)).as_dict()
+
+
+def _by_seed(runs: Sequence[RunResult]) -> dict[int, RunResult]:
+    return {r.seed: r for r in runs if r.status == "ok"}
+
+
+def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
+                     warm: dict[str, dict[str, float]], probes: Sequence[str]) -> dict[str, Any]:
+    """One regime's numbers. Differences against `none` pair seeds present under both."""
+    by_probe = {p: _by_seed([r for r in runs if r.probe == p]) for p in probes}
+    skills: list[str] = []
+    for rs in by_probe.values():
+        for r in rs.values():
+            skills = skill_names(r.rows[policies[0]])
+            if skills:
+                break
+        if skills:
+            break
+    # per probe -> seed -> policy -> (final, best)
+    fb: dict[str, dict[int, dict[str, tuple[dict[str, float], dict[str, float]]]]] = {}
+    for p, rs in by_probe.items():
+        fb[p] = {s: {pol: final_and_best(r.rows[pol], skills) for pol in policies}
+                 for s, r in rs.items()}
+    control = fb.get(CONTROL, {})
+    out: dict[str, Any] = {"skills": skills, "policies": list(policies), "probes": {},
+                           "warm_start": warm}
+    for p in probes:
+        seeds = sorted(fb[p])
+        paired = [s for s in seeds if s in control]
+        entry: dict[str, Any] = {"seeds": seeds, "policies": {}}
+        for pol in policies:
+            pe: dict[str, Any] = {"final": {}, "best": {}, "vs_none": {}, "vs_none_best": {},
+                                  "vs_warm": {}}
+            for k in [*skills, "mean"]:
+                fin = [fb[p][s][pol][0][k] for s in seeds]
+                bst = [fb[p][s][pol][1][k] for s in seeds]
+                pe["final"][k] = est(fin)
+                pe["best"][k] = est(bst)
+                if k in warm.get(pol, {}):
+                    pe["vs_warm"][k] = est([v - warm[pol][k] for v in fin])
+                if p != CONTROL:
+                    pe["vs_none"][k] = diff([fb[p][s][pol][0][k] for s in paired],
+                                            [control[s][pol][0][k] for s in paired])
+                    pe["vs_none_best"][k] = diff([fb[p][s][pol][1][k] for s in paired],
+                                                 [control[s][pol][1][k] for s in paired])
+            diags = [run_diagnostics(by_probe[p][s].rows[pol]) for s in seeds]
+            names = sorted({n for d in diags for n in d})
+            pe["diagnostics"] = {n: est([d[n] for d in diags if n in d]) for n in names}
+            entry["policies"][pol] = pe
+
+        def both(seed_map: dict[str, tuple[dict[str, float], dict[str, float]]],
+                 which: int) -> float:
+            return math.fsum(seed_map[pol][which]["mean"] for pol in policies) / len(policies)
+
+        entry["both"] = {
+            "final": est([both(fb[p][s], 0) for s in seeds]),
+            "best": est([_best_both(by_probe[p][s], policies) for s in seeds]),
+        }
+        if p != CONTROL:
+            entry["both"]["vs_none"] = diff([both(fb[p][s], 0) for s in paired],
+                                            [both(control[s], 0) for s in paired])
+            entry["both"]["vs_none_best"] = diff(
+                [_best_both(by_probe[p][s], policies) for s in paired],
+                [_best_both(by_probe[CONTROL][s], policies) for s in paired])
+        entry["wall_s"] = est([by_probe[p][s].wall_s for s in seeds])
+        entry["see"] = see_summary([by_probe[p][s].see for s in seeds], policies)
+        out["probes"][p] = entry
+    out["curves"] = curves(by_probe, policies, warm)
+    return out
+
+
+def _best_both(run: RunResult, policies: Sequence[str]) -> float:
+    """Best over evaluation rounds of the both-policy average (evaluated at the same rounds)."""
+    per = [{int(r["round"]): float(r[f"{HELD}mean"]) for r in eval_rows(run.rows[pol])}
+           for pol in policies]
+    common = set.intersection(*(set(d) for d in per))
+    return max(math.fsum(d[k] for d in per) / len(per) for k in common)
+
+
+def see_summary(stats: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, Any]:
+    """Mean over seeds of records published per policy and kind, and taken per kind/taker/source."""
+    stats = [s for s in stats if s]
+    if not stats:
+        return {}
+    published: dict[str, dict[str, float]] = {}
+    for s in stats:
+        for p in s.get("policies", []):
+            for kind, n in (p.get("published") or {}).items():
+                published.setdefault(p["policy_id"], {}).setdefault(kind, 0.0)
+                published[p["policy_id"]][kind] += n / len(stats)
+    taken: dict[str, dict[str, dict[str, float]]] = {}
+    for s in stats:
+        for kind, takers in (s.get("matrix") or {}).items():
+            for taker, sources in takers.items():
+                for source, n in sources.items():
+                    slot = taken.setdefault(kind, {}).setdefault(taker, {})
+                    slot[source] = slot.get(source, 0.0) + n / len(stats)
+    return {"published_mean": published, "taken_mean": taken, "runs": len(stats)}
+
+
+def curves(by_probe: dict[str, dict[int, RunResult]], policies: Sequence[str],
+           warm: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Held-out mean reward@1 vs rounds done, per probe and policy: mean and 95% CI over seeds
+    at each evaluated round (round 0 is the warm start)."""
+    out: dict[str, Any] = {}
+    for p, rs in by_probe.items():
+        out[p] = {}
+        for pol in policies:
+            per_round: dict[int, list[float]] = {}
+            for r in rs.values():
+                for row in eval_rows(r.rows[pol]):
+                    per_round.setdefault(int(row["round"]) + 1, []).append(
+                        float(row[f"{HELD}mean"]))
+            xs = sorted(per_round)
+            ests = [mean_ci(per_round[x]) for x in xs]
+            if pol in warm and "mean" in warm[pol]:
+                w = warm[pol]["mean"]
+                xs, ests = [0, *xs], [Estimate(w, w, w, 1, 0.0), *ests]
+            out[p][pol] = {"rounds": xs, "mean": [e.mean for e in ests],
+                           "lo": [e.lo for e in ests], "hi": [e.hi for e in ests],
+                           "n": [e.n for e in ests]}
+    return out
+
+
+# ---- markdown --------------------------------------------------------------------------------
+
+
+def fmt(e: dict[str, float] | None, signed: bool = False) -> str:
+    if not e:
+        return "—"
+    return Estimate(e["mean"], e["lo"], e["hi"], int(e["n"]), e["std"]).fmt(signed=signed)
+
+
+def _excl(e: dict[str, float] | None) -> bool:
+    return bool(e) and e["n"] > 1 and (e["lo"] > 0 or e["hi"] < 0)  # type: ignore[index]
+
+
+def _mark(e: dict[str, float] | None) -> str:
+    """A difference whose CI excludes 0 is marked (▲ gain, ▼ loss)."""
+    if not _excl(e):
+        return ""
+    return " ▲" if e["mean"] > 0 else " ▼"  # type: ignore[index]
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    lines: list[str] = [f"# {results['experiment']}: probe comparison", ""]
+    meta = results.get("meta", {})
+    lines.append(f"Seeds {meta.get('seeds')}, probes {meta.get('probes')}; "
+                 f"wall time {meta.get('wall', '?')}. Held-out reward@1 (greedy) with "
+                 "95% t-intervals over seeds; differences are paired by seed against `none`; "
+                 "▲/▼ mark differences whose interval excludes 0.")
+    if results.get("quick"):
+        lines.append("")
+        lines.append("**Quick mode**: a reduced grid for tests; the numbers mean nothing.")
+    lines.append("")
+    for regime, reg in results["regimes"].items():
+        lines += _regime_markdown(regime, reg, results)
+    failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
+    if failed:
+        lines += ["## Failed runs", ""]
+        lines += [f"- {r['run_id']}: {r.get('status')}" for r in failed]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    pols, skills, probes = reg["policies"], reg["skills"], list(reg["probes"])
+    warm = reg.get("warm_start", {})
+    out = [f"## Regime `{regime}`", ""]
+    ws = results.get("warm_starts", {}).get(regime, {})
+    if ws:
+        out += ["### Warm start (held-out accuracy before RL)", "",
+                "| policy | " + " | ".join(skills) + " | mean | flags |",
+                "|---|" + "---|" * (len(skills) + 2)]
+        for pol in pols:
+            info = ws.get(pol, {})
+            acc = info.get("heldout_accuracy", {})
+            strong = set(info.get("strong_skills", []))
+            cells = [f"{acc.get(s, float('nan')):.3f}{'*' if s in strong else ''}"
+                     for s in skills]
+            flags = "; ".join(info.get("flags", [])) or "ok"
+            out.append(f"| {pol} | " + " | ".join(cells) + f" | {acc.get('mean', 0):.3f} | "
+                       f"{flags} |")
+        out += ["", "`*` strong (warm-started) skill; the others are weak and should start near "
+                "0.", ""]
+    out += ["### Final held-out reward@1 (mean over skills)", "",
+            "| probe | " + " | ".join(pols) + " | both | both − none | best both | "
+            "best − none |", "|---|" + "---|" * (len(pols) + 4)]
+    for p in probes:
+        e = reg["probes"][p]
+        cells = [fmt(e["policies"][pol]["final"]["mean"]) for pol in pols]
+        b = e["both"]
+        out.append(f"| {p} | " + " | ".join(cells) + f" | {fmt(b['final'])} | "
+                   f"{fmt(b.get('vs_none'), True)}{_mark(b.get('vs_none'))} | "
+                   f"{fmt(b['best'])} | {fmt(b.get('vs_none_best'), True)}"
+                   f"{_mark(b.get('vs_none_best'))} |")
+    out.append("")
+    out += ["### Per-skill transfer matrix (final reward@1; gain vs warm start; gain vs none)",
+            "", "Rows: policy and skill (`*` strong at warm start). Each cell: final, "
+            "(Δ warm start), [Δ none, paired].", "",
+            "| policy | skill | warm | " + " | ".join(probes) + " |",
+            "|---|---|---|" + "---|" * len(probes)]
+    for pol in pols:
+        strong = set(results.get("warm_starts", {}).get(regime, {}).get(pol, {})
+                     .get("strong_skills", []))
+        for s in skills:
+            w = warm.get(pol, {}).get(s)
+            cells = []
+            for p in probes:
+                pe = reg["probes"][p]["policies"][pol]
+                fin, vw, vn = pe["final"].get(s), pe["vs_warm"].get(s), pe["vs_none"].get(s)
+                cell = f"{fin['mean']:.3f}" if fin else "—"
+                if vw:
+                    cell += f" ({vw['mean']:+.2f})"
+                if p != CONTROL and vn:
+                    cell += f" [{vn['mean']:+.2f}{_mark(vn).strip()}]"
+                cells.append(cell)
+            wtxt = f"{w:.3f}" if w is not None else "—"
+            out.append(f"| {pol} | {s}{'*' if s in strong else ''} | {wtxt} | "
+                       + " | ".join(cells) + " |")
+    out.append("")
+    gains = transfer_summary(reg)
+    if gains:
+        out += ["Gains whose paired CI vs `none` excludes 0 (probe: policy skill Δ):", ""]
+        out += [f"- {p}: " + (", ".join(f"{pol} {s} {d:+.2f}" for pol, s, d in g) or "none")
+                for p, g in gains.items()]
+        out.append("")
+    out += ["### Per-policy final reward@1 with 95% CI, and the difference to none", "",
+            "| probe | policy | final | Δ none | best | Δ none (best) |",
+            "|---|---|---|---|---|---|"]
+    for p in probes:
+        for pol in pols:
+            pe = reg["probes"][p]["policies"][pol]
+            out.append(f"| {p} | {pol} | {fmt(pe['final']['mean'])} | "
+                       f"{fmt(pe['vs_none'].get('mean'), True)}{_mark(pe['vs_none'].get('mean'))}"
+                       f" | {fmt(pe['best']['mean'])} | {fmt(pe['vs_none_best'].get('mean'), True)}"
+                       " |")
+    out.append("")
+    out += ["### Probe diagnostics (per-round means, averaged over seeds)", "",
+            "| probe | policy | rounds | wall s | fallback rounds | rescues/round | "
+            "baseline shift | peer samples/round | PRP w mean | PRP w var | PRP kept | "
+            "PRP clipped | THL residual |", "|---|" + "---|" * 12]
+    for p in probes:
+        e = reg["probes"][p]
+        for pol in pols:
+            d = e["policies"][pol]["diagnostics"]
+
+            def g(name: str, digits: int = 3, d: dict[str, Any] = d) -> str:
+                v = d.get(name)
+                return "—" if not v else f"{v['mean']:.{digits}g}"
+
+            out.append(f"| {p} | {pol} | {g('rounds', 4)} | {e['wall_s']['mean']:.0f} | "
+                       f"{g('fallback_rounds')} | {g('rescues_per_round')} | "
+                       f"{g('baseline_shift')} | {g('peer_samples_per_round')} | "
+                       f"{g('prp_w_mean')} | {g('prp_w_var')} | {g('prp_w_kept')} | "
+                       f"{g('prp_w_clipped')} | {g('thl_residual')} |")
+    out.append("")
+    out += ["### Records through SEE (mean per run): published per policy, taken per kind", "",
+            "| probe | published (policy: ROLLOUT / REWARD_STATS / VERIFIED_SUCCESS) | "
+            "taken (kind: taker←source n) |", "|---|---|---|"]
+    for p in probes:
+        see = reg["probes"][p].get("see") or {}
+        pub = "; ".join(
+            f"{pol}: " + " / ".join(f"{v.get(k, 0):.0f}" for k in
+                                    ("ROLLOUT", "REWARD_STATS", "VERIFIED_SUCCESS"))
+            for pol, v in (see.get("published_mean") or {}).items())
+        tk = "; ".join(f"{kind}: " + ", ".join(f"{t}←{s} {n:.0f}" for t, ss in takers.items()
+                                               for s, n in ss.items())
+                       for kind, takers in (see.get("taken_mean") or {}).items()) or "none"
+        out.append(f"| {p} | {pub or '—'} | {tk} |")
+    out.append("")
+    return out
+
+
+def transfer_summary(reg: dict[str, Any]) -> dict[str, list[tuple[str, str, float]]]:
+    """Per probe: (policy, skill, mean gain) where the paired difference to `none` excludes 0
+    and is positive."""
+    out: dict[str, list[tuple[str, str, float]]] = {}
+    for p, e in reg["probes"].items():
+        if p == CONTROL:
+            continue
+        out[p] = [(pol, s, e["policies"][pol]["vs_none"][s]["mean"])
+                  for pol in reg["policies"] for s in reg["skills"]
+                  if _excl(e["policies"][pol]["vs_none"].get(s))
+                  and e["policies"][pol]["vs_none"][s]["mean"] > 0]
+    return out

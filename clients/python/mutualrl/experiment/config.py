@@ -1,0 +1,194 @@
+"""The `experiment:` section of a probe-comparison YAML (configs/probe-comparison.yaml).
+
+An experiment is a grid: regimes x probes x seeds. Every cell is one run (its own run_id) of
+the same heterogeneous policies through the same SEE / THL / MWRA; only the probe differs
+between cells of a (regime, seed), and the seed fixes prompt order, init / warm start and
+sampling, so probes are compared on paired seeds. Pure: no network, no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from mutualrl.common.config import Config, load_yaml
+
+ProbeKind = Literal["none", "prp", "xgrpo", "sgt"]
+PROBES: tuple[str, ...] = ("none", "prp", "xgrpo", "sgt")
+CONTROL = "none"
+
+
+class PolicySpec(Config):
+    """One policy of every run of a regime, and how it is warm-started."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,32}$")
+    """Policy id (SEE records, MWRA, output paths, table rows)."""
+    preset: str | None = None
+    """Tiny built-in preset (mutualrl.trainer.presets); or give `model_path`."""
+    model_path: Path | None = None
+    """A local Hugging Face model directory (GPU config)."""
+    strong_skills: list[str] = Field(default_factory=list)
+    """Skills the warm start teaches; every other task skill is weak (starts near 0)."""
+    warm_start: bool = True
+    """False: no SFT warm start, RL starts from the model itself (real checkpoints)."""
+    sft: dict[str, Any] = Field(default_factory=dict)
+    """SFTConfig fields for this policy only (override the regime's `sft`)."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """Extra TrainerConfig policy fields (dtype, device, rollout_engine, threads)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicySpec:
+        if (self.preset is None) == (self.model_path is None):
+            raise ValueError(f"policy {self.name}: give exactly one of preset, model_path")
+        if self.warm_start and not self.strong_skills:
+            raise ValueError(f"policy {self.name}: a warm start needs strong_skills")
+        return self
+
+
+class RegimeSpec(Config):
+    """A task regime: the policies, their warm start and the RL settings shared by all probes."""
+
+    task: dict[str, Any] = Field(default_factory=dict)
+    """TaskConfig fields (regime, skills, digits, held-out size)."""
+    policies: list[PolicySpec] = Field(min_length=2)
+    """The heterogeneous policies trained together in every run of this regime."""
+    sft: dict[str, Any] = Field(default_factory=dict)
+    """SFTConfig fields common to this regime's warm starts (steps, lr, weak pool...)."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """TrainerConfig fields common to every run of the regime (grpo, probe knobs, eval); the
+    experiment sets run_id, seed, output_dir, task, services, policies and probe.kind."""
+    probe_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per probe kind: ProbeSettings fields that apply to that probe only (e.g. PRP's weight
+    mode). Knobs a probe does not read are inert, so shared knobs belong in `trainer.probe`."""
+    seconds_per_round: dict[str, float] = Field(default_factory=dict)
+    """Expected wall seconds per round of a run (both policies at once) per probe, for the ETA;
+    missing probes use `default_seconds_per_round`."""
+    default_seconds_per_round: float = Field(0.6, gt=0)
+    """ETA fallback (SCIENCE_NOTES: ~0.5 short, 0.6-1.0 worked)."""
+    startup_seconds: float = Field(20.0, ge=0)
+    """ETA: seconds a run spends starting its trainers (imports, model load, registration)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RegimeSpec:
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policy names must be unique, got {names}")
+        unknown = set(self.probe_overrides) - set(PROBES)
+        if unknown:
+            raise ValueError(f"probe_overrides: unknown probes {sorted(unknown)}")
+        return self
+
+
+class WarmStartSettings(Config):
+    """How warm starts are made and checked."""
+
+    per_seed: bool = False
+    """False: one warm start per (regime, policy), made with `seed` and reused by every seed
+    (seeds then vary prompt order and sampling only). True: one per (regime, policy, seed),
+    also varying the init."""
+    seed: int = 0
+    """SFT seed (init, data, weak pool) when `per_seed` is false."""
+    cache_dir: Path | None = None
+    """Where warm starts are kept (keyed by a hash of their SFT config, so an unchanged config
+    reuses them across experiments); None: <out>/warm_start."""
+    parallel: int = Field(2, ge=1)
+    """Warm starts trained at once (one thread each)."""
+    weak_max: float = Field(0.05, ge=0, le=1)
+    """A weak skill starting above this accuracy is flagged (SCIENCE_NOTES: it must start near
+    0, else plain GRPO catches up on its own)."""
+    strong_min: float = Field(0.5, ge=0, le=1)
+    """A strong skill starting below this is flagged (nothing to share)."""
+
+
+class ExperimentConfig(Config):
+    """The `experiment:` section: the grid and how it is run."""
+
+    name: str = Field("probe-comparison", pattern=r"^[A-Za-z0-9._-]{1,32}$")
+    """Label of the experiment (in results.json and the tables)."""
+    run_prefix: str = Field("pc", pattern=r"^[A-Za-z0-9._-]{1,24}$")
+    """Run ids are <run_prefix>-<regime>-<probe>-s<seed>; a unique prefix keeps experiments
+    apart in one Redis (the e2e test passes one)."""
+    probes: list[ProbeKind] = Field(default_factory=lambda: list(PROBES))
+    """Probes compared; `none` (plain GRPO) is the control and must be among them."""
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    """Paired seeds: the same seed gives the same prompt order, warm start and sampling seed
+    under every probe."""
+    regimes: dict[str, RegimeSpec]
+    """Task regimes by name (`short`, `worked`), each reported on its own."""
+    only_regimes: list[str] | None = None
+    """Run only these regimes (None: all); `--quick` uses it to shrink the grid."""
+    parallel_runs: int = Field(1, ge=1)
+    """Runs trained at once (each is two single-threaded trainer processes)."""
+    worker_slots: int | None = Field(None, ge=1)
+    """CPU slots of the MWRA worker registered for each run; None: one per policy."""
+    stop_grace: float = Field(30.0, gt=0)
+    """Seconds processes get after SIGTERM before SIGKILL."""
+    health_timeout: float = Field(120.0, gt=0)
+    """Seconds a service gets to report SERVING."""
+    run_timeout: float = Field(1800.0, gt=0)
+    """A run still going after this many seconds is stopped and reported as failed."""
+    retries: int = Field(1, ge=0)
+    """A failed run (a trainer exited non-zero) is started again from nothing this many times."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """Start no further run once the runs so far plus one more (at the measured pace) would
+    pass this many seconds after the first run started; the rest are reported as not run."""
+    warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
+    """Warm-start policy."""
+    quick: dict[str, Any] = Field(default_factory=dict)
+    """Overrides deep-merged into this section by `--quick` (a reduced grid for tests)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        if CONTROL not in self.probes:
+            raise ValueError("probes must include 'none' (the control of every comparison)")
+        if len(set(self.probes)) != len(self.probes):
+            raise ValueError(f"probes must be unique, got {self.probes}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be unique, got {self.seeds}")
+        if not self.regimes:
+            raise ValueError("regimes: give at least one")
+        unknown = set(self.only_regimes or []) - set(self.regimes)
+        if unknown:
+            raise ValueError(f"only_regimes: unknown regimes {sorted(unknown)}")
+        return self
+
+    def active_regimes(self) -> dict[str, RegimeSpec]:
+        """The regimes this invocation runs, in config order."""
+        keep = self.only_regimes
+        return {k: v for k, v in self.regimes.items() if keep is None or k in keep}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` merged in: mappings recursively, everything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_experiment(path: str | Path, quick: bool = False) -> tuple[ExperimentConfig,
+                                                                     dict[str, Any]]:
+    """The experiment section (with `quick` merged in when asked) and the whole YAML (the
+    services' sections `see:`, `thl:`, `mwra:` are read from it)."""
+    raw = load_yaml(path)
+    section = raw.get("experiment")
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: needs an `experiment:` mapping")
+    if quick:
+        section = deep_merge({k: v for k, v in section.items() if k != "quick"},
+                             section.get("quick") or {})
+    return ExperimentConfig.model_validate(section), raw
+
+
+def config_hash(obj: Any) -> str:
+    """Short stable hash of a JSON-able object (warm-start cache keys)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]

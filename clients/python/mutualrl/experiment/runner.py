@@ -1,0 +1,521 @@
+"""Runs an experiment: warm starts (once, cached), SEE / THL / MWRA (+ Redis) started once as
+supervised processes, then every run of the grid as two single-threaded trainer processes, with
+a live progress display; at the end results.json, results.md and curves.png.
+
+Process management is `mutualrl.launch` (Supervisor, ProcessSpec, make_plan for the services);
+the statistics are `mutualrl.experiment.analysis`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mutualrl.experiment.analysis import RunResult, render_markdown, summarize_regime
+from mutualrl.experiment.config import ExperimentConfig
+from mutualrl.experiment.plan import ExperimentPlan, RunSpec, WarmStart, build_plan, fmt_duration
+from mutualrl.launch.report import read_rows
+from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, Supervisor, tail
+
+CHILD = [sys.executable, "-m", "mutualrl.experiment.child"]
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# ---- warm starts -------------------------------------------------------------------------------
+
+
+def warm_start_report(w: WarmStart, weak_max: float, strong_min: float) -> dict[str, Any]:
+    """The warm start's sft_eval.json with flags for weak skills that do not start near 0 and
+    strong skills that were not learned."""
+    rep = json.loads((w.out_dir / "sft_eval.json").read_text())
+    acc = rep["heldout_accuracy"]
+    strong = list(rep.get("strong_skills", []))
+    flags = []
+    for skill, a in acc.items():
+        if skill == "mean":
+            continue
+        if skill in strong and a < strong_min:
+            flags.append(f"strong {skill} only {a:.2f} (< {strong_min})")
+        if skill not in strong and a > weak_max:
+            flags.append(f"weak {skill} starts at {a:.2f} (> {weak_max})")
+    return {"seed": w.seed, "path": str(w.out_dir), "heldout_accuracy": acc,
+            "strong_skills": strong, "weak_skills": rep.get("weak_skills", []),
+            "steps": rep.get("steps"), "train_seconds": rep.get("train_seconds"),
+            "flags": flags}
+
+
+def make_warm_starts(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path, console: Any,
+                     stop: _Stop) -> dict[str, dict[str, Any]]:
+    """Train the warm starts that are not cached yet (`parallel` at a time); return every warm
+    start's report keyed 'regime/policy/sSEED'."""
+    todo = [w for w in plan.warm_starts if not (w.out_dir / "sft_eval.json").exists()]
+    cached = len(plan.warm_starts) - len(todo)
+    console.print(f"warm starts: {len(plan.warm_starts)} ({cached} cached, {len(todo)} to train)")
+    sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
+    pending, running = list(todo), {}
+    t0 = time.monotonic()
+    try:
+        while pending or running:
+            if stop.signum is not None:
+                raise KeyboardInterrupt
+            while pending and len(running) < cfg.warm_start.parallel:
+                w = pending.pop(0)
+                d = out / "warm_start_configs"
+                d.mkdir(parents=True, exist_ok=True)
+                cfg_path = d / f"{w.regime}-{w.policy}-s{w.seed}.yaml"
+                cfg_path.write_text(yaml.safe_dump({"sft": w.sft}, sort_keys=False))
+                name = f"sft-{w.regime}-{w.policy}-s{w.seed}"
+                sup.start(ProcessSpec(name=name, argv=[*CHILD, "sft", "-c", str(cfg_path)],
+                                      log_path=out / "logs" / f"{name}.log", finishes=True,
+                                      env={"OMP_NUM_THREADS": "1"}))
+                running[name] = w
+                console.print(f"  training warm start {w.key} -> {w.out_dir}")
+            for child, code in sup.poll():
+                w = running.pop(child.spec.name)
+                if code != 0:
+                    raise ChildFailed(child.spec.name, code, tail(child.spec.log_path))
+                rep = warm_start_report(w, cfg.warm_start.weak_max, cfg.warm_start.strong_min)
+                console.print(f"  warm start {w.key} done in "
+                              f"{fmt_duration(time.monotonic() - t0)}: {rep['heldout_accuracy']}")
+            time.sleep(0.5)
+    finally:
+        sup.stop_all(cfg.stop_grace)
+    reports: dict[str, dict[str, Any]] = {}
+    for w in plan.warm_starts:
+        rep = warm_start_report(w, cfg.warm_start.weak_max, cfg.warm_start.strong_min)
+        reports[w.key] = rep
+        for flag in rep["flags"]:
+            console.print(f"[yellow]warm start {w.key}: {flag}[/]")
+    return reports
+
+
+# ---- services ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Services:
+    endpoints: dict[str, str]
+    token: str | None
+    sup: Supervisor
+    redis_url: str
+
+
+def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first: RunSpec,
+                   redis_url: str | None, token: str | None, console: Any) -> Services:
+    """Redis (private unless REDIS_URL), SEE, THL and MWRA as supervised processes, through
+    `mutualrl.launch.up.make_plan` (free ports, effective YAML, health checks)."""
+    from mutualrl.launch.up import make_plan
+
+    svc_dir = out / "services"
+    svc_dir.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in ("see", "thl", "mwra")}
+    # THL persists registrations in Redis under its prefix: keep this experiment's apart.
+    doc["thl"].setdefault("key_prefix", f"mutualrl:thl:{cfg.run_prefix}:")
+    # Registering tokenizers at start-up loads transformers in THL before it serves: two
+    # trainers registering at once into a cold THL raced on its lazy `transformers` import
+    # (ImportError: cannot import name 'AutoTokenizer'), failing the first run.
+    doc["thl"].setdefault("tokenizers", {
+        f"{cfg.run_prefix}-warmup/{p['name']}": p.get("sft_checkpoint") or p["model_path"]
+        for p in first.trainer["policies"] if p.get("sft_checkpoint") or p.get("model_path")})
+    doc["trainer"] = {**first.trainer, "run_id": "services", "output_dir": str(svc_dir)}
+    yml = svc_dir / "services-input.yaml"
+    yml.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan, pre = make_plan(yml, redis_url, token)
+    sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
+    for spec in [*pre, *[s for s in plan.specs if s.stop_group == 1]]:
+        sup.start(spec)
+    for spec in [*pre, *[s for s in plan.specs if s.stop_group == 1]]:
+        sup.wait_healthy(spec.name, cfg.health_timeout)
+    console.print("services: " + ", ".join(f"{k} {v}" for k, v in plan.endpoints.items()))
+    (out / "services.json").write_text(json.dumps(plan.endpoints, indent=2))
+    return Services(endpoints=plan.endpoints, token=token, sup=sup,
+                    redis_url=plan.endpoints["redis"])
+
+
+def see_run_stats(svc: Services, run_id: str) -> dict[str, Any]:
+    """SEE's REST /v1/runs/{run}/stats (published per kind, the transfer matrix)."""
+    url = f"{svc.endpoints['see_rest']}/v1/runs/{run_id}/stats"
+    headers = {"Authorization": f"Bearer {svc.token}"} if svc.token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def clear_run_keys(redis_url: str, run_id: str) -> int:
+    """Delete what an earlier attempt of this run id left in Redis (SEE and MWRA keys carry the
+    run id in a hash tag), so a re-run starts from nothing like its paired runs did."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(f"*{{{run_id}}}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        return len(keys)
+    finally:
+        client.close()
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ActiveRun:
+    spec: RunSpec
+    children: list[str]
+    started: float
+    keepalive: Any = None
+    worker_id: str = ""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    failed: str | None = None
+
+
+class _Stop:
+    """SIGINT / SIGTERM set a flag; the loops stop children in order and write what they have."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+
+def _metrics_path(out: Path, run_id: str, policy: str) -> Path:
+    return out / "runs" / run_id / policy / "metrics.jsonl"
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for _ in fh)
+    except FileNotFoundError:
+        return 0
+
+
+def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
+              cfg: ExperimentConfig) -> ActiveRun:
+    from mutualrl.client.mwra import MwraClient
+
+    run_dir = out / "runs" / spec.run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a fresh run: metrics files are appended to, never mixed
+    run_dir.mkdir(parents=True)
+    clear_run_keys(svc.redis_url, spec.run_id)
+    trainer = {**spec.trainer, "services": {
+        "local": False, "see": svc.endpoints["see_grpc"], "thl": svc.endpoints["thl_grpc"],
+        "mwra": svc.endpoints["mwra_grpc"]}}
+    cfg_path = run_dir / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump({"trainer": trainer}, sort_keys=False))
+    # MWRA's pool for this run: one CPU slot per policy, so each trainer gets one thread.
+    slots = cfg.worker_slots or len(spec.policies)
+    worker_id = f"{spec.run_id}-cpu"
+    with MwraClient(svc.endpoints["mwra_grpc"], token=svc.token) as mwra:
+        mwra.register_local_worker(spec.run_id, worker_id, slots=slots)
+    keep_client = MwraClient(svc.endpoints["mwra_grpc"], token=svc.token)
+    keepalive = keep_client.keepalive(spec.run_id, worker_id, 2.0)
+    keepalive.client = keep_client  # type: ignore[attr-defined]
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if svc.token:
+        env["MUTUALRL_AUTH_TOKEN"] = svc.token
+    names = []
+    for pol in spec.policies:
+        name = f"{spec.run_id}/{pol}"
+        sup.start(ProcessSpec(
+            name=name, argv=[*CHILD, "train", "-c", str(cfg_path), "--policy", pol],
+            log_path=run_dir / "logs" / f"trainer-{pol}.log", env=env, finishes=True,
+            stop_group=2))
+        names.append(name)
+    return ActiveRun(spec=spec, children=names, started=time.monotonic(), keepalive=keepalive,
+                     worker_id=worker_id)
+
+
+def finish_run(run: ActiveRun, svc: Services, out: Path, status: str) -> dict[str, Any]:
+    from mutualrl.client.mwra import MwraClient
+
+    wall = time.monotonic() - run.started
+    if run.keepalive is not None:
+        run.keepalive.stop()
+        run.keepalive.client.close()
+    with contextlib.suppress(Exception), MwraClient(svc.endpoints["mwra_grpc"],
+                                                    token=svc.token) as mwra:
+        mwra.deregister_worker(run.spec.run_id, run.worker_id)
+    run_dir = out / "runs" / run.spec.run_id
+    see: dict[str, Any] = {}
+    try:
+        see = see_run_stats(svc, run.spec.run_id)
+    except OSError as err:
+        see = {"error": str(err)}
+    (run_dir / "see_stats.json").write_text(json.dumps(see, indent=2))
+    info = {"run_id": run.spec.run_id, "regime": run.spec.regime, "probe": run.spec.probe,
+            "seed": run.spec.seed, "status": status, "wall_s": round(wall, 1),
+            "exit_codes": run.exit_codes,
+            "rounds_done": {p: _count_lines(_metrics_path(out, run.spec.run_id, p))
+                            for p in run.spec.policies}}
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _kill_group(sup: Supervisor, name: str) -> None:
+    child = sup.children.get(name)
+    if child is not None and child.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+
+
+def run_grid(plan: ExperimentPlan, cfg: ExperimentConfig, svc: Services, out: Path,
+             console: Any, stop: _Stop, t_start: float) -> list[dict[str, Any]]:
+    """Every run of the plan, `parallel_runs` at a time, under a live rich Progress."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
+    infos: list[dict[str, Any]] = []
+    pending = list(plan.runs)
+    active: dict[str, ActiveRun] = {}
+    total_rounds = sum(r.rounds * len(r.policies) for r in plan.runs)
+    progress = Progress(TextColumn("{task.description}", justify="left"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                        refresh_per_second=2, transient=False)
+    overall = progress.add_task("[bold]all runs", total=total_rounds, info="")
+    bars = {r.run_id: progress.add_task(f"{r.regime}/{r.probe}/s{r.seed}", total=r.rounds,
+                                        info="waiting", visible=True) for r in plan.runs}
+    done_rounds: dict[str, int] = {}
+    try:
+        with progress:
+            while pending or active:
+                if stop.signum is not None:
+                    raise KeyboardInterrupt
+                while pending and len(active) < cfg.parallel_runs:
+                    if _over_budget(cfg, infos, t_start):
+                        for spec in pending:
+                            progress.update(bars[spec.run_id], info="skipped (time budget)")
+                        console.print(f"[yellow]time budget {cfg.time_budget_s:.0f}s: "
+                                      f"{len(pending)} runs not started[/]")
+                        pending.clear()
+                        break
+                    spec = pending.pop(0)
+                    active[spec.run_id] = start_run(spec, svc, sup, out, cfg)
+                    progress.update(bars[spec.run_id], info="training")
+                for child, code in sup.poll():
+                    run_id = child.spec.name.split("/", 1)[0]
+                    run = active.get(run_id)
+                    if run is None:
+                        continue
+                    run.exit_codes[child.spec.name.split("/", 1)[1]] = code
+                    if code != 0 and run.failed is None:
+                        run.failed = (f"{child.spec.name} exited with code {code}: "
+                                      f"{tail(child.spec.log_path, 5).strip()[-400:]}")
+                        for other in run.children:  # its peer cannot finish a paired run
+                            _kill_group(sup, other)
+                for run_id, run in list(active.items()):
+                    counts = [_count_lines(_metrics_path(out, run_id, p))
+                              for p in run.spec.policies]
+                    done_rounds[run_id] = sum(counts)
+                    progress.update(bars[run_id], completed=min(counts))
+                    if time.monotonic() - run.started > cfg.run_timeout and run.failed is None:
+                        run.failed = f"timeout after {cfg.run_timeout:.0f}s"
+                        for name in run.children:
+                            _kill_group(sup, name)
+                    if len(run.exit_codes) == len(run.children):
+                        status = "ok" if run.failed is None else f"failed: {run.failed}"
+                        attempt = int(run.spec.extra.get("attempt", 0))
+                        if run.failed is not None and attempt < cfg.retries \
+                                and "timeout" not in run.failed:
+                            console.print(f"[yellow]{run_id} {status[:300]}; starting it again "
+                                          f"({attempt + 1}/{cfg.retries})[/]")
+                            finish_run(run, svc, out, status)
+                            run.spec.extra["attempt"] = attempt + 1
+                            pending.insert(0, run.spec)
+                            del active[run_id]
+                            progress.update(bars[run_id], completed=0, info="retrying")
+                            continue
+                        info = finish_run(run, svc, out, status)
+                        info["attempts"] = attempt + 1
+                        infos.append(info)
+                        del active[run_id]
+                        progress.update(bars[run_id], info="done" if run.failed is None
+                                        else "[red]failed[/]")
+                        _report_done(console, info, out, plan, infos, t_start)
+                progress.update(overall, completed=sum(done_rounds.values()))
+                time.sleep(0.5)
+    finally:
+        sup.stop_all(cfg.stop_grace)
+        for run in active.values():
+            infos.append(finish_run(run, svc, out, "interrupted"))
+    return infos
+
+
+def _over_budget(cfg: ExperimentConfig, infos: list[dict[str, Any]], t_start: float) -> bool:
+    """Would one more run (at the pace so far) end past the time budget?"""
+    if cfg.time_budget_s is None or not infos:
+        return False
+    elapsed = time.monotonic() - t_start
+    per_run = max(i["wall_s"] for i in infos)
+    return elapsed + per_run > cfg.time_budget_s
+
+
+def _report_done(console: Any, info: dict[str, Any], out: Path, plan: ExperimentPlan,
+                 infos: list[dict[str, Any]], t_start: float) -> None:
+    """One plain line per finished run (also readable in a nohup log), with the ETA."""
+    finals = []
+    for pol, n in info["rounds_done"].items():
+        rows = read_rows(_metrics_path(out, info["run_id"], pol))
+        ev = [r for r in rows if "heldout/mean" in r]
+        if ev:
+            finals.append(f"{pol} {ev[-1]['heldout/mean']:.3f}")
+        del n
+    left = len(plan.runs) - len(infos)
+    elapsed = time.monotonic() - t_start
+    # Runs overlap `parallel_runs` at a time: the elapsed time per finished run is the rate.
+    per_run = elapsed / max(len(infos), 1)
+    console.print(f"[{len(infos)}/{len(plan.runs)}] {info['run_id']} {info['status'][:60]} "
+                  f"in {info['wall_s']:.0f}s; final held-out {', '.join(finals) or '—'}; "
+                  f"elapsed {fmt_duration(elapsed)}, ETA {fmt_duration(left * per_run)}",
+                  highlight=False)
+
+
+# ---- results -----------------------------------------------------------------------------------
+
+
+def collect(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path,
+            warm_reports: dict[str, dict[str, Any]], infos: list[dict[str, Any]],
+            wall_s: float, quick: bool) -> dict[str, Any]:
+    """results.json's content from what the runs wrote."""
+    status = {i["run_id"]: i for i in infos}
+    warm_by_regime: dict[str, dict[str, Any]] = {}
+    for spec in plan.runs:
+        warm_by_regime.setdefault(spec.regime, {})
+        for pol, w in spec.warm.items():
+            # With per-seed warm starts the table shows seed 0's (or the first seed's).
+            warm_by_regime[spec.regime].setdefault(pol, warm_reports[w.key])
+    results: dict[str, Any] = {
+        "experiment": cfg.name, "quick": quick,
+        "meta": {"seeds": cfg.seeds, "probes": cfg.probes, "wall_s": round(wall_s, 1),
+                 "wall": fmt_duration(wall_s), "parallel_runs": cfg.parallel_runs,
+                 "warm_start": {"per_seed": cfg.warm_start.per_seed,
+                                "note": "one warm start per (regime, policy), reused by every "
+                                        "seed and probe" if not cfg.warm_start.per_seed else
+                                        "one warm start per (regime, policy, seed)"},
+                 "created_unix": int(time.time())},
+        "warm_starts": warm_by_regime,
+        "warm_starts_all": warm_reports,
+        "runs": [status.get(r.run_id, {"run_id": r.run_id, "regime": r.regime,
+                                       "probe": r.probe, "seed": r.seed,
+                                       "status": "not run"}) for r in plan.runs],
+        "regimes": {},
+    }
+    for regime in cfg.active_regimes():
+        specs = [r for r in plan.runs if r.regime == regime]
+        done: list[RunResult] = []
+        for r in specs:
+            i = status.get(r.run_id)
+            if not i or i["status"] != "ok":
+                continue
+            rows = {p: read_rows(_metrics_path(out, r.run_id, p)) for p in r.policies}
+            see_path = out / "runs" / r.run_id / "see_stats.json"
+            see = json.loads(see_path.read_text()) if see_path.exists() else {}
+            done.append(RunResult(r.run_id, regime, r.probe, r.seed, rows, i["wall_s"],
+                                  "ok", see))
+        if not done:
+            continue
+        policies = specs[0].policies
+        warm = {p: {k: float(v) for k, v in warm_by_regime[regime][p]
+                    ["heldout_accuracy"].items()} for p in policies
+                if p in warm_by_regime[regime]}
+        results["regimes"][regime] = summarize_regime(done, policies, warm, cfg.probes)
+    return results
+
+
+def write_outputs(results: dict[str, Any], out: Path) -> None:
+    from mutualrl.experiment.plot import plot_curves
+
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(render_markdown(results))
+    if results["regimes"]:
+        plot_curves(results, out / "curves.png")
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
+                   quick: bool = False, warm_only: bool = False,
+                   redis_url: str | None = None, token: str | None = None) -> int:
+    from mutualrl.launch.local_redis import RedisMissing
+    from mutualrl.trainer.config import TrainerConfig
+
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    plan = build_plan(cfg, out)
+    for spec in plan.runs:  # every run's trainer section must validate before anything starts
+        TrainerConfig.model_validate({**spec.trainer, "services": {"local": True}})
+    (out / "experiment.yaml").write_text(yaml.safe_dump(
+        {"experiment": cfg.model_dump(mode="json"), "quick": quick,
+         **{k: raw[k] for k in ("see", "thl", "mwra") if k in raw}}, sort_keys=False))
+    regimes = list(cfg.active_regimes())
+    console.print(f"[bold]{cfg.name}[/]: regimes {regimes} x probes {cfg.probes} x seeds "
+                  f"{cfg.seeds} = {len(plan.runs)} runs, {cfg.parallel_runs} at a time; "
+                  f"ETA of the runs {fmt_duration(plan.eta_s)} (+ warm starts, "
+                  f"{len(plan.warm_starts)} to check or train) -> {out}", highlight=False)
+    stop = _Stop()
+    t0 = time.monotonic()
+    try:
+        warm_reports = make_warm_starts(plan, cfg, out, console, stop)
+    except ChildFailed as err:
+        console.print(f"[red]{err}[/]\n{err.log_tail}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    (out / "warm_start.json").write_text(json.dumps(warm_reports, indent=2))
+    if warm_only:
+        console.print(f"warm starts ready in {fmt_duration(time.monotonic() - t0)}")
+        return EXIT_OK
+    t_runs = time.monotonic()
+    infos: list[dict[str, Any]] = []
+    code = EXIT_OK
+    svc: Services | None = None
+    try:
+        svc = start_services(cfg, raw, out, plan.runs[0], redis_url, token, console)
+        infos = run_grid(plan, cfg, svc, out, console, stop, t_runs)
+    except RedisMissing as err:
+        console.print(f"[red]{err}[/]")
+        return EXIT_CONFIG
+    except ChildFailed as err:
+        console.print(f"[red]{err}[/]\n{err.log_tail}")
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: writing results of the finished runs[/]")
+        code = EXIT_INTERRUPTED
+    finally:
+        if svc is not None:
+            svc.sup.stop_all(cfg.stop_grace)
+    wall = time.monotonic() - t0
+    results = collect(plan, cfg, out, warm_reports, infos, wall, quick)
+    results["meta"]["runs_wall_s"] = round(time.monotonic() - t_runs, 1)
+    write_outputs(results, out)
+    failed = [i for i in infos if i["status"] != "ok"]
+    console.print(f"done in {fmt_duration(wall)} (runs {fmt_duration(time.monotonic() - t_runs)})"
+                  f": {len(infos) - len(failed)}/{len(plan.runs)} runs ok -> "
+                  f"{out}/results.md, results.json, curves.png")
+    if failed and code == EXIT_OK:
+        code = EXIT_FAILED
+    return code

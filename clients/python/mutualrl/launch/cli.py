@@ -1,0 +1,22 @@
+"""`mutualrl up`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mutualrl.cli import Commands
+
+
+def _up(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from mutualrl.launch.up import run_up
+
+    return run_up(Path(args.config), Console())
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(["up"], "Run Redis, SEE, THL, MWRA and one trainer per policy of a run "
+                     "config as supervised local processes.", _up)
+    p.add_argument("-c", "--config", required=True, help="Run YAML (e.g. configs/demo.yaml).")

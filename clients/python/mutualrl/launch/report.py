@@ -1,0 +1,173 @@
+"""What `mutualrl up` shows: a live status table per policy while it runs, then a results table,
+a reward-curve plot and SEE's transfer matrix when the trainers finish."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from mutualrl.launch.up import Plan
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of a metrics file (a line being written is skipped)."""
+    rows = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def _last_with(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    for row in reversed(rows):
+        if any(k.startswith(prefix) for k in row):
+            return row
+    return {}
+
+
+def status_table(plan: Plan, done: set[str]) -> Table:
+    table = Table(title=f"mutualrl up - run {plan.run_id}", expand=False)
+    for col in ("policy", "round", "reward", "pass", "held-out", "rescued", "step s", "state"):
+        table.add_column(col, justify="left" if col in ("policy", "state") else "right")
+    for name in plan.policies:
+        rows = read_rows(plan.metrics_files[name])
+        last = rows[-1] if rows else {}
+        held = _last_with(rows, "heldout/").get("heldout/mean")
+        rescued = sum(r.get("rescued_prompts", 0.0) for r in rows)
+        state = "done" if f"trainer-{name}" in done else ("training" if rows else "starting")
+        table.add_row(name, f"{last.get('round', '-')}/{plan.rounds}",
+                      f"{last.get('reward_mean', 0.0):.3f}" if last else "-",
+                      f"{last.get('pass_rate', 0.0):.2f}" if last else "-",
+                      f"{held:.3f}" if held is not None else "-",
+                      f"{rescued:.0f}", f"{last.get('step_s', 0.0):.2f}" if last else "-", state)
+    return table
+
+
+def results(plan: Plan) -> dict[str, Any]:
+    """Per policy: first and final held-out reward@1 per skill, rounds, rescues, mean step time."""
+    out: dict[str, Any] = {}
+    for name in plan.policies:
+        rows = read_rows(plan.metrics_files[name])
+        evals = [r for r in rows if any(k.startswith("heldout/") for k in r)]
+        first, final = (evals[0], evals[-1]) if evals else ({}, {})
+        skills = sorted(k.split("/", 1)[1] for k in final if k.startswith("heldout/"))
+        out[name] = {
+            "rounds": rows[-1]["round"] + 1 if rows else 0,
+            "first_eval_round": first.get("round"),
+            "heldout_first": {s: first.get(f"heldout/{s}") for s in skills},
+            "heldout_final": {s: final.get(f"heldout/{s}") for s in skills},
+            "rescued_prompts": sum(r.get("rescued_prompts", 0.0) for r in rows),
+            "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
+        }
+    return out
+
+
+def results_table(res: dict[str, Any]) -> Table:
+    skills = sorted({s for r in res.values() for s in r["heldout_final"] if s != "mean"})
+    table = Table(title="held-out reward@1: first evaluation -> final")
+    table.add_column("policy")
+    for s in [*skills, "mean"]:
+        table.add_column(s, justify="right")
+    table.add_column("rescued", justify="right")
+    for name, r in res.items():
+        cells = []
+        for s in [*skills, "mean"]:
+            a, b = r["heldout_first"].get(s), r["heldout_final"].get(s)
+            cells.append("-" if b is None else f"{a:.2f} -> {b:.2f}" if a is not None
+                         else f"{b:.2f}")
+        table.add_row(name, *cells, f"{r['rescued_prompts']:.0f}")
+    return table
+
+
+def results_markdown(res: dict[str, Any]) -> str:
+    skills = sorted({s for r in res.values() for s in r["heldout_final"] if s != "mean"})
+    head = ["policy", *skills, "mean", "rescued prompts"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in res.items():
+        cells = []
+        for s in [*skills, "mean"]:
+            a, b = r["heldout_first"].get(s), r["heldout_final"].get(s)
+            cells.append("-" if b is None else f"{a:.2f} → {b:.2f}" if a is not None
+                         else f"{b:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['rescued_prompts']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot_curves(plan: Plan, path: Path) -> None:
+    """reward_mean (thin) and held-out reward@1 mean (markers) vs round, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    for name in plan.policies:
+        rows = read_rows(plan.metrics_files[name])
+        line, = ax.plot([r["round"] for r in rows], [r.get("reward_mean", 0.0) for r in rows],
+                        alpha=0.35, linewidth=1, label=f"{name} train reward")
+        evals = [r for r in rows if "heldout/mean" in r]
+        ax.plot([r["round"] for r in evals], [r["heldout/mean"] for r in evals], marker="o",
+                color=line.get_color(), linewidth=2, label=f"{name} held-out reward@1")
+    ax.set_xlabel("round")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"run {plan.run_id}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def see_stats(plan: Plan) -> dict[str, Any] | None:
+    """SEE's per-run statistics through its REST API (None when it does not answer)."""
+    import os
+
+    url = f"{plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats"
+    token = os.environ.get("MUTUALRL_AUTH_TOKEN")
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
+                                 else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as reply:
+            return json.loads(reply.read())
+    except OSError:
+        return None
+
+
+def transfer_table(stats: dict[str, Any]) -> Table:
+    table = Table(title="SEE transfer matrix: records of source taken by taker")
+    for col in ("kind", "taker", "source", "records"):
+        table.add_column(col, justify="right" if col == "records" else "left")
+    for kind, takers in sorted(stats.get("matrix", {}).items()):
+        for taker, sources in sorted(takers.items()):
+            for source, count in sorted(sources.items()):
+                table.add_row(kind, taker, source, str(count))
+    return table
+
+
+def final_report(plan: Plan, console: Any) -> dict[str, Any]:
+    res = results(plan)
+    console.print(results_table(res))
+    plot = plan.run_dir / "curves.png"
+    plot_curves(plan, plot)
+    stats = see_stats(plan)
+    if stats is not None:
+        console.print(transfer_table(stats))
+    summary = {"run_id": plan.run_id, "results": res, "see_stats": stats, "plot": str(plot)}
+    (plan.run_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    (plan.run_dir / "results.md").write_text(results_markdown(res) + "\n")
+    console.print(f"plot: {plot}\nresults: {plan.run_dir / 'results.json'}\n"
+                  f"SEE REST (while up): {plan.endpoints['see_rest']}/v1/runs/{plan.run_id}"
+                  "/records")
+    return summary

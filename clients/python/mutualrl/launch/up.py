@@ -1,0 +1,274 @@
+"""`mutualrl up -c run.yaml`: Redis, SEE (gRPC + REST), THL, MWRA and one trainer per policy as
+supervised local processes, with a live status table and a results table and plot at the end.
+
+Exit codes: 0 every trainer finished; 1 a process failed; 2 bad config or missing Redis;
+130 stopped by SIGINT/SIGTERM (cleanly: trainers checkpoint first)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mutualrl.common.config import load_yaml
+from mutualrl.launch.config import UpConfig
+from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
+from mutualrl.launch.probes import free_port, grpc_serving, http_ok
+from mutualrl.launch.report import final_report, status_table
+from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, Restart, Supervisor, tail
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+CLI = [sys.executable, "-m", "mutualrl.cli"]
+
+
+@dataclass
+class Plan:
+    """Everything `up` starts, derived from the run YAML."""
+
+    run_dir: Path
+    config_path: Path
+    """The effective run YAML (ports and addresses filled in) every child reads."""
+    up: UpConfig
+    run_id: str
+    policies: list[str]
+    metrics_files: dict[str, Path]
+    rounds: int
+    endpoints: dict[str, str] = field(default_factory=dict)
+    specs: list[ProcessSpec] = field(default_factory=list)
+    warm_start: list[ProcessSpec] = field(default_factory=list)
+
+
+def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_restarts: int,
+             config: Path) -> ProcessSpec:
+    return ProcessSpec(name=name, argv=[*CLI, name, "serve", "--config", str(config)],
+                       log_path=plan_dir / "logs" / f"{name}.log", health=health,
+                       restart=restart, max_restarts=max_restarts, stop_group=1)
+
+
+def make_plan(config: Path, redis_url: str | None,
+              token: str | None) -> tuple[Plan, list[ProcessSpec]]:
+    """Read the run YAML, choose ports, write the effective YAML, list the processes."""
+    from mutualrl.trainer.config import TrainerConfig
+
+    raw = load_yaml(config)
+    up = UpConfig.model_validate(raw.get("up") or {})
+    trainer = TrainerConfig.model_validate(raw.get("trainer") or {})
+    run_dir = (trainer.output_dir / trainer.run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    restart = Restart(up.restart)
+    pre: list[ProcessSpec] = []
+    if redis_url is None:
+        redis_spec, redis_url = local_redis_spec(run_dir)
+        pre.append(redis_spec)
+
+    eff = copy.deepcopy(raw)
+    eff.pop("up", None)
+    ports = {name: free_port() for name in ("see", "see_rest", "thl", "thl_metrics", "mwra",
+                                            "mwra_metrics")}
+    see = eff.setdefault("see", {}) or {}
+    see.update(host="127.0.0.1", port=ports["see"], rest_port=ports["see_rest"],
+               redis_url=redis_url)
+    thl = eff.setdefault("thl", {}) or {}
+    thl.update(host="127.0.0.1", port=ports["thl"], metrics_port=ports["thl_metrics"],
+               redis_url=redis_url)
+    mwra = eff.setdefault("mwra", {}) or {}
+    mwra.update(host="127.0.0.1", port=ports["mwra"], metrics_port=ports["mwra_metrics"],
+                redis_url=redis_url)
+    eff["see"], eff["thl"], eff["mwra"] = see, thl, mwra
+    tr = eff["trainer"]
+    services = tr.setdefault("services", {}) or {}
+    services.update(local=False, see=f"127.0.0.1:{ports['see']}",
+                    thl=f"127.0.0.1:{ports['thl']}", mwra=f"127.0.0.1:{ports['mwra']}")
+    tr["services"] = services
+    tr["output_dir"] = str(trainer.output_dir.resolve())
+    metrics = tr.setdefault("metrics", {}) or {}
+    metrics.setdefault("progress", False)  # the status table replaces per-trainer lines
+    tr["metrics"] = metrics
+
+    warm: list[ProcessSpec] = []
+    for policy in tr["policies"]:
+        sft = up.warm_start.get(policy["name"])
+        if sft is None:
+            continue
+        out = Path(sft.get("out_dir") or run_dir / "warm_start" / policy["name"]).resolve()
+        policy["sft_checkpoint"] = str(out)
+        if (out / "sft_eval.json").exists():
+            continue  # made by an earlier run: reuse it
+        sft_yaml = run_dir / "warm_start" / f"{policy['name']}.yaml"
+        sft_yaml.parent.mkdir(parents=True, exist_ok=True)
+        sft_cfg = {"progress": False, "cache_dir": str(trainer.output_dir.resolve() / "presets"),
+                   **sft, "out_dir": str(out)}
+        sft_yaml.write_text(yaml.safe_dump({"sft": sft_cfg}, sort_keys=False))
+        warm.append(ProcessSpec(name=f"sft-{policy['name']}",
+                                argv=[*CLI, "sft", "-c", str(sft_yaml)],
+                                log_path=run_dir / "logs" / f"sft-{policy['name']}.log",
+                                finishes=True, stop_group=2))
+
+    eff_path = run_dir / "run.yaml"
+    eff_path.write_text(yaml.safe_dump(eff, sort_keys=False))
+    env = {"MUTUALRL_AUTH_TOKEN": token} if token else {}
+    plan = Plan(run_dir=run_dir, config_path=eff_path, up=up, run_id=trainer.run_id,
+                policies=[p.name for p in trainer.policies],
+                metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
+                               for p in trainer.policies},
+                rounds=trainer.grpo.rounds, warm_start=warm)
+    plan.endpoints = {
+        "see_grpc": f"127.0.0.1:{ports['see']}",
+        "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
+        "thl_grpc": f"127.0.0.1:{ports['thl']}",
+        "mwra_grpc": f"127.0.0.1:{ports['mwra']}",
+        "thl_metrics": f"http://127.0.0.1:{ports['thl_metrics']}/metrics",
+        "mwra_metrics": f"http://127.0.0.1:{ports['mwra_metrics']}/metrics",
+        "redis": redis_url,
+    }
+    checks = {
+        "see": http_ok(f"http://127.0.0.1:{ports['see_rest']}/healthz"),
+        "thl": grpc_serving(plan.endpoints["thl_grpc"]),
+        "mwra": grpc_serving(plan.endpoints["mwra_grpc"]),
+    }
+    for name, check in checks.items():
+        spec = _service(name, run_dir, check, restart, up.max_restarts, eff_path)
+        spec.env.update(env)
+        plan.specs.append(spec)
+    for name in plan.policies:
+        plan.specs.append(ProcessSpec(
+            name=f"trainer-{name}", argv=[*CLI, "train", "-c", str(eff_path), "--policy", name],
+            log_path=run_dir / "logs" / f"trainer-{name}.log", env=dict(env), restart=restart,
+            max_restarts=up.max_restarts, stop_group=2, finishes=True))
+    for spec in warm:
+        spec.env.update(env)
+    return plan, pre
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag the supervision loop reads (children are stopped in order)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+
+def run_up(config: Path, console: Any) -> int:
+    token = os.environ.get("MUTUALRL_AUTH_TOKEN") or None
+    try:
+        plan, pre = make_plan(config, os.environ.get("REDIS_URL") or None, token)
+    except RedisMissing as err:
+        console.print(f"[red]{err}[/]")
+        return EXIT_CONFIG
+    except (ValueError, OSError) as err:
+        console.print(f"[red]config {config}: {err}[/]")
+        return EXIT_CONFIG
+    signals = _Signals()
+    sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
+    console.print(f"run [bold]{plan.run_id}[/] in {plan.run_dir}  (logs: {plan.run_dir}/logs)")
+    try:
+        code = _supervise(plan, pre, sup, signals, console)
+    finally:
+        codes = sup.stop_all(plan.up.stop_grace)
+        _write_state(plan, sup, stopped=True)
+        if codes:
+            console.print("stopped: " + ", ".join(f"{n} ({c})" for n, c in codes.items()))
+    return code
+
+
+def _write_state(plan: Plan, sup: Supervisor, stopped: bool = False) -> None:
+    """run_dir/up.json: endpoints and pids, for people, tests and `mutualrl inspect`."""
+    state = {"run_id": plan.run_id, "endpoints": plan.endpoints, "stopped": stopped,
+             "pids": {name: c.pid for name, c in sup.children.items()},
+             "config": str(plan.config_path)}
+    tmp = plan.run_dir / "up.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(plan.run_dir / "up.json")
+
+
+def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: _Signals,
+               console: Any) -> int:
+    from rich.live import Live
+
+    try:
+        for spec in pre:
+            sup.start(spec)
+            sup.wait_healthy(spec.name, plan.up.health_timeout)
+        if plan.warm_start:
+            console.print("warm start: " + ", ".join(s.name for s in plan.warm_start)
+                          + " (SFT, once; reused by later runs)")
+            for spec in plan.warm_start:
+                sup.start(spec)
+            if not _wait_finished(sup, [s.name for s in plan.warm_start], signals):
+                return EXIT_INTERRUPTED
+        services = [s for s in plan.specs if s.stop_group == 1]
+        for spec in services:
+            sup.start(spec)
+        for spec in services:
+            sup.wait_healthy(spec.name, plan.up.health_timeout)
+    except ChildFailed as err:
+        console.print(f"[red]{err}[/]\n{err.log_tail}")
+        return EXIT_FAILED
+    _write_state(plan, sup)
+    console.print(f"SEE REST  {plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats "
+                  f"(docs {plan.endpoints['see_rest']}/docs)")
+    console.print(f"metrics   {plan.endpoints['see_rest']}/metrics, {plan.endpoints['thl_metrics']}"
+                  f", {plan.endpoints['mwra_metrics']}; per-round JSONL under {plan.run_dir}")
+    trainers = [s for s in plan.specs if s.finishes]
+    for spec in trainers:
+        sup.start(spec)
+    _write_state(plan, sup)
+    done: set[str] = set()
+    with Live(status_table(plan, done), console=console, refresh_per_second=2,
+              transient=False) as live:
+        while len(done) < len(trainers):
+            if signals.received is not None:
+                live.update(status_table(plan, done))
+                console.print(f"[yellow]{signal.Signals(signals.received).name}: stopping "
+                              "(trainers checkpoint first)[/]")
+                return EXIT_INTERRUPTED
+            for child, code in sup.poll():
+                name = child.spec.name
+                if child.spec.finishes and code == 0:
+                    done.add(name)
+                    continue
+                console.print(f"[red]{name} exited with code {code}[/]; last log lines:\n"
+                              f"{tail(child.spec.log_path)}")
+                if child.spec.restart is Restart.ON_FAILURE and \
+                        child.restarts < child.spec.max_restarts:
+                    if child.spec.finishes and "--resume" not in child.spec.argv:
+                        child.spec.argv.append("--resume")
+                    console.print(f"[yellow]restarting {name} "
+                                  f"({child.restarts + 1}/{child.spec.max_restarts})[/]")
+                    sup.restart(child)
+                    _write_state(plan, sup)
+                    continue
+                return EXIT_FAILED
+            live.update(status_table(plan, done))
+            time.sleep(plan.up.status_every)
+    final_report(plan, console)
+    if plan.up.serve_after:
+        console.print("trainers finished; services stay up until Ctrl-C")
+        while signals.received is None:
+            time.sleep(0.5)
+    return EXIT_OK
+
+
+def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals) -> bool:
+    pending = set(names)
+    while pending:
+        if signals.received is not None:
+            return False
+        for child, code in sup.poll():
+            if code != 0:
+                raise ChildFailed(child.spec.name, code, tail(child.spec.log_path))
+            pending.discard(child.spec.name)
+        time.sleep(0.5)
+    return True

@@ -1,0 +1,270 @@
+"""`mutualrl bench see`: SEE Publish throughput against raw Redis pipelines, measured in one run.
+
+Both sides write the same serialized ROLLOUT payloads (about 300 tokens with offsets and
+log-probs each) from the same number of writer processes with the same batch size:
+
+- ours: each writer process owns a gRPC channel and sends Publish calls of `batch` records to
+  a SEE server running in its own process (`mutualrl see serve`), which validates, indexes and
+  stores them through its Lua script;
+- anchor: each writer process sends the payloads straight to Redis with redis-py pipelines
+  (`XADD <stream> * d <payload>` x batch, one round trip per batch).
+
+Figures: records/s of both, `ratio` = ours / raw redis, and p50/p99 latency of one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+BENCH_PREFIX = "mrlbench"
+
+
+def _records(worker: int, n: int, tokens: int, run_id: str) -> list[bytes]:
+    """`n` serialized ROLLOUT records of `tokens` tokens each for one writer."""
+    from mutualrl.see.testing import rollout
+
+    out = []
+    for i in range(n):
+        rec = rollout(f"p{worker % 4}", i // 64, f"q{i % 64}", worker * 1_000_000 + i,
+                      n_tokens=tokens, reward=float(i % 2))
+        rec.run_id = run_id
+        out.append(rec.SerializeToString())
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str, run_id: str,
+            ready: Any, start: Any, results: Any) -> None:
+    """One writer process: prepare everything, wait at the barrier, write, report."""
+    payloads = _records(worker, n, tokens, run_id)
+    batches = [payloads[i:i + batch] for i in range(0, len(payloads), batch)]
+    lat: list[float] = []
+    if side == "see":
+        import grpc
+
+        from mutualrl.common.channel import ClientOptions
+        from mutualrl.v1 import experience_pb2 as pb
+
+        opts = ClientOptions(address=target, retries=3)
+        channel = grpc.insecure_channel(target)
+        # Requests assembled from the serialized payloads up front: the client cost measured
+        # is the call, as the raw side's is the pipeline execution.
+        reqs = []
+        for b in batches:
+            req = pb.PublishRequest(run_id=run_id)
+            for p in b:
+                req.records.add().ParseFromString(p)
+            reqs.append(req.SerializeToString())
+        call = channel.unary_unary(
+            "/mutualrl.v1.ExperienceExchange/Publish",
+            request_serializer=None, response_deserializer=pb.PublishResponse.FromString)
+        md = opts.metadata()
+        # Warm the channel (connection set-up is not what is measured): an empty batch.
+        call(pb.PublishRequest(run_id=run_id).SerializeToString(), timeout=60, metadata=md)
+        ready.put(worker)
+        start.wait()
+        t0 = time.perf_counter()
+        stored = 0
+        for req in reqs:
+            s = time.perf_counter()
+            resp = call(req, timeout=60, metadata=md)
+            lat.append(time.perf_counter() - s)
+            stored += resp.stored
+        t1 = time.perf_counter()
+        channel.close()
+        results.put((side, worker, t0, t1, lat, stored))
+    else:
+        import redis
+
+        r = redis.Redis.from_url(target)
+        stream = f"{BENCH_PREFIX}:{{{run_id}}}:raw"
+        r.ping()
+        ready.put(worker)
+        start.wait()
+        t0 = time.perf_counter()
+        for b in batches:
+            s = time.perf_counter()
+            pipe = r.pipeline(transaction=False)
+            for p in b:
+                pipe.xadd(stream, {"d": p})
+            pipe.execute()
+            lat.append(time.perf_counter() - s)
+        t1 = time.perf_counter()
+        r.close()
+        results.put((side, worker, t0, t1, lat, n))
+
+
+def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int, target: str,
+              run_id: str) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    ready = ctx.Queue()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(side, w, per_client, batch, tokens, target,
+                                               run_id, ready, start, results), daemon=True)
+             for w in range(clients)]
+    for p in procs:
+        p.start()
+    # Every writer builds its payloads and connects before anyone starts the clock.
+    for _ in procs:
+        ready.get(timeout=300)
+    start.set()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    t0 = min(g[2] for g in got)
+    t1 = max(g[3] for g in got)
+    lat = [x for g in got for x in g[4]]
+    records = sum(g[5] for g in got)
+    if records != clients * per_client:
+        raise RuntimeError(f"{side}: {records} records written, expected {clients * per_client}")
+    return {"records": records, "seconds": t1 - t0, "records_per_s": records / (t1 - t0),
+            "p50_ms": _percentile(lat, 0.5) * 1000, "p99_ms": _percentile(lat, 0.99) * 1000,
+            "batches": len(lat)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_server(redis_url: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str, Path]:
+    port = _free_port()
+    cfg_dir = Path(tempfile.mkdtemp(prefix="see-bench-"))
+    cfg = cfg_dir / "run.yaml"
+    cfg.write_text(f"see:\n  key_prefix: {BENCH_PREFIX}\n  rest_port: null\n"
+                   f"  workers: {workers}\n")
+    env = dict(os.environ)
+    env.pop("MUTUALRL_AUTH_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mutualrl.cli", "--log-level", "WARNING", "see", "serve",
+         "--config", str(cfg), "--port", str(port), "--redis-url", redis_url],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    addr = f"127.0.0.1:{port}"
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"SEE exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            with grpc.insecure_channel(addr) as ch:
+                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                        timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, addr, cfg_dir
+        except grpc.RpcError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("SEE did not become healthy in 30 s")
+
+
+def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: str,
+              repeats: int = 1, workers: int = 1) -> dict[str, Any]:
+    import redis
+
+    from mutualrl.client.see import SeeClient
+    from mutualrl.common.channel import ClientOptions
+
+    per_client = max(batch, records // clients)
+    proc, addr, cfg_dir = _start_server(redis_url, workers)
+    del cfg_dir  # a small temp file; kept for debugging a failed run
+    r = redis.Redis.from_url(redis_url)
+    see_runs: list[dict[str, Any]] = []
+    raw_runs: list[dict[str, Any]] = []
+    try:
+        for _ in range(repeats):
+            run_id = f"bench-{uuid.uuid4().hex[:8]}"
+            with SeeClient(ClientOptions(address=addr, token=None)) as see:
+                see.create_run(run_id, ["p0", "p1", "p2", "p3"], tau=1.0,
+                               max_stream_len=10 * clients * per_client, ttl_seconds=3600)
+            try:
+                # Back to back, order alternating: a paired ratio per repeat cancels most of
+                # the drift of a shared machine's load.
+                sides = [("raw", redis_url), ("see", addr)]
+                if len(see_runs) % 2:
+                    sides.reverse()
+                for side, target in sides:
+                    res = _run_side(side, clients, per_client, batch, tokens, target, run_id)
+                    (raw_runs if side == "raw" else see_runs).append(res)
+                used = r.memory_usage(f"{BENCH_PREFIX}:{{{run_id}}}:s:ROLLOUT") or 0
+            finally:
+                keys = list(r.scan_iter(match=f"{BENCH_PREFIX}:{{{run_id}}}:*", count=1000))
+                if keys:
+                    r.delete(*keys)
+                r.srem(f"{BENCH_PREFIX}:runs", run_id)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        r.close()
+    ratios = sorted(s["records_per_s"] / r["records_per_s"]
+                    for s, r in zip(see_runs, raw_runs, strict=True))
+    mid = len(ratios) // 2
+    # Median paired ratio; its repeat's figures are the ones reported.
+    pick = next(i for i, (s, r) in enumerate(zip(see_runs, raw_runs, strict=True))
+                if s["records_per_s"] / r["records_per_s"] == ratios[mid])
+    see_best, raw_best = see_runs[pick], raw_runs[pick]
+    sample = _records(0, 1, tokens, "x")[0]
+    return {
+        "benchmark": "see_publish",
+        "clients": clients, "server_workers": workers,
+        "records_per_side": clients * per_client, "batch": batch,
+        "tokens_per_record": tokens, "payload_bytes": len(sample),
+        "cpu_count": os.cpu_count(), "repeats": repeats,
+        "see": see_best, "raw_redis": raw_best,
+        "ratio": ratios[mid],
+        "ratios": ratios,
+        "see_all": see_runs, "raw_redis_all": raw_runs,
+        "see_stream_memory_bytes": used,
+        "target_ratio": 0.5,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from mutualrl.see.config import _default_redis_url
+
+    result = run_bench(args.clients, args.records, args.batch, args.tokens,
+                       args.redis_url or _default_redis_url(), args.repeats, args.workers)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    t = Table(title=f"SEE Publish ({result['server_workers']} server worker(s)) vs raw Redis "
+                    f"({result['clients']} writer processes each side, batch "
+                    f"{result['batch']}, {result['tokens_per_record']} tokens, "
+                    f"{result['payload_bytes']} B/record)")
+    for col in ("side", "records", "records/s", "p50 ms", "p99 ms"):
+        t.add_column(col, justify="right")
+    for name, key in (("SEE gRPC Publish", "see"), ("raw Redis pipeline", "raw_redis")):
+        d = result[key]
+        t.add_row(name, str(d["records"]), f"{d['records_per_s']:,.0f}", f"{d['p50_ms']:.2f}",
+                  f"{d['p99_ms']:.2f}")
+    console = Console()
+    console.print(t)
+    verdict = "meets" if result["ratio"] >= result["target_ratio"] else "misses"
+    console.print(f"ratio SEE/raw = {result['ratio']:.3f} ({verdict} the 0.5 target); "
+                  f"written to {args.json}")
+    return 0

@@ -1,0 +1,83 @@
+"""SEE configuration: the `see:` section of a run YAML (every field documented)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+
+from mutualrl.common.config import Config, ServiceConfig
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _default_redis_url() -> str:
+    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+class SeeLimits(Config):
+    """Size limits on what Publish accepts (each violation is INVALID_ARGUMENT naming the field)."""
+
+    max_batch_records: int = Field(default=4096, ge=1, le=65536)
+    """Most records one Publish call may carry."""
+    max_record_bytes: int = Field(default=1024 * 1024, ge=256)
+    """Largest serialized ExperienceRecord in bytes."""
+    max_text_chars: int = Field(default=262_144, ge=1)
+    """Longest `text` / `prompt_text` in characters."""
+    max_tokens: int = Field(default=65_536, ge=1)
+    """Longest token array (token_ids, offsets, logprobs)."""
+    max_id_chars: int = Field(default=256, ge=8)
+    """Longest record_id, policy_id, prompt_id, tokenizer_id."""
+    max_meta_entries: int = Field(default=32, ge=0)
+    """Most `meta` entries per record."""
+    max_meta_chars: int = Field(default=1024, ge=1)
+    """Longest `meta` key or value in characters."""
+    max_successes_per_prompt: int = Field(default=256, ge=1)
+    """Distinct (policy, normalised text) successes kept per prompt for GetVerifiedSuccesses;
+    further distinct texts are still stored as records but not indexed."""
+
+
+class RetentionDefaults(Config):
+    """Retention applied to runs that leave a Retention field at 0."""
+
+    max_stream_len: int = Field(default=100_000, ge=1)
+    """Approximate cap on entries per record stream (XADD/XTRIM MAXLEN ~)."""
+    ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    """Seconds a run's keys live after its last write (refreshed on every write)."""
+    max_rounds: int = Field(default=1024, ge=1)
+    """Rounds of REWARD_STATS kept queryable; older rounds are dropped."""
+
+
+class SeeConfig(ServiceConfig):
+    """The Shared Experience Exchange process: gRPC (experience.proto) plus REST inspection."""
+
+    port: int = Field(default=50051, ge=0, le=65535)
+    """gRPC port; 0 picks a free one (the bound port is logged)."""
+    redis_url: str = Field(default_factory=_default_redis_url)
+    """Redis holding every run (redis://host:port/db or rediss://...); defaults to the REDIS_URL
+    environment variable, else redis://127.0.0.1:6379/0."""
+    key_prefix: str = Field(default="mrl", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    """First segment of every Redis key (`<prefix>:{<run_id>}:...`); tests use a private one."""
+    rest_host: str | None = None
+    """Interface the REST app binds to; None uses `host`."""
+    rest_port: int | None = Field(default=8080, ge=0, le=65535)
+    """REST (FastAPI) port; 0 picks a free one; None serves no REST app."""
+    public_docs: bool = True
+    """Serve /docs and /openapi.json without the bearer token (they hold the schema, no data).
+    /healthz is always open; every other REST route needs the token when one is configured."""
+    public_metrics: bool = False
+    """Serve /metrics without the bearer token (for scrapers that cannot send one)."""
+    redis_max_connections: int = Field(default=64, ge=4)
+    """Connection pool size to Redis (blocking reads each hold one while they wait)."""
+    retention: RetentionDefaults = Field(default_factory=RetentionDefaults)
+    """Retention for runs that do not set their own."""
+    limits: SeeLimits = Field(default_factory=SeeLimits)
+    """Publish size limits."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """gRPC worker processes sharing the port (SO_REUSEPORT). SEE keeps no state outside Redis,
+    so each worker is a full replica; the first also serves REST, and /metrics sums all of them
+    (prometheus multiprocess mode). More than 1 lets Publish use several cores."""
+    poll_interval_ms: int = Field(default=20, ge=1, le=1000)
+    """Sleep between checks while GetRoundStats waits for missing peers."""
+    max_wait_ms: int = Field(default=60_000, ge=0)
+    """Longest wait GetRoundStats / FetchRollouts honour whatever the client asks."""

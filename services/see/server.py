@@ -1,0 +1,210 @@
+"""Run SEE: the gRPC server and the REST app in one process and one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mutualrl.common.auth import BearerAuthInterceptor
+from mutualrl.common.grpc_server import (
+    MetricsInterceptor,
+    RunningServer,
+    _server_credentials,
+    start_server,
+)
+from mutualrl.see.config import SeeConfig
+from mutualrl.see.rest import create_app
+from mutualrl.see.servicer import SERVICE_NAME, ExperienceExchangeServicer, add_to_server
+from mutualrl.see.store import SeeStore
+
+log = logging.getLogger(__name__)
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside our loop: signals belong to serve_until_signalled, not to uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn
+        return None
+
+
+@dataclass
+class SeeServer:
+    """A running SEE: gRPC (`grpc`), REST (`rest_port`, None when disabled) and the store."""
+
+    cfg: SeeConfig
+    store: SeeStore
+    grpc: RunningServer
+    rest_port: int | None
+    _rest: _EmbeddedUvicorn | None
+    _rest_task: asyncio.Task[None] | None
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    @property
+    def rest_url(self) -> str | None:
+        if self.rest_port is None:
+            return None
+        scheme = "https" if self.cfg.tls_cert else "http"
+        return f"{scheme}://127.0.0.1:{self.rest_port}"
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.store.stopping.is_set():
+            return  # already stopped
+        # Ends Subscribe streams and round-stats waits before the gRPC server drains.
+        self.store.stopping.set()
+        await self.grpc.stop(grace)
+        if self._rest is not None and self._rest_task is not None:
+            self._rest.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._rest_task, timeout=max(grace or 0, 1.0) + 2)
+        await self.store.close()
+
+
+async def _start_grpc_shared_port(cfg: SeeConfig, add: Any, names: list[str]) -> RunningServer:
+    """start_server's twin with SO_REUSEPORT on, so several worker processes share one port
+    (the kernel spreads connections over them). Same interceptors, health and reflection."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+    token = cfg.resolved_token()
+    if token:
+        interceptors.append(BearerAuthInterceptor(token))
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ("grpc.so_reuseport", 1),
+    ])
+    add(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server)
+    bind = f"{cfg.host}:{cfg.port}"
+    creds = _server_credentials(cfg)
+    port = server.add_secure_port(bind, creds) if creds else server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"could not bind gRPC server to {bind}")
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server=server, port=port, health=health_servicer)
+
+
+async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
+    """Connect to Redis, start the gRPC server and (unless rest_port is None) the REST app.
+
+    `shared_port`: bind with SO_REUSEPORT (multi-worker serving)."""
+    store = SeeStore(cfg)
+    if not await store.ping():
+        log.warning("Redis at %s does not answer yet; calls fail with UNAVAILABLE until it does",
+                    cfg.redis_url)
+    servicer = ExperienceExchangeServicer(store)
+
+    def add(server: grpc.aio.Server) -> None:
+        add_to_server(servicer, server)
+
+    if shared_port:
+        running = await _start_grpc_shared_port(cfg, add, [SERVICE_NAME])
+    else:
+        running = await start_server(cfg, add, [SERVICE_NAME])
+    rest, task, rest_port = None, None, None
+    if cfg.rest_port is not None:
+        host = cfg.rest_host or cfg.host
+        # Bind the socket ourselves so port 0 works and the real port is known at once.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, cfg.rest_port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        rest_port = sock.getsockname()[1]
+        ucfg = uvicorn.Config(
+            create_app(store, cfg.resolved_token()), log_level="warning", access_log=False,
+            ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
+            ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None, lifespan="off")
+        rest = _EmbeddedUvicorn(ucfg)
+        task = asyncio.ensure_future(rest.serve(sockets=[sock]))
+        for _ in range(200):  # until uvicorn is accepting (or failed)
+            if rest.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+        log.info("SEE REST on %s:%d", host, rest_port)
+    return SeeServer(cfg=cfg, store=store, grpc=running, rest_port=rest_port, _rest=rest,
+                     _rest_task=task)
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def _die_with_parent() -> None:
+    """A worker must not outlive `see serve` (even when that is SIGKILLed)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _worker_main(cfg_json: str) -> None:
+    _die_with_parent()
+    logging.basicConfig(level=logging.WARNING)
+    cfg = SeeConfig.model_validate_json(cfg_json)
+
+    async def run() -> None:
+        see = await start_see(cfg, shared_port=True)
+        await _wait_for_signal()
+        await see.stop(cfg.grace_seconds)
+
+    asyncio.run(run())
+
+
+async def serve(cfg: SeeConfig) -> None:
+    """`mutualrl see serve`: run until SIGINT/SIGTERM, then drain for `grace_seconds`.
+
+    With `workers` > 1 this process is worker 0 (gRPC + REST) and starts the others (gRPC
+    only) on the same port."""
+    see = await start_see(cfg, shared_port=cfg.workers > 1)
+    procs: list[Any] = []
+    if cfg.workers > 1:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        wcfg = cfg.model_copy(update={"port": see.grpc.port, "rest_port": None, "workers": 1,
+                                      "metrics_port": None})
+        for _ in range(cfg.workers - 1):
+            proc = ctx.Process(target=_worker_main, args=(wcfg.model_dump_json(),))
+            proc.start()
+            procs.append(proc)
+    print(f"SEE gRPC on {cfg.host}:{see.grpc.port} ({cfg.workers} worker(s)), REST on "
+          f"{cfg.rest_host or cfg.host}:{see.rest_port}", flush=True)
+    await _wait_for_signal()
+    log.info("stopping (grace %.1fs)", cfg.grace_seconds)
+    for proc in procs:
+        proc.terminate()  # SIGTERM: each drains like this one
+    await see.stop(cfg.grace_seconds)
+    for proc in procs:
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, cfg.grace_seconds + 5)
+        if proc.is_alive():
+            proc.kill()

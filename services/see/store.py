@@ -1,0 +1,871 @@
+"""The Redis store behind SEE (redis.asyncio): runs, publish, reads per probe, inspection.
+
+The servicer and the REST app are thin shells over this class. Key layout: `keys.py`;
+the atomic publish: `lua.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import redis.asyncio as aioredis
+from google.protobuf.message import DecodeError
+from redis import exceptions as rexc
+
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ServiceError
+from mutualrl.see import metrics as m
+from mutualrl.see import wire
+from mutualrl.see.config import SeeConfig
+from mutualrl.see.keys import KINDS, STREAM_NAMES, RunKeys, registry_key
+from mutualrl.see.lua import PUBLISH_LUA
+from mutualrl.see.validate import (
+    KIND_NAMES,
+    ArrayBatch,
+    check_run_id,
+    normalise_text,
+    text_digest,
+    validate_record,
+    validate_run_config,
+)
+from mutualrl.see.wire import (
+    RecordHead,
+    WireError,
+    publish_response,
+    split_publish_request,
+    stamp_suffix,
+    string_field,
+)
+from mutualrl.v1 import experience_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+try:  # the sentinel redis-py's hiredis reader returns while a reply is incomplete
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+except ImportError:  # pragma: no cover - other redis-py layouts: generic path below
+    _NOT_ENOUGH_DATA = object()
+_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+# SET <key> <payload> NX EX <ttl>, formatted in one step.
+_SET_NX_EX = b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n$2\r\nEX\r\n$%d\r\n%s\r\n"
+_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+SEP = "\x1f"  # joins a stream entry's header fields (ids never contain control characters)
+STREAM_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+_RUN_CACHE_SECONDS = 5.0
+_MAX_PROMPTS = 4096
+_MAX_FETCH = 4096
+_MAX_BLOCK_MS = 30_000
+
+
+class Unavailable(ServiceError):
+    """Redis cannot be reached: retryable (clients back off and try again)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+
+
+def check_stream_id(value: str, field: str) -> str:
+    if not STREAM_ID_RE.match(value):
+        raise InvalidArgument(field, f"not a stream id of the form <ms>-<seq>: {value[:64]!r}")
+    return value
+
+
+@contextlib.asynccontextmanager
+async def redis_op(op: str) -> AsyncIterator[None]:
+    """Time a store operation and turn Redis failures into Unavailable/internal errors."""
+    start = time.perf_counter()
+    try:
+        yield
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as err:
+        m.REDIS_ERRORS.labels(op, type(err).__name__).inc()
+        raise Unavailable("", f"redis unavailable during {op}: {err}") from err
+    except rexc.RedisError as err:
+        m.REDIS_ERRORS.labels(op, type(err).__name__).inc()
+        raise
+    finally:
+        m.REDIS_SECONDS.labels(op).observe(time.perf_counter() - start)
+
+
+@dataclass
+class Retention:
+    """A run's effective retention (its own values, else the server defaults)."""
+
+    max_stream_len: int
+    ttl_seconds: int
+    max_rounds: int
+
+
+@dataclass
+class RecordPage:
+    """One page of the REST record listing."""
+
+    records: list[tuple[str, pb.ExperienceRecord]]
+    next_cursor: str | None
+    scanned: int
+
+
+async def _read_replies(conn: Any, n: int) -> list[Any]:
+    """Read `n` replies; error replies come back as exception objects, not raised.
+
+    With hiredis, the C reader parses straight from its buffer (one coroutine step per socket
+    read, not per reply: a batch of 256 records has 259 replies)."""
+    parser = getattr(conn, "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    if reader is not None and hasattr(reader, "gets") and hasattr(parser, "read_from_socket"):
+        out: list[Any] = []
+        while len(out) < n:
+            reply = reader.gets()
+            if reply is _NOT_ENOUGH_DATA or reply is False:
+                await parser.read_from_socket()
+                continue
+            if isinstance(reply, rexc.ConnectionError):
+                raise reply
+            out.append(reply)
+        return out
+    answers: list[Any] = []
+    for _ in range(n):
+        try:
+            answers.append(await conn.read_response())
+        except rexc.ResponseError as err:
+            answers.append(err)
+    return answers
+
+
+def pack_command(args: Sequence[bytes | str | int]) -> bytes:
+    """One command in the Redis protocol (RESP2 array of bulk strings)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = b"%d" % a
+        parts += (b"$%d\r\n" % len(a), a, b"\r\n")
+    return b"".join(parts)
+
+
+@dataclass
+class Header:
+    """The plain fields of a stream entry (filters read these without parsing the record)."""
+
+    record_id: str
+    policy_id: str
+    prompt_id: str
+    round: int
+    verified: bool
+    policy_version: int
+
+    @classmethod
+    def of(cls, fields: dict[bytes, bytes]) -> Header:
+        rid, pol, prompt, rnd, ver, pv = fields[b"h"].decode().split(SEP)
+        return cls(rid, pol, prompt, int(rnd), ver == "1", int(pv))
+
+
+def _sid_key(sid: str) -> tuple[int, int]:
+    a, _, b = sid.partition("-")
+    return int(a), int(b or 0)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _i(value: bytes | str | None, default: int = 0) -> int:
+    return int(value) if value is not None else default
+
+
+class SeeStore:
+    """All SEE state lives in Redis; this object only caches immutable run configs."""
+
+    def __init__(self, cfg: SeeConfig, client: aioredis.Redis | None = None) -> None:
+        self.cfg = cfg
+        if client is None:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                cfg.redis_url, max_connections=cfg.redis_max_connections, timeout=10)
+            client = aioredis.Redis(connection_pool=pool)
+        self.r = client
+        self._runs: dict[str, tuple[float, pb.Run]] = {}
+        self.stopping = asyncio.Event()
+
+    async def close(self) -> None:
+        self.stopping.set()
+        await self.r.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.r.ping())
+        except (rexc.RedisError, OSError):
+            return False
+
+    def keys(self, run_id: str) -> RunKeys:
+        return RunKeys(self.cfg.key_prefix, run_id)
+
+    # ----------------------------------------------------------------------------------- runs
+
+    def retention(self, run: pb.Run) -> Retention:
+        ret, dflt = run.config.retention, self.cfg.retention
+        return Retention(max_stream_len=ret.max_stream_len or dflt.max_stream_len,
+                         ttl_seconds=ret.ttl_seconds or dflt.ttl_seconds,
+                         max_rounds=ret.max_rounds or dflt.max_rounds)
+
+    async def create_run(self, config: pb.RunConfig, exist_ok: bool = False) -> pb.Run:
+        validate_run_config(config, self.cfg.limits)
+        run = pb.Run(created_unix_ms=int(time.time() * 1000))
+        run.config.CopyFrom(config)
+        rk = self.keys(config.run_id)
+        ttl = self.retention(run).ttl_seconds
+        async with redis_op("create_run"):
+            created = await self.r.set(rk.config, run.SerializeToString(), nx=True, ex=ttl)
+            if not created:
+                existing = await self.get_run(config.run_id, use_cache=False)
+                if exist_ok and existing.config == config:
+                    return existing
+                raise AlreadyExists("config.run_id", f"run {config.run_id!r} exists"
+                                    + ("" if not exist_ok else " with a different config"))
+            async with self.r.pipeline(transaction=False) as pipe:
+                # One consumer group per policy from the stream's start: records published
+                # before a trainer's first fetch are not missed.
+                for policy in config.policies:
+                    pipe.xgroup_create(rk.stream(pb.ROLLOUT), policy, id="0", mkstream=True)
+                pipe.expire(rk.stream(pb.ROLLOUT), ttl)
+                await pipe.execute(raise_on_error=False)
+            # The registry is global (another slot in a cluster): written after the run exists.
+            await self.r.sadd(registry_key(self.cfg.key_prefix), config.run_id)
+        self._runs[config.run_id] = (time.monotonic(), run)
+        return run
+
+    async def get_run(self, run_id: str, *, use_cache: bool = True,
+                      field: str = "run_id") -> pb.Run:
+        check_run_id(run_id, field)
+        if use_cache:
+            hit = self._runs.get(run_id)
+            if hit is not None and time.monotonic() - hit[0] < _RUN_CACHE_SECONDS:
+                return hit[1]
+        async with redis_op("get_run"):
+            raw = await self.r.get(self.keys(run_id).config)
+        if raw is None:
+            self._runs.pop(run_id, None)
+            raise NotFound(field, f"run {run_id!r} not found")
+        run = pb.Run.FromString(raw)
+        self._runs[run_id] = (time.monotonic(), run)
+        return run
+
+    async def list_runs(self) -> list[pb.Run]:
+        reg = registry_key(self.cfg.key_prefix)
+        async with redis_op("list_runs"):
+            ids = sorted(_s(x) for x in await self.r.smembers(reg))
+            if not ids:
+                return []
+            async with self.r.pipeline(transaction=False) as pipe:
+                for rid in ids:
+                    pipe.get(self.keys(rid).config)
+                raws = await pipe.execute()
+            gone = [rid for rid, raw in zip(ids, raws, strict=True) if raw is None]
+            if gone:  # expired runs leave the registry lazily
+                await self.r.srem(reg, *gone)
+        return [pb.Run.FromString(raw) for raw in raws if raw is not None]
+
+    async def _check_policy(self, run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
+        if policy_id not in run.config.policies:
+            raise InvalidArgument(field, f"{policy_id!r} is not a policy of run "
+                                         f"{run.config.run_id!r}")
+
+    # -------------------------------------------------------------------------------- publish
+
+    async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord]
+                      ) -> pb.PublishResponse:
+        """Store parsed records (serialized here once); see `publish_serialized`."""
+        raws = [rec.SerializeToString() for rec in records]
+        rids, flags = await self.publish_serialized(run_id, raws, parsed=list(records))
+        return pb.PublishResponse.FromString(publish_response(rids, flags))
+
+    async def publish_request(self, body: bytes) -> bytes:
+        """The Publish RPC on raw bytes: PublishRequest in, serialized PublishResponse out.
+
+        Records are stored as the client serialized them (no parse/re-serialize round trip)."""
+        try:
+            run_id, raws = split_publish_request(body)
+        except (WireError, UnicodeDecodeError, IndexError) as err:
+            raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
+        rids, flags = await self.publish_serialized(run_id, raws)
+        return publish_response(rids, flags)
+
+    async def publish_serialized(self, run_id: str, raws: Sequence[bytes], *,
+                                 parsed: Sequence[pb.ExperienceRecord] | None = None
+                                 ) -> tuple[list[bytes], str]:
+        """Validate the whole batch, then store it with one Lua call (atomic, idempotent).
+
+        Returns the record ids and one flag per record: "1" stored, "0" duplicate.
+        """
+        run = await self.get_run(run_id)
+        limits = self.cfg.limits
+        if len(raws) > limits.max_batch_records:
+            raise InvalidArgument("records", f"{len(raws)} records exceed the limit of "
+                                             f"{limits.max_batch_records} per call")
+        if not raws:
+            return [], ""
+        policies = frozenset(run.config.policies)
+        recs: list[Any] = []
+        arrays = ArrayBatch()
+        for i, raw in enumerate(raws):
+            if parsed is not None:
+                rec = parsed[i]
+            else:
+                try:
+                    # Without its token arrays: they are checked on `raw` by `arrays`.
+                    rec = RecordHead.FromString(raw)
+                except DecodeError:
+                    raise InvalidArgument(f"records[{i}]",
+                                          "not a valid ExperienceRecord") from None
+            validate_record(rec, i, run.config, policies, limits, raw, arrays)
+            recs.append(rec)
+        arrays.check()
+        ret = self.retention(run)
+        rk = self.keys(run_id)
+        keys = rk.fixed()
+        aux_keys: dict[str, int] = {}
+        # Trim once a stream is this far past its cap (amortises the trim like MAXLEN ~).
+        slack = max(1, min(100, ret.max_stream_len // 10))
+        args: list[bytes | str | int] = [
+            ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
+            limits.max_successes_per_prompt, len(raws), rk.round_stats_prefix, rk.rec_prefix,
+            slack]
+        sets: list[bytes] = []
+        ttl = b"%d" % ret.ttl_seconds
+        rec_prefix = rk.rec_prefix.encode()
+        suffix = stamp_suffix(string_field(wire.F_RUN_ID, run_id), int(time.time() * 1000))
+        rids: list[bytes] = []
+        sizes: list[int] = []
+        for rec, raw in zip(recs, raws, strict=True):
+            payload = raw + suffix
+            sizes.append(len(payload))
+            rid = rec.record_id
+            rids.append(rid.encode())
+            kind = rec.kind
+            header = SEP.join((rid, rec.policy_id, rec.prompt_id, str(rec.round),
+                               "1" if rec.verified else "0", str(rec.policy_version)))
+            aux = ""
+            if kind != pb.ROLLOUT:
+                key = (rk.round_stats(rec.round) if kind == pb.REWARD_STATS
+                       else rk.successes(rec.prompt_id))
+                idx = aux_keys.get(key)
+                if idx is None:
+                    keys.append(key)
+                    idx = aux_keys[key] = len(keys)
+                if kind == pb.REWARD_STATS:
+                    st = rec.stats
+                    aux = SEP.join((str(idx), f"{rec.prompt_id}|{rec.policy_id}",
+                                    f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
+                                    str(rec.round)))
+                else:
+                    aux = SEP.join((str(idx), f"{rec.policy_id}|{text_digest(rec.text)}"))
+            args += (rid, kind, rec.policy_id, header, aux)
+            key = rec_prefix + rid.encode()
+            sets.append(_SET_NX_EX % (len(key), key, len(payload), payload, len(ttl), ttl))
+        async with redis_op("publish"):
+            reply = await self._run_publish(sets, keys, args)
+        flags = _s(reply[0])
+        tally: dict[tuple[str, bool], list[int]] = {}
+        for rec, flag, size in zip(recs, flags, sizes, strict=True):
+            t = tally.setdefault((KIND_NAMES[rec.kind], flag == "1"), [0, 0])
+            t[0] += 1
+            t[1] += size
+        for (kname, stored), (count, nbytes) in tally.items():
+            m.RECORDS_IN.labels(kname, "stored" if stored else "duplicate").inc(count)
+            if stored:
+                m.BYTES_IN.labels(kname).inc(nbytes)
+        for kind, tr in zip(KINDS, reply[1:4], strict=True):
+            if int(tr):
+                m.TRIMMED.labels(STREAM_NAMES[kind]).inc(int(tr))
+        if int(reply[4]):
+            m.TRIMMED.labels("round_stats").inc(int(reply[4]))
+        m.PUBLISH_BATCH.observe(len(raws))
+        return rids, flags
+
+    async def _run_publish(self, sets: list[bytes], keys: list[str],
+                           args: list[bytes | str | int]) -> Any:
+        """One MULTI/EXEC: the payload SETs, then EVAL of the index script; returns the
+        script's reply. Packed by hand (redis-py's generic packer costs more per argument than
+        everything else SEE does with a record). EVAL rather than EVALSHA: inside MULTI a
+        NOSCRIPT error (script cache flushed by a Redis restart) would come back only after
+        the SETs were applied; Redis still compiles the script once and caches it by digest."""
+        packed = b"".join((_MULTI, *sets,
+                           pack_command(("EVAL", PUBLISH_LUA, len(keys), *keys, *args)), _EXEC))
+        pool = self.r.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            # +OK for MULTI, +QUEUED per command (errors here abort the EXEC), then EXEC.
+            answers = await _read_replies(conn, len(sets) + 3)
+            queued_error = next((a for a in answers[:-1] if isinstance(a, Exception)), None)
+            replies = answers[-1]
+            if isinstance(replies, Exception):
+                raise (queued_error or replies)  # EXECABORT: nothing was applied
+        except rexc.ResponseError:
+            raise
+        except BaseException:
+            # Cancelled or broken mid-transaction: the connection's state is unknown.
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        reply = replies[-1]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    # ------------------------------------------------------------------------- peer rollouts
+
+    async def _ensure_group(self, stream: str, group: str) -> None:
+        with contextlib.suppress(rexc.ResponseError):  # BUSYGROUP: someone else made it
+            await self.r.xgroup_create(stream, group, id="0", mkstream=True)
+
+    async def fetch_rollouts(self, req: pb.FetchRolloutsRequest, deadline: float | None = None
+                             ) -> pb.FetchRolloutsResponse:
+        """Pending (unacknowledged) entries of this consumer first, then claimed idle ones of
+        dead consumers, then new ones; own and stale entries are acknowledged and skipped."""
+        run = await self.get_run(req.run_id)
+        await self._check_policy(run, req.policy_id)
+        if not req.consumer:
+            raise InvalidArgument("consumer", "required (e.g. the trainer's pod name)")
+        if len(req.consumer) > self.cfg.limits.max_id_chars:
+            raise InvalidArgument("consumer", "too long")
+        if not 1 <= req.max_records <= _MAX_FETCH:
+            raise InvalidArgument("max_records", f"must lie in [1, {_MAX_FETCH}]")
+        if not 0 <= req.block_ms <= _MAX_BLOCK_MS:
+            raise InvalidArgument("block_ms", f"must lie in [0, {_MAX_BLOCK_MS}]")
+        if req.max_round_lag < 0:
+            raise InvalidArgument("max_round_lag", "must be >= 0")
+        if req.claim_idle_ms < 0:
+            raise InvalidArgument("claim_idle_ms", "must be >= 0")
+        stream = self.keys(req.run_id).stream(pb.ROLLOUT)
+        group, consumer, me = req.policy_id, req.consumer, req.policy_id
+        min_round = req.current_round - req.max_round_lag if req.current_round >= 0 else None
+        out = pb.FetchRolloutsResponse()
+        to_ack: list[str] = []
+        taken: dict[str, int] = {}
+        chosen: list[tuple[str, str, int, bool, str]] = []
+
+        def keep(entry_id: str, fields: dict[bytes, bytes] | None, count: int,
+                 fresh: bool) -> None:
+            if fields is None:  # trimmed by retention while pending: nothing left to give
+                to_ack.append(entry_id)
+                return
+            h = Header.of(fields)
+            source = h.policy_id
+            if source == me:
+                to_ack.append(entry_id)
+                return
+            if (min_round is not None and h.round < min_round) or \
+                    h.policy_version < req.min_policy_version:
+                to_ack.append(entry_id)
+                out.skipped_stale += 1
+                return
+            chosen.append((entry_id, h.record_id, count, fresh, source))
+
+        async with redis_op("fetch_rollouts"):
+            # 1. Our own pending list: what we were given before a restart and never acked.
+            try:
+                reply = await self.r.xreadgroup(group, consumer, {stream: "0"},
+                                                count=req.max_records)
+            except rexc.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                await self._ensure_group(stream, group)
+                reply = []
+            pending = reply[0][1] if reply else []
+            if pending:
+                ids = [_s(e[0]) for e in pending]
+                info = await self.r.xpending_range(stream, group, min=ids[0], max=ids[-1],
+                                                   count=len(ids), consumername=consumer)
+                counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
+                for eid, (_, fields) in zip(ids, pending, strict=True):
+                    keep(eid, fields or None, counts.get(eid, 1), False)
+            # 2. Entries of consumers that went away (same policy, idle past claim_idle_ms).
+            room = req.max_records - len(chosen)
+            if room > 0 and req.claim_idle_ms > 0:
+                claimed = await self.r.xautoclaim(stream, group, consumer, req.claim_idle_ms,
+                                                  start_id="0-0", count=room)
+                entries = claimed[1] if claimed else []
+                if entries:
+                    ids = [_s(e[0]) for e in entries]
+                    info = await self.r.xpending_range(stream, group, min=min(ids), max=max(ids),
+                                                       count=len(ids) * 4,
+                                                       consumername=consumer)
+                    counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
+                    for eid, (_, fields) in zip(ids, entries, strict=True):
+                        keep(eid, fields or None, counts.get(eid, 2), False)
+            # 3. New entries; skipped ones do not count, so read on while they fill the page.
+            block_ms = req.block_ms
+            for _ in range(16):
+                room = req.max_records - len(chosen)
+                if room <= 0:
+                    break
+                block = None
+                if not chosen and block_ms > 0:
+                    block = block_ms
+                    if deadline is not None:
+                        block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
+                try:
+                    reply = await self.r.xreadgroup(group, consumer, {stream: ">"}, count=room,
+                                                    block=block)
+                except rexc.ResponseError as err:
+                    if "NOGROUP" not in str(err):
+                        raise
+                    await self._ensure_group(stream, group)
+                    continue
+                entries = reply[0][1] if reply else []
+                if not entries:
+                    break
+                for eid, fields in entries:
+                    keep(_s(eid), fields, 1, True)
+                block_ms = 0  # block at most once per call
+            rk = self.keys(req.run_id)
+            payloads = await self.r.mget([rk.rec(c[1]) for c in chosen]) if chosen else []
+            nbytes = 0
+            for (eid, _, count, fresh, source), payload in zip(chosen, payloads, strict=True):
+                if payload is None:  # the record's payload expired (TTL): nothing to give
+                    to_ack.append(eid)
+                    continue
+                d = out.deliveries.add(delivery_id=eid, delivery_count=count)
+                d.record.ParseFromString(payload)
+                nbytes += len(payload)
+                if fresh:
+                    taken[source] = taken.get(source, 0) + 1
+            m.BYTES_OUT.labels("ROLLOUT").inc(nbytes)
+            if to_ack:
+                await self.r.xack(stream, group, *to_ack)
+            if taken:
+                await self._count_transfers(req.run_id, me, pb.ROLLOUT, taken)
+        m.RECORDS_OUT.labels("ROLLOUT", "fetch").inc(len(out.deliveries))
+        return out
+
+    async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
+        run = await self.get_run(run_id)
+        await self._check_policy(run, policy_id)
+        if len(delivery_ids) > 65536:
+            raise InvalidArgument("delivery_ids", "at most 65536 per call")
+        for i, did in enumerate(delivery_ids):
+            check_stream_id(did, f"delivery_ids[{i}]")
+        if not delivery_ids:
+            return 0
+        async with redis_op("ack"):
+            return int(await self.r.xack(self.keys(run_id).stream(pb.ROLLOUT), policy_id,
+                                         *delivery_ids))
+
+    async def _count_transfers(self, run_id: str, taker: str, kind: int,
+                               taken: dict[str, int]) -> None:
+        rk = self.keys(run_id)
+        async with self.r.pipeline(transaction=False) as pipe:
+            for source, n in taken.items():
+                pipe.hincrby(rk.xfer, f"{taker}|{source}|{kind}", n)
+            pipe.expire(rk.xfer, self.retention(await self.get_run(run_id)).ttl_seconds)
+            await pipe.execute()
+
+    # ---------------------------------------------------------------------------- round stats
+
+    async def round_stats(self, req: pb.RoundStatsRequest, deadline: float | None = None
+                          ) -> pb.RoundStatsResponse:
+        """Pooled REWARD_STATS of a round; waits (polling) for expected policies until wait_ms
+        or `deadline` (monotonic seconds) passes, then returns what exists."""
+        run = await self.get_run(req.run_id)
+        if req.round < 0:
+            raise InvalidArgument("round", "must be >= 0")
+        if not req.prompt_ids:
+            raise InvalidArgument("prompt_ids", "at least one prompt id is required")
+        if len(req.prompt_ids) > _MAX_PROMPTS:
+            raise InvalidArgument("prompt_ids", f"at most {_MAX_PROMPTS} prompts")
+        for i, p in enumerate(req.prompt_ids):
+            if not p or "|" in p:
+                raise InvalidArgument(f"prompt_ids[{i}]", "must be a non-empty prompt id")
+        if req.policy_id:
+            await self._check_policy(run, req.policy_id)
+        for i, p in enumerate(req.expect_policies):
+            await self._check_policy(run, p, f"expect_policies[{i}]")
+        if not 0 <= req.wait_ms <= 60_000:
+            raise InvalidArgument("wait_ms", "must lie in [0, 60000]")
+        policies = list(run.config.policies)
+        expected = list(req.expect_policies) or policies
+        prompts = list(dict.fromkeys(req.prompt_ids))
+        fields = [f"{p}|{pol}" for p in prompts for pol in policies]
+        key = self.keys(req.run_id).round_stats(req.round)
+        start = time.monotonic()
+        stop_at = start + min(req.wait_ms, self.cfg.max_wait_ms) / 1000
+        if deadline is not None:
+            stop_at = min(stop_at, deadline)
+        poll = self.cfg.poll_interval_ms / 1000
+        while True:
+            async with redis_op("round_stats"):
+                values = await self.r.hmget(key, fields)
+            have = {f: v for f, v in zip(fields, values, strict=True) if v is not None}
+            missing = sorted({pol for p in prompts for pol in expected
+                              if f"{p}|{pol}" not in have})
+            now = time.monotonic()
+            if not missing or now >= stop_at or self.stopping.is_set():
+                break
+            await asyncio.sleep(min(poll, max(0.0, stop_at - now)))
+        m.ROUND_STATS_WAIT.observe(time.monotonic() - start)
+        resp = pb.RoundStatsResponse(complete=not missing, missing_policies=missing)
+        taken: dict[str, int] = {}
+        for p in prompts:
+            ps = resp.prompts.add(prompt_id=p)
+            pooled = ps.pooled
+            first = True
+            for pol in policies:
+                raw = have.get(f"{p}|{pol}")
+                if raw is None:
+                    continue
+                c, s, ss, mx = _s(raw).split(",")
+                st = pb.RewardStats(count=int(c), sum=float(s), sum_sq=float(ss), max=float(mx))
+                ps.policies.add(policy_id=pol, stats=st)
+                pooled.count += st.count
+                pooled.sum += st.sum
+                pooled.sum_sq += st.sum_sq
+                pooled.max = st.max if first else max(pooled.max, st.max)
+                first = False
+                if req.policy_id and pol != req.policy_id:
+                    taken[pol] = taken.get(pol, 0) + 1
+        n_out = sum(taken.values())
+        if taken:
+            async with redis_op("round_stats"):
+                await self._count_transfers(req.run_id, req.policy_id, pb.REWARD_STATS, taken)
+        m.RECORDS_OUT.labels("REWARD_STATS", "round_stats").inc(n_out)
+        return resp
+
+    # ------------------------------------------------------------------------------ successes
+
+    async def successes(self, req: pb.SuccessesRequest) -> pb.SuccessesResponse:
+        """Peer VERIFIED_SUCCESS records per prompt, deduplicated by normalised text (the
+        earliest round wins among equal texts), own successes excluded."""
+        run = await self.get_run(req.run_id)
+        await self._check_policy(run, req.policy_id)
+        if not req.prompt_ids:
+            raise InvalidArgument("prompt_ids", "at least one prompt id is required")
+        if len(req.prompt_ids) > _MAX_PROMPTS:
+            raise InvalidArgument("prompt_ids", f"at most {_MAX_PROMPTS} prompts")
+        for i, p in enumerate(req.prompt_ids):
+            if not p:
+                raise InvalidArgument(f"prompt_ids[{i}]", "must be a non-empty prompt id")
+        if req.max_per_prompt < 0:
+            raise InvalidArgument("max_per_prompt", "must be >= 0")
+        cap = req.max_per_prompt or 16
+        prompts = list(dict.fromkeys(req.prompt_ids))
+        rk = self.keys(req.run_id)
+        me = req.policy_id
+        async with redis_op("successes"), self.r.pipeline(transaction=False) as pipe:
+            for p in prompts:
+                pipe.hgetall(rk.successes(p))
+            hashes = await pipe.execute()
+        # Peer record ids per prompt, then their payloads in one MGET.
+        wanted = [[_s(rid) for fld, rid in h.items() if _s(fld).split("|", 1)[0] != me]
+                  for h in hashes]
+        flat = [rid for rids in wanted for rid in rids]
+        async with redis_op("successes"):
+            payloads = await self.r.mget([rk.rec(rid) for rid in flat]) if flat else []
+        by_id = {rid: pl for rid, pl in zip(flat, payloads, strict=True) if pl is not None}
+        resp = pb.SuccessesResponse()
+        taken: dict[str, int] = {}
+        for p, rids in zip(prompts, wanted, strict=True):
+            cands: list[pb.ExperienceRecord] = []
+            for rid in rids:
+                if rid not in by_id:
+                    continue  # expired with its payload
+                rec = pb.ExperienceRecord.FromString(by_id[rid])
+                if rec.round < req.min_round:
+                    continue
+                cands.append(rec)
+            cands.sort(key=lambda r: (r.round, r.created_unix_ms, r.policy_id, r.record_id))
+            seen: set[str] = set()
+            ps = resp.prompts.add(prompt_id=p)
+            for rec in cands:
+                norm = normalise_text(rec.text)
+                if norm in seen:
+                    continue
+                seen.add(norm)
+                ps.successes.append(rec)
+                taken[rec.policy_id] = taken.get(rec.policy_id, 0) + 1
+                m.BYTES_OUT.labels("VERIFIED_SUCCESS").inc(rec.ByteSize())
+                if len(ps.successes) >= cap:
+                    break
+        if taken:
+            async with redis_op("successes"):
+                await self._count_transfers(req.run_id, me, pb.VERIFIED_SUCCESS, taken)
+        m.RECORDS_OUT.labels("VERIFIED_SUCCESS", "successes").inc(sum(taken.values()))
+        return resp
+
+    # ------------------------------------------------------------------------------ subscribe
+
+    async def subscribe(self, req: pb.SubscribeRequest, block_ms: int = 500
+                        ) -> AsyncIterator[pb.ExperienceEvent]:
+        """Live events in stream-id order; ends when the store stops (or the caller cancels)."""
+        await self.get_run(req.run_id)
+        kinds = list(dict.fromkeys(req.kinds)) or list(KINDS)
+        for i, k in enumerate(kinds):
+            if k not in STREAM_NAMES:
+                raise InvalidArgument(f"kinds[{i}]", f"unknown record kind {k}")
+        rk = self.keys(req.run_id)
+        if req.after_id:
+            start = check_stream_id(req.after_id, "after_id")
+        else:
+            async with redis_op("subscribe"):
+                last = await self.r.get(rk.lastid)
+            start = _s(last) if last else "0-0"
+        positions = {rk.stream(k): start for k in kinds}
+        while not self.stopping.is_set():
+            async with redis_op("subscribe"):
+                reply = await self.r.xread(positions, count=512, block=block_ms)
+                if reply and len(positions) > 1:
+                    # A blocked XREAD wakes up with the one stream that got data first; read the
+                    # others now (one atomic snapshot) so a batch comes out in id order.
+                    seen = {_s(stream): entries for stream, entries in reply}
+                    rest = {k: (_s(seen[k][-1][0]) if k in seen else v)
+                            for k, v in positions.items()}
+                    more = await self.r.xread(rest, count=512)
+                    reply = list(reply) + list(more or [])
+            found: list[tuple[tuple[int, int], str, str]] = []
+            for stream, entries in reply or []:
+                name = _s(stream)
+                for eid, fields in entries:
+                    sid = _s(eid)
+                    positions[name] = max(positions[name], sid, key=_sid_key)
+                    found.append((_sid_key(sid), sid, Header.of(fields).record_id))
+            if not found:
+                continue
+            found.sort()
+            async with redis_op("subscribe"):
+                payloads = await self.r.mget([rk.rec(f[2]) for f in found])
+            for (_, sid, _), payload in zip(found, payloads, strict=True):
+                if payload is None:
+                    continue
+                ev = pb.ExperienceEvent(event_id=sid)
+                ev.record.ParseFromString(payload)
+                m.RECORDS_OUT.labels(KIND_NAMES.get(ev.record.kind, "?"), "subscribe").inc()
+                yield ev
+
+    # ----------------------------------------------------------------------------- inspection
+
+    async def run_stats(self, run_id: str) -> pb.RunStats:
+        run = await self.get_run(run_id)
+        rk = self.keys(run_id)
+        async with redis_op("run_stats"), self.r.pipeline(transaction=False) as pipe:
+            pipe.hgetall(rk.counts)
+            pipe.hgetall(rk.xfer)
+            pipe.hgetall(rk.trimmed)
+            for k in KINDS:
+                pipe.xlen(rk.stream(k))
+            counts, xfer, trimmed, *lens = await pipe.execute()
+        out = pb.RunStats(run_id=run_id)
+        per_policy: dict[str, dict[str, int]] = {p: {} for p in run.config.policies}
+        for fld, val in counts.items():
+            name = _s(fld)
+            if name == "!dup":
+                out.duplicates = int(val)
+                continue
+            policy, _, kind = name.rpartition("|")
+            per_policy.setdefault(policy, {})[KIND_NAMES.get(int(kind), kind)] = int(val)
+        for policy, kinds in per_policy.items():
+            pc = out.policies.add(policy_id=policy)
+            for k in KINDS:
+                pc.published[KIND_NAMES[k]] = kinds.get(KIND_NAMES[k], 0)
+        for fld, val in sorted(xfer.items()):
+            taker, source, kind = _s(fld).split("|")
+            out.transfers.add(taker_policy=taker, source_policy=source, kind=int(kind),
+                              count=int(val))
+        for fld, val in trimmed.items():
+            out.trimmed[_s(fld)] = int(val)
+        for k, n in zip(KINDS, lens, strict=True):
+            out.stream_lengths[STREAM_NAMES[k]] = int(n)
+        return out
+
+    async def get_record(self, run_id: str, record_id: str) -> tuple[str, pb.ExperienceRecord]:
+        await self.get_run(run_id)
+        if not record_id:
+            raise InvalidArgument("record_id", "required")
+        rk = self.keys(run_id)
+        async with redis_op("get_record"):
+            loc = await self.r.hget(rk.idx, record_id)
+            if loc is None:
+                raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
+            _, _, sid = _s(loc).partition(":")
+            payload = await self.r.get(rk.rec(record_id))
+        if payload is None:
+            raise NotFound("record_id", f"record {record_id!r} was removed by retention")
+        return sid, pb.ExperienceRecord.FromString(payload)
+
+    async def list_records(self, run_id: str, *, kinds: Iterable[int] = KINDS,
+                           policy: str | None = None, prompt: str | None = None,
+                           round_min: int | None = None, round_max: int | None = None,
+                           verified: bool | None = None, cursor: str | None = None,
+                           limit: int = 100, scan_budget: int = 20_000) -> RecordPage:
+        """Records in stream-id order across the selected kinds, after `cursor` (exclusive).
+
+        Filters run on the entries' plain fields; at most `scan_budget` entries are examined
+        per call, so a sparse filter returns a short page with a cursor to continue from.
+        """
+        await self.get_run(run_id)
+        if cursor:
+            check_stream_id(cursor, "cursor")
+        if not 1 <= limit <= 1000:
+            raise InvalidArgument("limit", "must lie in [1, 1000]")
+        rk = self.keys(run_id)
+        streams = [rk.stream(k) for k in dict.fromkeys(kinds)]
+        chunk = min(max(limit * 2, 64), 1024)
+        pos = cursor or "0-0"
+        out: list[tuple[str, str]] = []
+        scanned = 0
+        while True:
+            async with redis_op("list_records"), self.r.pipeline(transaction=False) as pipe:
+                for s in streams:
+                    pipe.xrange(s, min=f"({pos}", max="+", count=chunk)
+                replies = await pipe.execute()
+            # Entries of the streams merged by id; only up to the smallest last id of a full
+            # chunk is complete (a shorter stream may still hold entries beyond it).
+            bound: tuple[int, int] | None = None
+            merged: list[tuple[tuple[int, int], str, dict[bytes, bytes]]] = []
+            for entries in replies:
+                for eid, fields in entries:
+                    sid = _s(eid)
+                    a, b = sid.split("-")
+                    merged.append(((int(a), int(b)), sid, fields))
+                if len(entries) == chunk:
+                    a, b = _s(entries[-1][0]).split("-")
+                    last = (int(a), int(b))
+                    bound = last if bound is None or last < bound else bound
+            merged.sort(key=lambda x: x[0])
+            exhausted = bound is None
+            for key, sid, fields in merged:
+                if bound is not None and key > bound:
+                    break
+                scanned += 1
+                pos = sid
+                h = Header.of(fields)
+                if policy is not None and h.policy_id != policy:
+                    continue
+                if prompt is not None and h.prompt_id != prompt:
+                    continue
+                if (round_min is not None and h.round < round_min) or \
+                        (round_max is not None and h.round > round_max):
+                    continue
+                if verified is not None and h.verified != verified:
+                    continue
+                out.append((sid, h.record_id))
+                if len(out) >= limit:
+                    return await self._page(rk, out, sid, scanned)
+            if exhausted:
+                return await self._page(rk, out, None, scanned)
+            if scanned >= scan_budget:
+                return await self._page(rk, out, pos, scanned)
+
+    async def _page(self, rk: RunKeys, found: list[tuple[str, str]], cursor: str | None,
+                    scanned: int) -> RecordPage:
+        """Fetch the payloads of a page's records (one MGET)."""
+        async with redis_op("list_records"):
+            payloads = await self.r.mget([rk.rec(rid) for _, rid in found]) if found else []
+        return RecordPage([(sid, pb.ExperienceRecord.FromString(pl))
+                           for (sid, _), pl in zip(found, payloads, strict=True)
+                           if pl is not None], cursor, scanned)

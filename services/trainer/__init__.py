@@ -1,0 +1,1 @@
+"""Policy trainer: GRPO math (pure), sharing probes, tasks, rollout engines, the loop."""

@@ -1,0 +1,125 @@
+"""PRP: peer rollout pooling with importance weights.
+
+Peer rollouts join the receiver's group; advantages are recomputed over own + peer rewards; each
+peer sample (or THL chunk) is weighted by w = pi_i(y) / pi_j_old(y). Weight modes:
+``drop`` (HACPO: clip to [1-delta, 1], drop below 1-delta), ``truncate`` (min(w, c)) and
+``none`` (w = 1, biased but keeps the peer's support).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from mutualrl.trainer.algos.grpo import EPS, group_advantages
+
+WeightMode = Literal["drop", "truncate", "none"]
+
+
+def sequence_log_weight(
+    recv_logp: Tensor, recv_mask: Tensor, send_logp: Tensor, send_mask: Tensor
+) -> Tensor:
+    """Length-normalised log ratio per sequence: (log pi_i(y) - log pi_j(y)) / |y|_i.
+
+    Both sums are over the same text in each side's own tokens, so their difference is the
+    true sequence log ratio; dividing by the receiver's token count gives a per-token
+    (geometric-mean) ratio that does not explode with length. Shapes ``[B, T_i]``, ``[B, T_j]``.
+    """
+    rm = recv_mask.to(recv_logp.dtype)
+    sm = send_mask.to(send_logp.dtype)
+    recv = (recv_logp * rm).sum(dim=-1)
+    send = (send_logp * sm).sum(dim=-1)
+    return (recv - send) / rm.sum(dim=-1).clamp(min=1.0)
+
+
+def chunk_log_weight(recv_chunk_logp: Tensor, send_chunk_logp: Tensor) -> Tensor:
+    """Per-chunk log ratio: a chunk's log-prob is the sum of its tokens' (THL conserves mass)."""
+    return recv_chunk_logp - send_chunk_logp
+
+
+def chunk_to_tokens(chunk_values: Tensor, token_chunk: Tensor) -> Tensor:
+    """Spread ``[B, C]`` chunk values onto ``[B, T]`` receiver tokens given each token's chunk
+    index (``-1`` for padding, which gets 0)."""
+    idx = token_chunk.clamp(min=0)
+    out = torch.gather(chunk_values, -1, idx)
+    return torch.where(token_chunk >= 0, out, torch.zeros_like(out))
+
+
+@dataclass
+class Weights:
+    """Importance weights after the weight mode, with what the mode did."""
+
+    weights: Tensor
+    """Weight to multiply into the policy-gradient term (0 where dropped)."""
+    kept: Tensor
+    """Bool: the sample / chunk takes part in the loss."""
+    clipped: Tensor
+    """Bool: the raw weight was changed by the mode (clamped or truncated), among kept ones."""
+    raw: Tensor
+    """w = exp(log w) before the mode."""
+
+
+def apply_weight_mode(
+    log_w: Tensor, mode: WeightMode, delta: float = 0.2, cap: float = 1.0
+) -> Weights:
+    """Turn log importance ratios into loss weights according to ``mode``."""
+    raw = torch.exp(log_w)
+    if mode == "drop":
+        kept = raw >= 1.0 - delta
+        clamped = raw.clamp(1.0 - delta, 1.0)
+        weights = torch.where(kept, clamped, torch.zeros_like(raw))
+        clipped = kept & (raw > 1.0)
+    elif mode == "truncate":
+        kept = torch.ones_like(raw, dtype=torch.bool)
+        weights = raw.clamp(max=cap)
+        clipped = raw > cap
+    elif mode == "none":
+        kept = torch.ones_like(raw, dtype=torch.bool)
+        weights = torch.ones_like(raw)
+        clipped = torch.zeros_like(raw, dtype=torch.bool)
+    else:
+        raise ValueError(f"unknown weight mode {mode!r}")
+    return Weights(weights=weights, kept=kept, clipped=clipped, raw=raw)
+
+
+def weight_stats(w: Weights, valid: Tensor | None = None) -> dict[str, float]:
+    """Mean / variance of the raw weights, mean log weight, kept and clipped shares
+    (over ``valid`` entries, e.g. real chunks). Zeros when there is nothing to weigh."""
+    valid = torch.ones_like(w.raw, dtype=torch.bool) if valid is None else valid.bool()
+    raw = w.raw[valid].double()
+    if raw.numel() == 0:
+        return {"mean": 0.0, "var": 0.0, "mean_log": 0.0, "kept": 0.0, "clipped": 0.0, "n": 0}
+    return {
+        "mean": float(raw.mean()),
+        "var": float(raw.var(correction=0)),
+        "mean_log": float(torch.log(raw).mean()),
+        "kept": float(w.kept[valid].double().mean()),
+        "clipped": float(w.clipped[valid].double().mean()),
+        "n": int(raw.numel()),
+    }
+
+
+def pooled_advantages(
+    own: Tensor, peers: Sequence[Tensor], eps: float = EPS
+) -> tuple[Tensor, list[Tensor]]:
+    """Advantages over own ``[P, G]`` + each prompt's peer rewards (``peers[p]``: ``[M_p]``).
+
+    Prompts without peer rewards keep exactly GRPO's values (same batched call), so PRP with no
+    peer data is GRPO. Returns (own advantages ``[P, G]``, peer advantages per prompt).
+    """
+    if len(peers) != own.shape[0]:
+        raise ValueError(f"peers has {len(peers)} rows, own rewards {own.shape[0]}")
+    own_adv = group_advantages(own, eps)
+    peer_adv: list[Tensor] = []
+    for i, peer in enumerate(peers):
+        if peer.numel() == 0:
+            peer_adv.append(peer.new_zeros(0))
+            continue
+        union = group_advantages(torch.cat([own[i], peer.to(own.dtype)]), eps)
+        own_adv[i] = union[: own.shape[1]]
+        peer_adv.append(union[own.shape[1] :])
+    return own_adv, peer_adv

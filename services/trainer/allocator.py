@@ -1,0 +1,67 @@
+"""This trainer's side of MWRA: register the policy, read the round's allocation, report cost.
+
+Without an MWRA address the allocation is fixed (configured threads, the full rollout budget).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RoundAllocation:
+    threads: int
+    rollout_budget: int
+    units: int = 1
+    epoch: int = 0
+
+
+class AllocatorClient:
+    """MWRA through `mutualrl.client.mwra`; `address=None` gives the fixed allocation."""
+
+    def __init__(self, address: str | None, run_id: str, policy: str, threads: int,
+                 rollout_budget: int, token: str | None = None, timeout: float = 30.0,
+                 active_wait_s: float = 60.0) -> None:
+        self.run_id, self.policy = run_id, policy
+        self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
+        self.current = self.fixed
+        self.active_wait_s = active_wait_s
+        self.client: Any = None
+        if address is None:
+            return
+        from mutualrl.client.mwra import MwraClient
+
+        self.client = MwraClient(address, token=token, timeout=timeout)
+        self.client.register_policy(run_id, policy, trainer_id=f"{policy}-{os.getpid()}",
+                                    rollout_budget=rollout_budget)
+
+    def allocation(self, round_k: int) -> RoundAllocation:
+        """The allocation for `round_k`. Under time-sharing a policy that sits the round out
+        waits (bounded by `active_wait_s`) until it holds the pool: rounds are never skipped,
+        so every policy still answers every round of the shared prompt order."""
+        if self.client is None:
+            return self.fixed
+        give_up = time.monotonic() + self.active_wait_s
+        while True:
+            a = self.client.get_allocation(self.run_id, self.policy, round_k)
+            if a.active or time.monotonic() > give_up:
+                break
+            time.sleep(0.05)
+        self.current = RoundAllocation(
+            threads=max(int(a.threads), 1),
+            rollout_budget=int(a.rollout_budget) or self.fixed.rollout_budget,
+            units=max(int(a.units), 1), epoch=int(a.epoch))
+        return self.current
+
+    def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:
+        if self.client is not None:
+            self.client.report_step_cost(self.run_id, self.policy, round_k, max(seconds, 1e-6),
+                                         tokens=tokens, samples=samples,
+                                         units=self.current.units)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()

@@ -1,0 +1,209 @@
+"""TrainerConfig: everything one policy's trainer process needs, loaded from a run YAML.
+
+A run YAML has a `trainer:` section (this schema) next to the services' sections; it lists every
+policy of the run under `policies`, and `mutualrl train --policy NAME` picks the one this process
+trains. Every knob is documented where it is defined (attribute docstrings become descriptions).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mutualrl.common.config import Config, load_section
+from mutualrl.trainer.tasks import TaskConfig
+
+
+class GRPOSettings(Config):
+    """The GRPO optimisation knobs (DESIGN.md, "Algorithms")."""
+
+    group_size: int = Field(8, ge=2)
+    """G: completions sampled per prompt; advantages are normalised within each group."""
+    prompts_per_round: int = Field(16, ge=1)
+    """Prompts of the shared order answered per round (one optimizer step per round)."""
+    rounds: int = Field(300, ge=1)
+    """Rounds to train (the run stops after this many optimizer steps)."""
+    lr: float = Field(3e-4, gt=0)
+    """AdamW peak learning rate (SCIENCE_NOTES: 3e-4 stable, 1e-3 collapses tiny policies)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up: constant, linear to 0, or cosine to 0 at `rounds`."""
+    warmup_rounds: int = Field(0, ge=0)
+    """Rounds of linear warm-up from 0 to `lr`."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2)."""
+    eps_lo: float = Field(0.2, ge=0, lt=1)
+    """Lower clip: rho is clipped at 1 - eps_lo (active for negative advantages)."""
+    eps_hi: float = Field(0.28, ge=0)
+    """Upper clip: rho is clipped at 1 + eps_hi (DAPO's clip-higher, active for positive ones)."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the k3 KL to a frozen reference (the starting weights); 0 loads no reference."""
+    aggregation: Literal["dapo", "grpo", "dr_grpo"] = "dapo"
+    """Loss reduction: token mean over the batch (dapo), per-sequence mean (grpo), or sum over
+    (sequences x max_new_tokens) (dr_grpo)."""
+    filter_zero_variance: bool = False
+    """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global grad norm (torch.nn.utils.clip_grad_norm_)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; training log-probs use the same temperature-scaled logits."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Token budget per completion; None takes the task's default (short 6, worked 26)."""
+    ratio_to_behaviour: bool = False
+    """True: rho = pi_theta / pi_behaviour with the sampler's log-probs (shows sampler-trainer
+    mismatch, e.g. SGLang on GPU). False: rho against the pre-step policy (detached), which is
+    exact for one optimizer step per round and saves nothing but noise."""
+
+
+class ProbeSettings(Config):
+    """Which sharing probe runs on top of GRPO, and its knobs."""
+
+    kind: Literal["none", "xgrpo", "sgt", "prp"] = "none"
+    """none: plain GRPO; xgrpo: pooled advantage baseline; sgt: success-gated transfer;
+    prp: peer rollout pooling with importance weights."""
+    tau: float = 1.0
+    """Success threshold: a sample is a success when reward >= tau (SGT's gate)."""
+    sgt_lambda: float = Field(0.5, ge=0)
+    """Weight of the SGT rescue NLL term (SCIENCE_NOTES: 0.1-1.0 indistinguishable)."""
+    sgt_max_per_prompt: int = Field(4, ge=1)
+    """At most this many distinct peer success texts per rescued prompt."""
+    prp_level: Literal["sequence", "chunk"] = "sequence"
+    """Importance weight per sequence (length-normalised) or per THL chunk."""
+    prp_weight_mode: Literal["drop", "truncate", "none"] = "drop"
+    """drop: clip to [1-delta, 1] and drop below; truncate: min(w, cap); none: w = 1."""
+    prp_delta: float = Field(0.2, gt=0, lt=1)
+    """delta of the drop mode."""
+    prp_cap: float = Field(1.0, gt=0)
+    """c of the truncate mode."""
+    prp_max_peer_per_prompt: int = Field(8, ge=1)
+    """At most this many peer rollouts join one prompt's group."""
+    max_staleness_rounds: int = Field(1, ge=0)
+    """Peer data older than this many rounds behind the current one is ignored."""
+    deadline_seconds: float = Field(5.0, gt=0)
+    """Longest a round waits for peer data; past it the round falls back to plain GRPO."""
+
+
+class EvalSettings(Config):
+    """Held-out evaluation (greedy reward@1 per skill)."""
+
+    every: int = Field(25, ge=0)
+    """Evaluate every N rounds (and after the last); 0 disables evaluation."""
+    per_skill: int = Field(50, ge=1)
+    """Held-out prompts per skill used (the first N of the fixed held-out set)."""
+
+
+class CheckpointSettings(Config):
+    """Periodic checkpoints for `--resume`."""
+
+    every: int = Field(50, ge=0)
+    """Save every N rounds (and after the last); 0 saves only at the end."""
+    keep: int = Field(2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted)."""
+
+
+class MetricsSettings(Config):
+    """Where round metrics go."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files under <output_dir>/<policy>/tb."""
+    prometheus_port: int | None = Field(None, ge=0, le=65535)
+    """Serve Prometheus /metrics on this port (0 picks a free one); None serves none."""
+    progress: bool = True
+    """Print a rich one-line progress per round."""
+
+
+class PolicySettings(Config):
+    """One policy of the run."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    """Policy id, used in SEE records, MWRA and output paths."""
+    preset: str | None = None
+    """Name of a tiny built-in preset (built offline on first use); or give `model_path`."""
+    model_path: Path | None = None
+    """A local Hugging Face model directory (with its tokenizer)."""
+    sft_checkpoint: Path | None = None
+    """Warm-start weights (a directory saved by `mutualrl sft`); replaces the preset's."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype."""
+    device: str = "cpu"
+    """torch device of the trainer."""
+    rollout_engine: Literal["hf", "sglang"] = "hf"
+    """Rollout backend: HF generate with a KV cache (CPU) or an SGLang server (GPU)."""
+    threads: int = Field(1, ge=1)
+    """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
+
+    @model_validator(mode="after")
+    def _has_model(self) -> PolicySettings:
+        if (self.preset is None) == (self.model_path is None):
+            raise ValueError(f"policy {self.name}: give exactly one of preset, model_path")
+        return self
+
+
+class ServiceSettings(Config):
+    """Service addresses; `local: true` runs with no services (no sharing: every probe is GRPO)."""
+
+    local: bool = False
+    """No SEE / THL / MWRA: the trainer runs alone (benchmarks, smoke tests)."""
+    see: str = "127.0.0.1:50051"
+    """host:port of SEE."""
+    thl: str | None = "127.0.0.1:50052"
+    """host:port of THL; None aligns in-process with the same engine THL runs."""
+    mwra: str | None = "127.0.0.1:50053"
+    """host:port of MWRA; None uses `policy.threads` and a full rollout budget."""
+    token: str | None = None
+    """Bearer token for all three (defaults to MUTUALRL_AUTH_TOKEN)."""
+    timeout: float = Field(30.0, gt=0)
+    """Per-call deadline in seconds."""
+
+
+class TrainerConfig(Config):
+    """The `trainer:` section of a run YAML."""
+
+    run_id: str = Field("demo", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    """Run namespace in SEE and MWRA; every policy of a run uses the same one."""
+    seed: int = 0
+    """Seed of the shared prompt order (same for all policies) and of sampling."""
+    output_dir: Path = Path("runs")
+    """Metrics, TensorBoard and checkpoints go to <output_dir>/<run_id>/<policy>/."""
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    """The synthetic task (see mutualrl.trainer.tasks.TaskConfig)."""
+    grpo: GRPOSettings = Field(default_factory=GRPOSettings)
+    """GRPO knobs."""
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    """Sharing probe and its knobs."""
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """Held-out evaluation."""
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints."""
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """Metrics sinks."""
+    services: ServiceSettings = Field(default_factory=ServiceSettings)
+    """Service addresses."""
+    policies: list[PolicySettings] = Field(min_length=1)
+    """Every policy of the run (peers need each other's names and tokenizers)."""
+
+    def policy(self, name: str | None) -> PolicySettings:
+        """The policy this process trains (the only one when `name` is None)."""
+        if name is None:
+            if len(self.policies) != 1:
+                raise ValueError("several policies in the config: pass --policy NAME")
+            return self.policies[0]
+        for p in self.policies:
+            if p.name == name:
+                return p
+        raise ValueError(f"no policy {name!r}; config has {[p.name for p in self.policies]}")
+
+    def run_dir(self, policy: str) -> Path:
+        return self.output_dir / self.run_id / policy
+
+    def tokenizer_id(self, policy: str) -> str:
+        """The id a policy's tokenizer has in THL and in its SEE records."""
+        return f"{self.run_id}/{policy}"
+
+
+def load_trainer_config(path: str | Path) -> TrainerConfig:
+    """The `trainer:` section of a run YAML."""
+    return load_section(path, "trainer", TrainerConfig)

@@ -1,0 +1,117 @@
+"""The training loop of one policy: one optimizer step per round.
+
+    allocation (MWRA) -> prompts of round k (shared order) -> rollouts -> rewards
+    -> publish (SEE) -> what the probe needs (SEE, THL; deadline -> GRPO) -> loss
+    -> AdamW step (grad clip, lr schedule) -> cost (MWRA) -> metrics -> checkpoint
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from mutualrl.trainer.exchange import round_records
+from mutualrl.trainer.probes import RoundData
+from mutualrl.trainer.session import Session
+from mutualrl.trainer.update import round_loss
+
+
+def run_round(s: Session, k: int) -> dict[str, float]:
+    """Train one round; returns its metrics."""
+    t0 = time.perf_counter()
+    g = s.cfg.grpo
+
+    alloc = s.allocator.allocation(k)
+    torch.set_num_threads(alloc.threads)
+    n_prompts = max(1, min(g.prompts_per_round, alloc.rollout_budget // g.group_size))
+    prompts = s.task.round_prompts(k, g.prompts_per_round, s.cfg.seed)[:n_prompts]
+
+    with torch.no_grad():
+        samples = s.engine.generate(
+            [p.text for p in prompts], n=g.group_size, max_new_tokens=s.max_new_tokens,
+            temperature=g.temperature, stop=s.task.stop)
+    t_rollout = time.perf_counter() - t0
+    rewards = torch.tensor(
+        [[s.task.reward(p, y.text, y.finish_reason) for y in row]
+         for p, row in zip(prompts, samples, strict=True)])
+    correct = [[s.task.is_correct(p, y.text, y.finish_reason) for y in row]
+               for p, row in zip(prompts, samples, strict=True)]
+
+    published = True
+    if s.exchange is not None:  # policy version = optimizer steps taken = k
+        published = s.exchange.publish(round_records(
+            s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
+            rewards.tolist(), correct, s.cfg.probe.tau))
+
+    data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards)
+    t1 = time.perf_counter()
+    plan = s.probe.plan(data)
+    t_probe = time.perf_counter() - t1
+
+    prompt_ids = [row[0].prompt_token_ids for row in samples]  # as the engine conditioned
+    loss = round_loss(s.model, s.ref_model, prompt_ids, data, plan, g, s.cfg.probe,
+                      s.tokenizer.pad_token_id, s.max_new_tokens)
+    s.optimizer.zero_grad(set_to_none=True)
+    loss.total.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), g.grad_clip)
+    s.optimizer.step()
+    s.scheduler.step()
+    s.engine.sync_weights(s.model)
+
+    step_s = time.perf_counter() - t0
+    n_tokens = sum(len(y.token_ids) for row in samples for y in row)
+    s.allocator.report(k, step_s, n_tokens, len(prompts) * g.group_size)
+    return {
+        "reward_mean": float(rewards.mean()),
+        "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
+        "grad_norm": float(grad_norm),
+        "lr": s.scheduler.get_last_lr()[0],
+        "step_s": step_s,
+        "rollout_s": t_rollout,
+        "probe_s": t_probe,
+        "tokens_per_s": n_tokens / step_s,
+        "threads": float(alloc.threads),
+        "publish_failed": float(not published),
+        **plan.stats,
+        **loss.stats,
+    }
+
+
+@torch.no_grad()
+def evaluate(s: Session) -> dict[str, float]:
+    """Greedy held-out reward@1 per skill (the same fixed problems for every run)."""
+    prompts = s.task.prompts("heldout", s.cfg.eval.per_skill * len(s.task.skills))
+    out = s.engine.generate([p.text for p in prompts], n=1, max_new_tokens=s.max_new_tokens,
+                            temperature=0.0, stop=s.task.stop)
+    per: dict[str, list[float]] = {}
+    for p, (y,) in zip(prompts, out, strict=True):
+        per.setdefault(p.skill, []).append(s.task.reward(p, y.text, y.finish_reason))
+    res = {f"heldout/{k}": sum(v) / len(v) for k, v in per.items()}
+    res["heldout/mean"] = sum(res.values()) / len(res)
+    return res
+
+
+def train(s: Session, rounds: int | None = None,
+          stop_requested: Callable[[], bool] = lambda: False) -> dict[str, float]:
+    """Run rounds start_round .. `rounds` (default: the config's); returns the last metrics.
+
+    `stop_requested` is polled between rounds (never mid-round): when it turns true the round
+    just finished is checkpointed and training ends, so `--resume` continues exactly there.
+    """
+    total = rounds if rounds is not None else s.cfg.grpo.rounds
+    ev, ck = s.cfg.eval.every, s.cfg.checkpoint.every
+    metrics: dict[str, float] = {}
+    for k in range(s.start_round, total):
+        metrics = run_round(s, k)
+        done = k + 1
+        if ev and (done % ev == 0 or done == total):
+            metrics.update(evaluate(s))
+        s.metrics.log(k, metrics)
+        stopping = stop_requested()
+        if (ck and done % ck == 0) or done == total or stopping:
+            s.save(done)
+        if stopping:
+            break
+    return metrics

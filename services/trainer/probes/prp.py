@@ -1,0 +1,72 @@
+"""Probe `prp`: peer rollouts join own groups with importance weights (computed in the loss,
+where the receiver's current log-probs of the peer tokens are at hand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mutualrl.trainer.algos.prp import pooled_advantages
+from mutualrl.trainer.exchange import PeerExchange, PeerRollout
+from mutualrl.trainer.probes.base import PeerRows, Plan, Probe, RoundData, index_of
+
+
+class PRPProbe(Probe):
+    kind = "prp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: list[PeerRollout] = []
+        """Rollouts of rounds this policy has not reached yet (a faster peer is ahead): SEE
+        hands a record out once, so they wait here for their round."""
+
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
+        s = self.settings
+        where = index_of(data.prompts)
+        # Bounded wait until peers have published this round, then read their rollouts.
+        _, _, complete = ex.peer_stats(data.round, list(where), deadline)
+        fetched = ex.peer_rollouts(
+            data.round, s.max_staleness_rounds,
+            max_records=4096, deadline=deadline)
+        pool, self.pending = self.pending + fetched, []
+        per_prompt: dict[int, list[PeerRollout]] = {}
+        for r in pool:
+            if r.round > data.round:
+                self.pending.append(r)
+                continue
+            i = where.get(r.prompt_id)  # rollouts of other rounds' prompts have no group here
+            if i is not None and len(per_prompt.setdefault(i, [])) < s.prp_max_peer_per_prompt:
+                per_prompt[i].append(r)
+        chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
+        prompt_index = [i for i in sorted(per_prompt) for _ in per_prompt[i]]
+        peer_rewards = [
+            torch.tensor([r.reward for r in per_prompt.get(i, [])], dtype=data.rewards.dtype)
+            for i in range(len(data.prompts))
+        ]
+        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards)
+        stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
+                 "peer_fetched": float(len(fetched)),
+                 "fallback": float(not complete and not chosen)}
+        if not chosen:
+            return Plan(advantages=own_adv, stats=stats)
+        chunk = s.prp_level == "chunk"
+        aligned = ex.align(chosen, chunk_level=chunk)
+        stats["thl_multi_token_chunk_share"] = sum(
+            a.multi_token_chunk_share for a in aligned) / len(aligned)
+        peers = PeerRows(
+            prompt_index=prompt_index,
+            token_ids=[a.token_ids for a in aligned],
+            advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
+            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned]),
+            token_chunk=[a.token_chunk for a in aligned] if chunk else None,
+            chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
+        )
+        return Plan(advantages=own_adv, peers=peers, stats=stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pending": self.pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pending = list(state.get("pending", []))

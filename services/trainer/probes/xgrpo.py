@@ -1,0 +1,27 @@
+"""Probe `xgrpo`: pool the reward baseline and scale over all policies' groups of a prompt."""
+
+from __future__ import annotations
+
+from mutualrl.trainer.algos.xgrpo import baseline_shift, xgrpo_advantages
+from mutualrl.trainer.exchange import PeerExchange
+from mutualrl.trainer.probes.base import Plan, Probe, RoundData
+
+
+class XGRPOProbe(Probe):
+    kind = "xgrpo"
+
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
+        # Peers answer the same prompts in the same round: wait (bounded) for their stats.
+        pooled, _, complete = ex.peer_stats(data.round, [p.id for p in data.prompts], deadline)
+        peer = [pooled.get(p.id) for p in data.prompts]
+        used = sum(s is not None for s in peer)
+        return Plan(
+            advantages=xgrpo_advantages(data.rewards, peer),
+            stats={
+                "peer_prompts": float(used),
+                "baseline_shift": baseline_shift(data.rewards, peer),
+                "peers_complete": float(complete),
+                # The deadline passed with nothing from any peer: this round was plain GRPO.
+                "fallback": float(not complete and used == 0),
+            },
+        )

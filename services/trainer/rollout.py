@@ -1,0 +1,356 @@
+"""Rollout engines: sample G completions per prompt with behaviour log-probs and offsets.
+
+One small interface (`RolloutEngine`) with two engines:
+
+- `HFEngine` — a batched, KV-cached sampling loop over any `transformers` causal LM (CPU or
+  GPU). Written by hand rather than through `model.generate` because it needs exactly three
+  things `generate` does not give cheaply: the log-prob of each sampled token under the
+  temperature-scaled distribution, character offsets of each completion token, and stop-string
+  checks that do not decode every row at every step.
+- `SGLangEngine` — `sglang.Engine` (GPU), imported only when selected.
+
+Conventions shared by both engines:
+
+- The prompt and the completion are tokenized separately: the prompt is encoded on its own
+  (with the tokenizer's default special tokens) and the completion is whatever tokens were
+  sampled after it, so a BPE merge never crosses the prompt/completion boundary (`=`).
+- `Sample.logprobs[t]` is `log_softmax(logits_t / T)[token_t]`: the temperature-scaled
+  distribution *before* top-p truncation. With `top_p=1` (what GRPO uses) this is exactly the
+  sampling distribution; it is also what a trainer computes from a teacher-forced forward pass
+  at the same temperature, so the two agree to float precision. `temperature=0` means greedy
+  decoding, with log-probs of the untempered (T=1) distribution.
+- `Sample.text` is the decoded completion without special tokens and *includes* the stop
+  string that ended it (the tokens that produced it were sampled and are trained on); if the
+  token that completed a stop string carries more characters, they are kept too.
+- `finish_reason` is "stop" when a stop string or the EOS token ended the completion, and
+  "length" when the token budget ran out first (verifiers never credit "length").
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+ENGINES: tuple[str, ...] = ("hf", "sglang")
+
+
+@dataclass
+class Sample:
+    """One sampled completion of one prompt."""
+
+    prompt_index: int
+    """Index of the prompt in the `generate` call's list."""
+    token_ids: list[int]
+    """Completion tokens only (no prompt), including a final EOS when one was sampled."""
+    text: str
+    """Decoded completion (special tokens skipped), stop string included."""
+    offsets: list[tuple[int, int]]
+    """(start, end) character span in `text` of each completion token; zero-width for
+    special tokens and for bytes that only complete a character in a later token."""
+    logprobs: list[float]
+    """Behaviour log-prob of each token: log_softmax(logits / T) before top-p truncation."""
+    finish_reason: str
+    """"stop" (stop string or EOS) or "length" (token budget exhausted)."""
+    prompt_token_ids: list[int] = field(default_factory=list)
+    """The prompt as the engine tokenized it (what a trainer must condition on)."""
+
+
+class RolloutEngine(Protocol):
+    """What the training loop needs from a sampler."""
+
+    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
+                 seed: int | None = None) -> list[list[Sample]]:
+        """`n` samples for each prompt: result[i] holds prompt i's samples, in order."""
+        ...
+
+    def sync_weights(self, model: Any) -> None:
+        """Make the engine sample from `model`'s current parameters."""
+        ...
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """The prompt's token ids exactly as the engines encode them (trainers must match)."""
+    return list(tokenizer(text)["input_ids"])
+
+
+def completion_offsets(tokenizer: Any, token_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Decoded text of `token_ids` and each token's character span in it.
+
+    Each token spans from the end of the previous prefix's decoding to the end of its own, so
+    the spans tile the text in order. A prefix that ends inside a multi-byte character decodes
+    to a replacement char; such a token gets a zero-width span and the character is credited to
+    the token that completes it.
+    """
+    if not token_ids:
+        return "", []
+    backend = tokenizer.backend_tokenizer
+    prefixes = backend.decode_batch([token_ids[: j + 1] for j in range(len(token_ids))],
+                                    skip_special_tokens=True)
+    text = prefixes[-1]
+    offsets: list[tuple[int, int]] = []
+    start = 0
+    for p in prefixes:
+        if not text.startswith(p):
+            p = p.rstrip("\ufffd")
+            end = len(p) if text.startswith(p) else start
+        else:
+            end = len(p)
+        end = max(start, min(end, len(text)))
+        offsets.append((start, end))
+        start = end
+    return text, offsets
+
+
+class HFEngine:
+    """Batched sampling with a KV cache over a `transformers` causal LM.
+
+    The engine holds a reference to the live model, so after an optimizer step it already
+    samples from the new weights; `sync_weights` only swaps which model object it uses.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError("HFEngine needs a fast tokenizer (character offsets)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self._stop_cache: dict[tuple[str, ...], Any] = {}
+
+    def sync_weights(self, model: Any) -> None:
+        """Sample from `model` from now on (no copy: it is the trainer's own module)."""
+        self.model = model
+
+    def _stop_candidates(self, stop: tuple[str, ...]) -> Any:
+        """Bool mask over the vocabulary: tokens after which a stop string can be complete.
+
+        A stop string ends in some character; only a token whose decoding contains that
+        character (or an incomplete byte sequence) can complete it, so only rows that just
+        sampled such a token need decoding. Cached per stop set.
+        """
+        import torch
+
+        if stop not in self._stop_cache:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            pieces = self.tokenizer.backend_tokenizer.decode_batch(
+                [[i] for i in range(vocab)], skip_special_tokens=False)
+            last = {s[-1] for s in stop if s}
+            mask = [any(c in piece for c in last) or "\ufffd" in piece for piece in pieces]
+            self._stop_cache[stop] = torch.tensor(mask, dtype=torch.bool)
+        return self._stop_cache[stop]
+
+    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
+                 seed: int | None = None) -> list[list[Sample]]:
+        """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
+        import torch
+
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be >= 1")
+        if not 0 < top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if not prompts:
+            return []
+        model, tok = self.model, self.tokenizer
+        device = next(model.parameters()).device
+        stop_t = tuple(s for s in (stop or []) if s)
+        eos = tok.eos_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos or 0)
+
+        prompt_ids = [encode_prompt(tok, p) for p in prompts]
+        b = len(prompts) * n
+        width = max(len(r) for r in prompt_ids)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, r in enumerate(prompt_ids):  # left padding keeps every row's last token at -1
+            input_ids[i, width - len(r):] = torch.tensor(r)
+            attn[i, width - len(r):] = 1
+        input_ids, attn = input_ids.to(device), attn.to(device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed if seed is not None else random.getrandbits(63))
+        stop_mask = self._stop_candidates(stop_t).to(device) if stop_t else None
+
+        tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
+        logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
+        lengths = [max_new_tokens] * b
+        reason = ["length"] * b
+        cache_kw = _cache_kwarg(model)
+
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                # Prefill each distinct prompt once, then copy its cache to its n sample rows.
+                out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
+                            use_cache=True)
+                cache, logits = _cache_of(out), out.logits[:, -1, :]
+                compact = hasattr(cache, "batch_select_indices")
+                if n > 1:
+                    if hasattr(cache, "batch_repeat_interleave"):
+                        cache.batch_repeat_interleave(n)
+                        logits = logits.repeat_interleave(n, dim=0)
+                        attn = attn.repeat_interleave(n, dim=0)
+                        positions = positions.repeat_interleave(n, dim=0)
+                    else:  # a cache type that cannot be copied: prefill every row
+                        input_ids, attn, positions = (x.repeat_interleave(n, dim=0)
+                                                      for x in (input_ids, attn, positions))
+                        out = model(input_ids=input_ids, attention_mask=attn,
+                                    position_ids=positions, use_cache=True)
+                        cache, logits = _cache_of(out), out.logits[:, -1, :]
+                # `rows[j]` is the sample row that batch row j is generating; finished rows are
+                # dropped from the batch (and its cache) so late steps only run live rows.
+                rows = torch.arange(b, device=device)
+                alive = torch.ones(b, dtype=torch.bool, device=device)
+                next_pos = positions[:, -1]
+                for t in range(max_new_tokens):
+                    nxt, lp = _sample(logits.float(), temperature, top_p, gen)
+                    live = alive.nonzero().flatten()
+                    tokens[rows[live], t], logps[rows[live], t] = nxt[live], lp[live]
+                    fin = torch.zeros_like(alive)
+                    if eos is not None:
+                        fin |= (nxt == eos) & alive
+                    if stop_mask is not None:
+                        cand = (stop_mask[nxt] & alive & ~fin).nonzero().flatten().tolist()
+                        for j in cand:
+                            text = tok.decode(tokens[rows[j], : t + 1].tolist(),
+                                              skip_special_tokens=True)
+                            if any(st in text for st in stop_t):
+                                fin[j] = True
+                    for j in fin.nonzero().flatten().tolist():
+                        lengths[int(rows[j])], reason[int(rows[j])] = t + 1, "stop"
+                    alive &= ~fin
+                    if not bool(alive.any()) or t == max_new_tokens - 1:
+                        break
+                    if compact and bool(fin.any()):
+                        keep = alive.nonzero().flatten()
+                        cache.batch_select_indices(keep)
+                        rows, nxt, attn, next_pos = rows[keep], nxt[keep], attn[keep], \
+                            next_pos[keep]
+                        alive = alive[keep]
+                    # Without compaction, finished rows keep running masked out (pad input).
+                    nxt = torch.where(alive, nxt, torch.full_like(nxt, pad))
+                    attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+                    next_pos = next_pos + 1
+                    out = model(input_ids=nxt[:, None], attention_mask=attn,
+                                position_ids=next_pos[:, None], use_cache=True,
+                                **{cache_kw: cache})
+                    cache, logits = _cache_of(out), out.logits[:, -1, :]
+        finally:
+            model.train(was_training)
+
+        tokens_l, logps_l = tokens.cpu().tolist(), logps.cpu().tolist()
+        result: list[list[Sample]] = [[] for _ in prompts]
+        for i in range(b):
+            k = lengths[i]
+            ids = tokens_l[i][:k]
+            text, offsets = completion_offsets(tok, ids)
+            result[i // n].append(Sample(prompt_index=i // n, token_ids=ids, text=text,
+                                         offsets=offsets, logprobs=logps_l[i][:k],
+                                         finish_reason=reason[i],
+                                         prompt_token_ids=prompt_ids[i // n]))
+        return result
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5 renamed `past_key_values` to `cache`; accept either version."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _sample(logits: Any, temperature: float, top_p: float, gen: Any) -> tuple[Any, Any]:
+    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy."""
+    import torch
+
+    if temperature <= 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tok = logp.argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p.
+        sp, idx = probs.sort(dim=-1, descending=True)
+        keep = (sp.cumsum(-1) - sp) < top_p
+        sp = sp * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sp)
+    tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class SGLangEngine:
+    """Rollouts through `sglang.Engine` (GPU). sglang is imported here, only when selected.
+
+    The model directory is handed to SGLang once; afterwards `sync_weights` pushes the trainer's
+    current parameters with `update_weights_from_tensor`. Prompts are passed as token ids
+    encoded by our tokenizer so both sides agree on the prompt tokens. Log-probs are the
+    engine's `output_token_logprobs`; SGLang computes them from the sampling-processed
+    distribution unless configured otherwise, so check `ratio_to_behaviour` runs against
+    an HF teacher-forced pass before trusting them.
+    """
+
+    def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+        try:
+            import sglang
+        except ImportError as e:
+            raise ImportError(
+                "rollout_engine 'sglang' needs the sglang package (a CUDA machine): "
+                "pip install 'mutualrl[gpu]', or use rollout_engine: hf"
+            ) from e
+        self.tokenizer = tokenizer
+        engine_kwargs.setdefault("skip_tokenizer_init", False)
+        self.engine = sglang.Engine(model_path=str(model_path), **engine_kwargs)
+
+    def sync_weights(self, model: Any) -> None:
+        """Push every parameter of `model` into the running engine (and flush its KV cache)."""
+        named = [(name, p.detach()) for name, p in model.named_parameters()]
+        self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=True)
+
+    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
+                 seed: int | None = None) -> list[list[Sample]]:
+        """`n` samples per prompt via one batched `Engine.generate` call."""
+        tok = self.tokenizer
+        prompt_ids = [encode_prompt(tok, p) for p in prompts]
+        params: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+            "stop": list(stop or []), "no_stop_trim": True, "skip_special_tokens": True,
+        }
+        if seed is not None:
+            params["sampling_seed"] = seed
+        batch = [ids for ids in prompt_ids for _ in range(n)]
+        outs = self.engine.generate(input_ids=batch, sampling_params=[params] * len(batch),
+                                    return_logprob=True)
+        result: list[list[Sample]] = [[] for _ in prompts]
+        for i, o in enumerate(outs):
+            meta = o["meta_info"]
+            lps = meta["output_token_logprobs"]  # [(logprob, token_id, text|None), ...]
+            ids = [int(x[1]) for x in lps]
+            text, offsets = completion_offsets(tok, ids)
+            fr = meta.get("finish_reason") or {}
+            reason = "length" if (fr.get("type") if isinstance(fr, dict) else fr) == "length" \
+                else "stop"
+            result[i // n].append(Sample(prompt_index=i // n, token_ids=ids, text=text,
+                                         offsets=offsets, logprobs=[float(x[0]) for x in lps],
+                                         finish_reason=reason, prompt_token_ids=batch[i]))
+        return result
+
+
+def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,
+                **kwargs: Any) -> RolloutEngine:
+    """Engine `name` ("hf" or "sglang") over `model`; sglang also needs the model directory."""
+    if name == "hf":
+        return HFEngine(model, tokenizer)
+    if name == "sglang":
+        path = model_path or getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not path:
+            raise ValueError("the sglang engine needs model_path (a saved model directory)")
+        return SGLangEngine(path, tokenizer, **kwargs)
+    raise ValueError(f"unknown rollout engine {name!r}; expected one of {ENGINES}")

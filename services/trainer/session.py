@@ -1,0 +1,153 @@
+"""Everything one policy's trainer holds, built from its config: model, reference, optimizer,
+schedule, rollout engine, task, probe, peer exchange, allocator, metrics, checkpoints.
+
+`loop.py` walks a round over these; keeping construction here keeps the loop readable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mutualrl.trainer import checkpoint
+from mutualrl.trainer.allocator import AllocatorClient
+from mutualrl.trainer.config import PolicySettings, TrainerConfig
+from mutualrl.trainer.exchange import PeerExchange
+from mutualrl.trainer.metrics import MetricsSink
+from mutualrl.trainer.probes import Probe, make_probe
+from mutualrl.trainer.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
+    """Where the policy's weights and tokenizer load from (a preset is built once, offline)."""
+    if policy.model_path is not None:
+        return policy.model_path
+    from mutualrl.trainer.presets import ensure_preset
+
+    assert policy.preset is not None
+    return ensure_preset(policy.preset, cache_dir, seed)
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """Multiplier of the peak lr at optimizer step s (warm-up, then constant/linear/cosine)."""
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
+        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return f
+
+
+@dataclass
+class Session:
+    cfg: TrainerConfig
+    policy: PolicySettings
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    engine: Any
+    task: Task
+    probe: Probe
+    exchange: PeerExchange | None
+    allocator: AllocatorClient
+    metrics: MetricsSink
+    run_dir: Path
+    tokenizer_id: str
+    max_new_tokens: int
+    start_round: int = 0
+
+    def save(self, rounds_done: int) -> Path:
+        extra = {
+            "probe": self.probe.state_dict(),
+            "see_consumer": (self.exchange.consumer, self.exchange.last_delivery_id)
+            if self.exchange else None,
+            "policy": self.policy.name,
+        }
+        return checkpoint.save(self.run_dir / "checkpoints", rounds_done, self.model,
+                               self.optimizer, self.scheduler, extra, self.cfg.checkpoint.keep)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.allocator.close()
+        if self.exchange is not None:
+            self.exchange.close()
+
+
+def build_session(
+    cfg: TrainerConfig, policy_name: str | None = None, resume: bool = False,
+    cache_dir: Path | None = None,
+) -> Session:
+    from mutualrl.trainer.presets import load_policy
+    from mutualrl.trainer.rollout import make_engine
+
+    policy = cfg.policy(policy_name)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    torch.set_num_threads(policy.threads)
+    run_dir = cfg.run_dir(policy.name)
+    cache = cache_dir or cfg.output_dir / "presets"
+
+    def weights_dir(p: PolicySettings) -> Path:
+        return p.sft_checkpoint or policy_dir(p, cache, cfg.seed)
+
+    start = weights_dir(policy)
+    model, tok = load_policy(start, policy.dtype, policy.device)
+    model.train()
+    ref_model = None
+    if cfg.grpo.beta > 0:  # the frozen reference is the starting point, also after --resume
+        ref_model, _ = load_policy(start, policy.dtype, policy.device)
+        ref_model.eval().requires_grad_(False)
+    g = cfg.grpo
+    optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, betas=g.adam_betas,
+                                  weight_decay=g.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
+    task = Task(cfg.task)
+    max_new = g.max_new_tokens or task.max_new_tokens
+    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start))
+    tokenizer_id = cfg.tokenizer_id(policy.name)
+    exchange = None
+    svc = cfg.services
+    if not svc.local:  # even probe `none` publishes: peers may read this policy
+        exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
+                                svc.token, svc.timeout, cfg.probe.tau)
+        # A THL service learns each tokenizer from its own trainer; the in-process engine
+        # knows only what this process registers, so it gets every policy's.
+        tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {
+            cfg.tokenizer_id(p.name): str(weights_dir(p)) for p in cfg.policies}
+        exchange.join([p.name for p in cfg.policies], tokenizers)
+    allocator = AllocatorClient(
+        None if svc.local else svc.mwra, cfg.run_id, policy.name, policy.threads,
+        g.group_size * g.prompts_per_round, svc.token, svc.timeout)
+    session = Session(
+        cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
+        optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
+        probe=make_probe(cfg.probe, policy.name, exchange), exchange=exchange,
+        allocator=allocator, metrics=MetricsSink(run_dir, policy.name, cfg.metrics),
+        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new)
+    if resume:
+        last = checkpoint.latest(run_dir / "checkpoints")
+        if last is not None:
+            state = checkpoint.load(last, model, optimizer, scheduler)
+            session.probe.load_state_dict(state.get("probe") or {})
+            if exchange is not None and state.get("see_consumer"):
+                exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
+            session.start_round = int(state["round"])
+            session.metrics.truncate_from(session.start_round)
+            log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
+    return session

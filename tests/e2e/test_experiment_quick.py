@@ -1,0 +1,137 @@
+"""`mutualrl experiment --quick` end to end: a subprocess starts SEE, THL and MWRA on the real Redis
+(REDIS_URL, unique run ids), warm-starts two heterogeneous policies, runs every probe with two
+trainer processes each, and writes results.json / results.md / curves.png. The test checks the
+outputs' schema and, in SEE's own counts, that every run's records went through the services
+and that each sharing probe took its peer's records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "probe-comparison.yaml"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+# What each probe must take from its peer (SEE counts a record as taken when it is delivered).
+TAKES = {"xgrpo": "REWARD_STATS", "sgt": "VERIFIED_SUCCESS", "prp": "ROLLOUT"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, float]]:
+    import redis
+
+    prefix = f"e2ex{uuid.uuid4().hex[:8]}"
+    out = tmp_path_factory.mktemp("experiment")
+    env = {**os.environ, "REDIS_URL": REDIS_URL}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "experiment", "-c", str(CONFIG), "--out",
+         str(out), "--quick", "--run-prefix", prefix],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t0
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        yield out, prefix, wall
+    finally:
+        r = redis.Redis.from_url(REDIS_URL)
+        # SEE and MWRA keys carry the run id (which starts with the prefix); THL's
+        # registrations live under a prefix of their own that contains it too.
+        keys = list(r.scan_iter(f"*{prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def test_outputs_have_the_schema(quick_run: tuple[Path, str, float]) -> None:
+    out, prefix, wall = quick_run
+    assert wall < 180, f"--quick took {wall:.0f}s"
+    res = _json(out / "results.json")
+    assert res["quick"] is True and res["meta"]["seeds"] == [0]
+    probes = res["meta"]["probes"]
+    assert probes == ["none", "prp", "xgrpo", "sgt"]
+    assert all(r["status"] == "ok" for r in res["runs"]), res["runs"]
+    assert {r["run_id"] for r in res["runs"]} == {f"{prefix}-short-{p}-s0" for p in probes}
+    reg = res["regimes"]["short"]
+    pols = reg["policies"]
+    assert pols == ["gpt2-bpe", "llama-char"]
+    assert reg["skills"] == ["add", "sub", "rev", "sort"]
+    # Warm starts: checked accuracies recorded per skill, strong/weak split as configured.
+    ws = res["warm_starts"]["short"]
+    assert ws["gpt2-bpe"]["strong_skills"] == ["add", "rev"]
+    assert set(ws["llama-char"]["heldout_accuracy"]) == {"add", "sub", "rev", "sort", "mean"}
+    for p in probes:
+        e = reg["probes"][p]
+        for pol in pols:
+            pe = e["policies"][pol]
+            for key in ("final", "best"):
+                for skill in [*reg["skills"], "mean"]:
+                    est = pe[key][skill]
+                    assert 0.0 <= est["lo"] <= est["mean"] <= est["hi"] <= 1.0
+                    assert est["n"] == 1
+            assert set(pe["vs_warm"]) == {*reg["skills"], "mean"}
+            assert pe["diagnostics"]["rounds"]["mean"] == 4
+            assert "fallback_rounds" in pe["diagnostics"]
+            if p != "none":
+                assert pe["vs_none"]["mean"] is not None
+        assert 0.0 <= e["both"]["final"]["mean"] <= 1.0
+        assert e["wall_s"]["mean"] > 0
+        curve = reg["curves"][p][pols[0]]
+        assert curve["rounds"] == [0, 2, 4]
+    sgt = reg["probes"]["sgt"]["policies"]
+    assert "rescues_per_round" in sgt["gpt2-bpe"]["diagnostics"]
+    prp = reg["probes"]["prp"]["policies"]
+    assert any("prp_w_mean" in prp[p]["diagnostics"] for p in pols)
+    md = (out / "results.md").read_text()
+    for heading in ("## Regime `short`", "Warm start", "Final held-out reward@1",
+                    "transfer matrix", "Probe diagnostics", "Records through SEE"):
+        assert heading in md, heading
+    assert (out / "curves.png").stat().st_size > 10_000
+    for p in probes:
+        run_dir = out / "runs" / f"{prefix}-short-{p}-s0"
+        for pol in pols:
+            rows = [json.loads(x) for x in (run_dir / pol / "metrics.jsonl").read_text()
+                    .splitlines()]
+            assert [r["round"] for r in rows] == [0, 1, 2, 3]
+            assert "heldout/mean" in rows[-1]
+        info = _json(run_dir / "run.json")
+        assert info["status"] == "ok" and info["exit_codes"] == {pol: 0 for pol in pols}
+
+
+def test_every_probe_went_through_the_services(quick_run: tuple[Path, str, float]) -> None:
+    out, prefix, _ = quick_run
+    for probe in ("none", "prp", "xgrpo", "sgt"):
+        stats = _json(out / "runs" / f"{prefix}-short-{probe}-s0" / "see_stats.json")
+        published = {p["policy_id"]: p["published"] for p in stats["policies"]}
+        for pol in ("gpt2-bpe", "llama-char"):
+            # 4 rounds x 8 prompts x G=4 rollouts, and one REWARD_STATS per prompt.
+            assert published[pol]["ROLLOUT"] == 4 * 8 * 4, (probe, pol, published)
+            assert published[pol]["REWARD_STATS"] == 4 * 8, (probe, pol, published)
+        matrix = stats["matrix"]
+        if probe == "none":
+            assert not matrix.get("ROLLOUT") and not matrix.get("VERIFIED_SUCCESS")
+            continue
+        kind = TAKES[probe]
+        taken = sum(n for sources in matrix.get(kind, {}).values() for n in sources.values())
+        assert taken > 0, (probe, matrix)
+        if probe in ("xgrpo", "prp"):
+            # Every round both policies read the other's statistics / rollouts.
+            assert set(matrix[kind]) == {"gpt2-bpe", "llama-char"}, (probe, matrix)
+    # The summary in results.json carries the same counts.
+    res = _json(out / "results.json")
+    see = res["regimes"]["short"]["probes"]["prp"]["see"]
+    assert see["taken_mean"]["ROLLOUT"]["llama-char"]["gpt2-bpe"] > 0

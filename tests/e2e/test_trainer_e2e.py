@@ -1,0 +1,280 @@
+"""Two trainers of different families and tokenizers share experience through real SEE, THL and
+MWRA servers (in-process, port 0, real Redis with a private key prefix) for each probe.
+
+Policy A (GPT-2, byte BPE) is warm-started on `add`, policy B (Llama, characters) on `rev`, so
+each fails the other's skill: SGT must rescue prompts both ways, XGRPO must pool both groups'
+statistics, PRP must pool the other's rollouts through THL alignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+torch.set_num_threads(1)
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+TASK = {"skills": ["add", "rev"], "digits": {"add": 1, "rev": 2}, "heldout_per_skill": 8}
+WARM = {"A": ("gpt2-bpe", "add"), "B": ("llama-char", "rev")}
+ROUNDS = 4
+
+
+@pytest.fixture(scope="module")
+def warm_policies(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """SFT checkpoints, cached across sessions in pytest's cache (they take ~30 s each);
+    bump the cache name when TASK, WARM or the SFT settings change."""
+    from mutualrl.trainer.sft import SFTConfig, run_sft
+
+    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v1")) if pytest_cache is not None
+             else tmp_path_factory.mktemp("warm"))
+    out: dict[str, Path] = {}
+    for name, (preset, strong) in WARM.items():
+        ckpt = cache / f"sft-{name}"
+        if not (ckpt / "config.json").exists():
+            run_sft(SFTConfig(
+                preset=preset, task=TASK, strong_skills=[strong], steps=150, batch=32,
+                warmup=20, lr=3e-3, weak_pool=0, weak_share=0.0, eval_per_skill=8,
+                cache_dir=cache / "presets", out_dir=ckpt, progress=False))
+        out[name] = ckpt
+    return out
+
+
+class _Services:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.prefix = f"e2e{uuid.uuid4().hex[:10]}"
+        self.run_ids: list[str] = []
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def services() -> Iterator[_Services]:
+    import redis
+
+    from mutualrl.mwra.config import MwraConfig
+    from mutualrl.mwra.server import start_mwra
+    from mutualrl.see.config import SeeConfig
+    from mutualrl.see.server import start_see
+    from mutualrl.thl.config import ThlConfig
+    from mutualrl.thl.server import start_thl
+
+    s = _Services()
+    common = dict(port=0, metrics_port=None, auth_token=None, grace_seconds=0.2)
+    see = s.call(start_see(SeeConfig(redis_url=REDIS_URL, key_prefix=s.prefix, rest_port=None,
+                                     **common)))
+    thl = s.call(start_thl(ThlConfig(**common)))
+    mwra = s.call(start_mwra(MwraConfig(redis_url=REDIS_URL, **common)))
+    s.see, s.thl, s.mwra = see.address, thl.address, mwra.address
+    try:
+        yield s
+    finally:
+        for server in (see, thl, mwra):
+            s.call(server.stop(0.2))
+        s.loop.call_soon_threadsafe(s.loop.stop)
+        r = redis.Redis.from_url(REDIS_URL)
+        keys = list(r.scan_iter(f"{s.prefix}:*"))
+        for run_id in s.run_ids:
+            keys += list(r.scan_iter(f"mwra:{{{run_id}}}*"))
+        if keys:
+            r.delete(*keys)
+
+
+def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], out: Path,
+            run_id: str) -> Any:
+    from mutualrl.trainer.config import TrainerConfig
+
+    return TrainerConfig.model_validate({
+        "run_id": run_id, "output_dir": str(out), "task": TASK,
+        "grpo": {"group_size": 4, "prompts_per_round": 8, "rounds": ROUNDS, "lr": 3e-4},
+        "probe": {"deadline_seconds": 20.0, **probe},
+        "eval": {"every": ROUNDS, "per_skill": 4}, "checkpoint": {"every": 2},
+        "metrics": {"tensorboard": True, "progress": False},
+        "services": {"see": services.see, "thl": services.thl, "mwra": services.mwra},
+        "policies": [{"name": n, "preset": WARM[n][0], "sft_checkpoint": str(warm[n])}
+                     for n in ("A", "B")],
+    })
+
+
+def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
+              tmp: Path) -> tuple[Any, dict[str, list[dict[str, float]]]]:
+    from mutualrl.client.mwra import MwraClient
+    from mutualrl.client.see import SeeClient
+    from mutualrl.common.channel import ClientOptions
+    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.session import build_session
+
+    run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
+    services.run_ids.append(run_id)
+    mwra = MwraClient(services.mwra)
+    mwra.register_local_worker(run_id, "e2e-worker", slots=2)
+    keep = mwra.keepalive(run_id, "e2e-worker", 2.0)
+    cfg = _config(services, warm, probe, tmp, run_id)
+    sessions = [build_session(cfg, n, cache_dir=tmp / "presets") for n in ("A", "B")]
+    errors: list[BaseException] = []
+
+    def work(s: Any) -> None:
+        try:
+            train(s)
+        except BaseException as e:  # surfaced below; a thread cannot fail the test itself
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for s in sessions:
+        s.close()
+    keep.stop()
+    mwra.close()
+    assert not errors, errors
+    rows: dict[str, list[dict[str, float]]] = {}
+    for n in ("A", "B"):
+        d = cfg.run_dir(n)
+        rows[n] = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in rows[n]] == list(range(ROUNDS))
+        assert any((d / "tb").iterdir())
+        assert (d / "checkpoints" / f"round-{ROUNDS:06d}" / "state.pt").exists()
+        assert "heldout/mean" in rows[n][-1]
+        assert sum(r["fallback"] for r in rows[n]) == 0
+    with SeeClient(ClientOptions(address=services.see)) as see:
+        stats = see.run_stats(run_id)
+    return stats, rows
+
+
+def _transfers(stats: Any, kind: int) -> dict[tuple[str, str], int]:
+    return {(t.taker_policy, t.source_policy): t.count for t in stats.transfers
+            if t.kind == kind}
+
+
+def test_sgt_rescues_both_ways(services: _Services, warm_policies: dict[str, Path],
+                               tmp_path: Path) -> None:
+    from mutualrl.v1 import experience_pb2 as pb
+
+    stats, rows = _run_pair(services, warm_policies, {"kind": "sgt", "sgt_lambda": 0.5},
+                            tmp_path)
+    published = {p.policy_id: dict(p.published) for p in stats.policies}
+    assert published["A"]["ROLLOUT"] == ROUNDS * 8 * 4 == published["B"]["ROLLOUT"]
+    assert published["A"]["VERIFIED_SUCCESS"] > 0 and published["B"]["VERIFIED_SUCCESS"] > 0
+    for n in ("A", "B"):
+        assert sum(r["rescued_prompts"] for r in rows[n]) > 0, n
+        assert any(r.get("loss_sgt", 0.0) > 0 for r in rows[n]), n
+    moved = _transfers(stats, pb.VERIFIED_SUCCESS)
+    assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
+
+
+def test_xgrpo_pools_both_ways(services: _Services, warm_policies: dict[str, Path],
+                               tmp_path: Path) -> None:
+    _, rows = _run_pair(services, warm_policies, {"kind": "xgrpo"}, tmp_path)
+    for n in ("A", "B"):
+        assert sum(r["peer_prompts"] for r in rows[n]) == ROUNDS * 8, n
+        # Complementary skills: pooling moves the baseline.
+        assert max(r["baseline_shift"] for r in rows[n]) > 0, n
+
+
+def test_prp_pools_peer_rollouts_through_thl(services: _Services,
+                                             warm_policies: dict[str, Path],
+                                             tmp_path: Path) -> None:
+    from mutualrl.v1 import experience_pb2 as pb
+
+    stats, rows = _run_pair(services, warm_policies,
+                            {"kind": "prp", "prp_weight_mode": "truncate", "prp_level": "chunk"},
+                            tmp_path)
+    for n in ("A", "B"):
+        assert sum(r["peer_samples"] for r in rows[n]) > 0, n
+        assert all(0.0 <= r["prp_w_kept"] <= 1.0 for r in rows[n] if "prp_w_kept" in r)
+        # Different tokenizers: some receiver tokens sit in multi-token chunks.
+        assert any(r.get("thl_multi_token_chunk_share", 0.0) > 0 for r in rows[n]), n
+    moved = _transfers(stats, pb.ROLLOUT)
+    assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
+
+
+def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
+    """A dead SEE, or a live one where the peer never publishes, costs at most the deadline
+    and the round is plain GRPO (counted)."""
+    import time
+
+    from mutualrl.trainer.algos.grpo import group_advantages
+    from mutualrl.trainer.config import ProbeSettings
+    from mutualrl.trainer.exchange import PeerExchange
+    from mutualrl.trainer.probes import RoundData, make_probe
+    from mutualrl.trainer.tasks import Prompt
+
+    prompts = [Prompt(id=f"q{i}", skill="add", text=f"q{i}", answer="1") for i in range(2)]
+    data = RoundData(round=0, prompts=prompts, samples=[[], []],
+                     rewards=torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    run_id = f"e2e-silent-{uuid.uuid4().hex[:6]}"
+    live = PeerExchange(run_id, "A", "tok-A", services.see, None, None, timeout=5.0)
+    live.client.create_run(run_id, ["A", "B"], 1.0, exist_ok=True)
+    dead = PeerExchange(run_id, "A", "tok-A", "127.0.0.1:1", None, None, timeout=2.0)
+    for ex in (live, dead):
+        for kind in ("xgrpo", "sgt", "prp"):
+            probe = make_probe(ProbeSettings(kind=kind, deadline_seconds=0.5), "A", ex)
+            t0 = time.monotonic()
+            plan = probe.plan(data)
+            assert time.monotonic() - t0 < 3.0, kind
+            assert plan.stats["fallback"] == 1.0 and probe.fallbacks == 1, kind
+            assert torch.equal(plan.advantages, group_advantages(data.rewards)), kind
+            assert plan.peers is None and plan.demos is None
+        ex.close()
+
+
+def test_prp_keeps_rollouts_of_a_peer_that_is_ahead(services: _Services,
+                                                    warm_policies: dict[str, Path]) -> None:
+    """SEE hands a record out once: rollouts of a round the receiver has not reached yet must
+    wait in the probe for that round (peers may run a round apart)."""
+    from mutualrl.trainer.config import ProbeSettings
+    from mutualrl.trainer.exchange import PeerExchange, round_records
+    from mutualrl.trainer.presets import load_policy
+    from mutualrl.trainer.probes import RoundData, make_probe
+    from mutualrl.trainer.rollout import Sample, completion_offsets
+    from mutualrl.trainer.tasks import Prompt
+
+    run_id = f"e2e-ahead-{uuid.uuid4().hex[:6]}"
+    toks = {n: load_policy(warm_policies[n])[1] for n in ("A", "B")}
+    tok_ids = {n: f"{run_id}/{n}" for n in ("A", "B")}
+    ex = {n: PeerExchange(run_id, n, tok_ids[n], services.see, None, toks[n], timeout=5.0)
+          for n in ("A", "B")}
+    ex["A"].join(["A", "B"], {tok_ids[n]: str(warm_policies[n]) for n in ("A", "B")})
+
+    def sample(n: str, text: str) -> Sample:
+        ids = toks[n](text, add_special_tokens=False)["input_ids"]
+        decoded, offsets = completion_offsets(toks[n], ids)
+        return Sample(0, ids, decoded, offsets, [-0.5] * len(ids), "stop")
+
+    prompts = {k: Prompt(id=f"rev:{k}{k + 1}=", skill="rev", text=f"rev:{k}{k + 1}=",
+                         answer=f"{k + 1}{k}") for k in (0, 1)}
+    texts = {k: [f"{k + 1}{k};", "77;"] for k in (0, 1)}
+    for k in (0, 1):  # B is a round ahead: both of its rounds are in SEE before A reads
+        rows = [[sample("B", t) for t in texts[k]]]
+        ex["B"].publish(round_records(run_id, "B", k, k, tok_ids["B"], [prompts[k]], rows,
+                                      [[1.0, 0.0]], [[True, False]], 1.0))
+    probe = make_probe(ProbeSettings(kind="prp", deadline_seconds=2.0), "A", ex["A"])
+    for k in (0, 1):
+        own = [[sample("A", "00;"), sample("A", "11;")]]
+        ex["A"].publish(round_records(run_id, "A", k, k, tok_ids["A"], [prompts[k]], own,
+                                      [[0.0, 0.0]], [[False, False]], 1.0))
+        plan = probe.plan(RoundData(k, [prompts[k]], own, torch.zeros(1, 2)))
+        assert plan.stats["fallback"] == 0.0
+        assert plan.peers is not None and len(plan.peers.token_ids) == 2, k
+        assert len(probe.pending) == (2 if k == 0 else 0)
+        assert plan.stats["peer_fetched"] == (4 if k == 0 else 0)
+        # Own all-fail group pooled with one peer success: own advantages turn negative.
+        assert bool((plan.advantages < 0).all())
+    for e in ex.values():
+        e.close()

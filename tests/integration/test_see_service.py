@@ -1,0 +1,351 @@
+"""SEE against the real Redis and a real server on free ports: every RPC, each probe's read
+path, idempotency, consumer restarts, deadlines, dedup, retention, subscribe."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from mutualrl.client.see import AsyncSeeClient, ClientOptions
+from mutualrl.see.keys import RunKeys
+from mutualrl.see.testing import (
+    TEST_PREFIX,
+    make_config,
+    rollout,
+    running_see,
+    stats_record,
+    success_record,
+)
+from mutualrl.v1 import experience_pb2 as pb
+
+
+@pytest.fixture
+async def see(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
+    async with running_see(make_config(redis_url)) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(see: Any) -> AsyncIterator[AsyncSeeClient]:
+    async with AsyncSeeClient(ClientOptions(address=see.address, timeout=10, retries=1)) as c:
+        yield c
+
+
+@pytest.fixture
+def rds(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+def keys(run_id: str) -> RunKeys:
+    return RunKeys(TEST_PREFIX, run_id)
+
+
+async def test_create_get_list_runs(client: AsyncSeeClient, run_id: str) -> None:
+    run = await client.create_run(run_id, ["a", "b"], tau=0.5, max_stream_len=500)
+    assert list(run.config.policies) == ["a", "b"]
+    assert run.config.tau == 0.5
+    assert run.created_unix_ms > 0
+    got = await client.get_run(run_id)
+    assert got == run
+    assert run_id in [r.config.run_id for r in await client.list_runs()]
+    # Same config again: ALREADY_EXISTS unless exist_ok; a different config never.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.create_run(run_id, ["a", "b"], tau=0.5, max_stream_len=500)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    again = await client.create_run(run_id, ["a", "b"], tau=0.5, max_stream_len=500,
+                                    exist_ok=True)
+    assert again == run
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.create_run(run_id, ["a"], tau=0.5, exist_ok=True)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_publish_and_fetch_rollouts_excludes_own_and_stale(
+        client: AsyncSeeClient, run_id: str, rds: redis.Redis) -> None:
+    await client.create_run(run_id, ["a", "b", "c"], tau=1.0)
+    recs = ([rollout("a", r, f"p{i}", 0, n_tokens=8) for r in (0, 3) for i in range(3)]
+            + [rollout("b", 3, "p0", 0), rollout("c", 3, "p1", 1, version=1)])
+    resp = await client.publish(run_id, recs)
+    assert (resp.stored, resp.duplicates) == (8, 0)
+    assert [r.status for r in resp.results] == [pb.PUBLISH_STATUS_STORED] * 8
+    assert rds.xlen(keys(run_id).stream(pb.ROLLOUT)) == 8
+
+    # b sees a's and c's rollouts of round >= 2 with version >= 1; never its own.
+    out = await client.fetch_rollouts(run_id, "b", "b-0", max_records=100, current_round=3,
+                                      max_round_lag=1, min_policy_version=1)
+    got = sorted(d.record.record_id for d in out.deliveries)
+    assert got == ["a/3/p0/0", "a/3/p1/0", "a/3/p2/0", "c/3/p1/1"]
+    assert out.skipped_stale == 3
+    first = next(d for d in out.deliveries if d.record.record_id == "a/3/p0/0")
+    assert first.delivery_count == 1
+    assert first.record.run_id == run_id
+    assert first.record.created_unix_ms > 0
+    assert list(first.record.token_ids) == list(recs[3].token_ids)
+    assert list(first.record.logprobs) == pytest.approx(list(recs[3].logprobs))
+    assert await client.ack(run_id, "b", [d.delivery_id for d in out.deliveries]) == 4
+    again = await client.fetch_rollouts(run_id, "b", "b-0", max_records=100)
+    assert len(again.deliveries) == 0
+
+    # a's group is independent: it gets b's and c's records only.
+    a_got = await client.take_peer_rollouts(run_id, "a", "a-0", max_records=100)
+    assert sorted(r.record_id for r in a_got) == ["b/3/p0/0", "c/3/p1/1"]
+    stats = await client.run_stats(run_id)
+    xfer = {(t.taker_policy, t.source_policy, t.kind): t.count for t in stats.transfers}
+    assert xfer == {("b", "a", pb.ROLLOUT): 3, ("b", "c", pb.ROLLOUT): 1,
+                    ("a", "b", pb.ROLLOUT): 1, ("a", "c", pb.ROLLOUT): 1}
+
+
+async def test_idempotent_republish(client: AsyncSeeClient, run_id: str,
+                                    rds: redis.Redis) -> None:
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    recs = [rollout("a", 0, f"p{i}", 0) for i in range(5)]
+    first = await client.publish(run_id, recs)
+    second = await client.publish(run_id, recs)
+    assert (first.stored, first.duplicates) == (5, 0)
+    assert (second.stored, second.duplicates) == (0, 5)
+    assert {r.status for r in second.results} == {pb.PUBLISH_STATUS_DUPLICATE}
+    # A batch that repeats an id inside itself stores it once.
+    mixed = await client.publish(run_id, [rollout("a", 0, "p9", 0), rollout("a", 0, "p9", 0)])
+    assert [r.status for r in mixed.results] == [pb.PUBLISH_STATUS_STORED,
+                                                 pb.PUBLISH_STATUS_DUPLICATE]
+    k = keys(run_id)
+    assert rds.xlen(k.stream(pb.ROLLOUT)) == 6
+    assert rds.hlen(k.idx) == 6
+    stats = await client.run_stats(run_id)
+    assert stats.duplicates == 6
+    assert {p.policy_id: p.published["ROLLOUT"] for p in stats.policies} == {"a": 6, "b": 0}
+
+
+async def test_consumer_restart_redelivers_unacked(see: Any, run_id: str) -> None:
+    opts = ClientOptions(address=see.address, timeout=10)
+    async with AsyncSeeClient(opts) as c:
+        await c.create_run(run_id, ["a", "b"], tau=1.0)
+        await c.publish(run_id, [rollout("a", 0, f"p{i}", 0) for i in range(6)])
+        got = await c.fetch_rollouts(run_id, "b", "trainer-b", max_records=4)
+        assert len(got.deliveries) == 4
+        await c.ack(run_id, "b", [got.deliveries[0].delivery_id])
+    # The trainer "crashes" (client gone) and comes back under the same consumer name.
+    async with AsyncSeeClient(opts) as c:
+        again = await c.fetch_rollouts(run_id, "b", "trainer-b", max_records=10)
+        ids = [d.delivery_id for d in again.deliveries]
+        # Its three unacknowledged entries first (delivered twice now), then the 2 new ones.
+        assert ids[:3] == [d.delivery_id for d in got.deliveries[1:]]
+        assert [d.delivery_count for d in again.deliveries] == [2, 2, 2, 1, 1]
+        assert len(set(d.record.record_id for d in again.deliveries)) == 5
+        assert await c.ack(run_id, "b", ids) == 5
+        assert len((await c.fetch_rollouts(run_id, "b", "trainer-b", max_records=10))
+                   .deliveries) == 0
+
+
+async def test_other_consumer_claims_idle_entries(client: AsyncSeeClient, run_id: str) -> None:
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    await client.publish(run_id, [rollout("a", 0, f"p{i}", 0) for i in range(3)])
+    lost = await client.fetch_rollouts(run_id, "b", "pod-1", max_records=10)
+    assert len(lost.deliveries) == 3
+    await asyncio.sleep(0.15)
+    # A new pod name: without claim_idle_ms it gets nothing, with it it takes pod-1's entries.
+    assert len((await client.fetch_rollouts(run_id, "b", "pod-2", max_records=10))
+               .deliveries) == 0
+    taken = await client.fetch_rollouts(run_id, "b", "pod-2", max_records=10, claim_idle_ms=100)
+    assert sorted(d.delivery_id for d in taken.deliveries) == sorted(
+        d.delivery_id for d in lost.deliveries)
+    assert all(d.delivery_count == 2 for d in taken.deliveries)
+
+
+async def test_fetch_blocks_until_a_peer_publishes(client: AsyncSeeClient, run_id: str) -> None:
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await client.publish(run_id, [rollout("a", 0, "p0", 0)])
+
+    task = asyncio.ensure_future(later())
+    start = time.monotonic()
+    out = await client.fetch_rollouts(run_id, "b", "b-0", max_records=5, block_ms=3000)
+    elapsed = time.monotonic() - start
+    await task
+    assert [d.record.record_id for d in out.deliveries] == ["a/0/p0/0"]
+    assert 0.15 < elapsed < 2.5
+    # Nothing more to come: a short block returns empty after about block_ms.
+    await client.ack(run_id, "b", [out.deliveries[0].delivery_id])
+    start = time.monotonic()
+    empty = await client.fetch_rollouts(run_id, "b", "b-0", max_records=5, block_ms=200)
+    assert len(empty.deliveries) == 0
+    assert 0.15 < time.monotonic() - start < 1.5
+
+
+async def test_round_stats_pool_and_wait(client: AsyncSeeClient, run_id: str) -> None:
+    await client.create_run(run_id, ["a", "b", "c"], tau=1.0)
+    await client.publish(run_id, [stats_record("a", 2, "p0", [1.0, 0.0, 1.0, 1.0]),
+                                  stats_record("b", 2, "p0", [0.0, 0.0]),
+                                  stats_record("a", 2, "p1", [0.5])])
+    # c never publishes: the call returns after ~wait_ms with what exists.
+    start = time.monotonic()
+    resp = await client.round_stats(run_id, 2, ["p0", "p1"], policy_id="a", wait_ms=400)
+    elapsed = time.monotonic() - start
+    assert 0.35 <= elapsed < 1.2
+    assert not resp.complete
+    assert list(resp.missing_policies) == ["b", "c"]  # b lacks p1, c lacks both
+    p0 = next(p for p in resp.prompts if p.prompt_id == "p0")
+    assert {s.policy_id: s.stats.count for s in p0.policies} == {"a": 4, "b": 2}
+    assert (p0.pooled.count, p0.pooled.sum, p0.pooled.sum_sq, p0.pooled.max) == (6, 3.0, 3.0,
+                                                                                  1.0)
+    # Only the expected policies count; all present -> immediate answer.
+    start = time.monotonic()
+    resp = await client.round_stats(run_id, 2, ["p0"], policy_id="a",
+                                    expect_policies=["a", "b"], wait_ms=5000)
+    assert resp.complete and time.monotonic() - start < 0.5
+
+    # A peer that arrives during the wait ends it early.
+    async def late_c() -> None:
+        await asyncio.sleep(0.2)
+        await client.publish(run_id, [stats_record("c", 2, "p0", [1.0])])
+
+    task = asyncio.ensure_future(late_c())
+    start = time.monotonic()
+    resp = await client.round_stats(run_id, 2, ["p0"], policy_id="b", wait_ms=5000)
+    await task
+    assert resp.complete
+    assert 0.15 < time.monotonic() - start < 2.0
+    assert resp.prompts[0].pooled.count == 7
+    stats = await client.run_stats(run_id)
+    xfer = {(t.taker_policy, t.source_policy, t.kind): t.count for t in stats.transfers}
+    assert xfer[("a", "b", pb.REWARD_STATS)] == 2
+    assert xfer[("b", "c", pb.REWARD_STATS)] == 1
+
+
+async def test_round_stats_never_outlives_the_client_deadline(see: Any, run_id: str) -> None:
+    opts = ClientOptions(address=see.address, timeout=0.6, retries=0)
+    async with AsyncSeeClient(opts) as c:
+        await c.create_run(run_id, ["a", "b"], tau=1.0)
+        await c.publish(run_id, [stats_record("a", 0, "p0", [1.0])])
+        start = time.monotonic()
+        # wait_ms far beyond the deadline: the server answers just before the deadline.
+        resp = await c.stub.GetRoundStats(
+            pb.RoundStatsRequest(run_id=run_id, round=0, prompt_ids=["p0"], wait_ms=30_000),
+            timeout=0.6)
+        elapsed = time.monotonic() - start
+    assert 0.4 < elapsed < 0.6
+    assert not resp.complete and list(resp.missing_policies) == ["b"]
+
+
+async def test_verified_successes_dedup(client: AsyncSeeClient, run_id: str) -> None:
+    await client.create_run(run_id, ["a", "b", "c"], tau=1.0)
+    await client.publish(run_id, [
+        success_record("b", 1, "p0", "x = 2", 0),
+        success_record("c", 2, "p0", "  x   =\n2 ", 0),  # same normalised text as b's
+        success_record("c", 2, "p0", "x equals 2", 1),
+        success_record("a", 1, "p0", "own answer", 0),
+        success_record("b", 0, "p1", "y = 3", 0),
+    ])
+    got = await client.successes(run_id, "a", ["p0", "p1", "p2"])
+    assert [r.text for r in got["p0"]] == ["x = 2", "x equals 2"]  # earliest round wins
+    assert [r.policy_id for r in got["p0"]] == ["b", "c"]
+    assert [r.text for r in got["p1"]] == ["y = 3"]
+    assert got["p2"] == []
+    assert all(r.verified and r.reward >= 1.0 for r in got["p0"])
+    # b sees c's two texts and a's own answer; min_round and max_per_prompt apply.
+    got_b = await client.successes(run_id, "b", ["p0"], min_round=2, max_per_prompt=1)
+    assert [r.text for r in got_b["p0"]] == ["  x   =\n2 "]
+    stats = await client.run_stats(run_id)
+    xfer = {(t.taker_policy, t.source_policy, t.kind): t.count for t in stats.transfers}
+    assert xfer == {("a", "b", pb.VERIFIED_SUCCESS): 2, ("a", "c", pb.VERIFIED_SUCCESS): 1,
+                    ("b", "c", pb.VERIFIED_SUCCESS): 1}
+
+
+async def test_retention_trims_counts_and_bounds_memory(client: AsyncSeeClient, run_id: str,
+                                                        rds: redis.Redis) -> None:
+    cap = 200
+    await client.create_run(run_id, ["a", "b"], tau=1.0, max_stream_len=cap, max_rounds=3)
+    k = keys(run_id)
+    total = 10 * cap
+
+    def run_memory() -> int:
+        return sum(rds.memory_usage(key) or 0 for key in rds.scan_iter(match=f"*{run_id}*"))
+
+    mem = []
+    for start in range(0, total, 100):
+        await client.publish(run_id, [rollout("a", i // 50, f"p{i % 50}", i, n_tokens=64)
+                                      for i in range(start, start + 100)])
+        if start + 100 in (2 * cap, total):
+            mem.append(run_memory())
+    held = rds.xlen(k.stream(pb.ROLLOUT))
+    # Trimmed in amortised steps once cap + slack (cap/10) is passed: bounded by cap + slack.
+    assert cap <= held <= cap + cap // 10
+    stats = await client.run_stats(run_id)
+    assert stats.trimmed["ROLLOUT"] == total - held
+    assert stats.stream_lengths["ROLLOUT"] == held
+    # The idempotency index and the payload keys shrink with the stream.
+    assert rds.hlen(k.idx) == held
+    assert len(list(rds.scan_iter(match=k.rec_prefix.replace("{", "[{]") + "*",
+                                  count=1000))) == held
+    assert mem[1] < 1.5 * mem[0], mem
+    # A trimmed record is gone from the index (it could be published again).
+    again = await client.publish(run_id, [rollout("a", 0, "p0", 0, n_tokens=64)])
+    assert again.stored == 1
+    # Rounds of REWARD_STATS beyond max_rounds are dropped and counted.
+    await client.publish(run_id, [stats_record("a", r, "p0", [1.0]) for r in range(5)])
+    assert sorted(int(x) for x in rds.zrange(k.rounds, 0, -1)) == [2, 3, 4]
+    assert not rds.exists(k.round_stats(0)) and rds.exists(k.round_stats(4))
+    assert (await client.run_stats(run_id)).trimmed["round_stats"] == 2
+    assert 0 < rds.ttl(k.stream(pb.ROLLOUT)) <= 7 * 24 * 3600
+
+
+async def test_subscribe_streams_live_records(client: AsyncSeeClient, run_id: str,
+                                              see: Any) -> None:
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    await client.publish(run_id, [rollout("a", 0, "old", 0)])  # before subscribing: not sent
+    got: list[pb.ExperienceEvent] = []
+
+    async def consume() -> None:
+        async for ev in client.subscribe(run_id, kinds=[pb.ROLLOUT, pb.VERIFIED_SUCCESS]):
+            got.append(ev)
+            if len(got) == 3:
+                return
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.3)
+    await client.publish(run_id, [rollout("a", 1, "p0", 0), stats_record("a", 1, "p0", [1.0]),
+                                  success_record("b", 1, "p0", "z"), rollout("b", 1, "p1", 0)])
+    await asyncio.wait_for(task, timeout=5)
+    assert [e.record.record_id for e in got] == ["a/1/p0/0", "b/1/p0/ok0", "b/1/p1/0"]
+    assert got[0].event_id < got[1].event_id < got[2].event_id
+    # Replay from an id; and a server stop ends a live stream cleanly.
+    replay = client.subscribe(run_id, after_id="0-0")
+    first = await asyncio.wait_for(replay.__anext__(), timeout=5)
+    assert first.record.record_id == "a/0/old/0"
+    await replay.aclose()
+
+
+async def test_subscribe_ends_when_server_stops(redis_url: str, run_id: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
+    async with running_see(make_config(redis_url)) as server:
+        c = AsyncSeeClient(ClientOptions(address=server.address, retries=0))
+        await c.create_run(run_id, ["a"], tau=1.0)
+        call = c.stub.Subscribe(pb.SubscribeRequest(run_id=run_id))
+
+        async def drain() -> str:
+            try:
+                async for _ in call:
+                    pass
+            except grpc.aio.AioRpcError as err:
+                return err.code().name
+            return "OK"
+
+        task = asyncio.ensure_future(drain())
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        start = time.monotonic()
+        await server.stop(2.0)
+        code = await asyncio.wait_for(task, timeout=5)
+        assert time.monotonic() - start < 3
+        assert code in ("OK", "UNAVAILABLE", "CANCELLED")
+        await c.close()

@@ -1,0 +1,121 @@
+"""From metrics rows to the experiment's numbers and tables (pure, synthetic rows)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mutualrl.experiment.analysis import (
+    RunResult,
+    final_and_best,
+    render_markdown,
+    run_diagnostics,
+    summarize_regime,
+    transfer_summary,
+)
+
+SKILLS = ["add", "rev"]
+
+
+def _rows(evals: dict[int, dict[str, float]], rounds: int, **per_round: float) -> list[dict]:
+    """metrics.jsonl-like rows: evaluations at the given rounds (0-based round index)."""
+    out = []
+    for k in range(rounds):
+        row: dict[str, Any] = {"round": k, "policy": "x", "fallback": 0.0, **per_round}
+        if k in evals:
+            e = evals[k]
+            row.update({f"heldout/{s}": e[s] for s in SKILLS})
+            row["heldout/mean"] = sum(e[s] for s in SKILLS) / len(SKILLS)
+        out.append(row)
+    return out
+
+
+def _run(probe: str, seed: int, a_rev: float, b_add: float, **diag: float) -> RunResult:
+    # A is strong on add, B on rev; the probe changes A's rev at the end and B's add.
+    rows = {
+        "A": _rows({1: {"add": 0.9, "rev": 0.0}, 3: {"add": 0.9, "rev": a_rev}}, 4, **diag),
+        "B": _rows({1: {"add": 0.0, "rev": 0.8}, 3: {"add": b_add, "rev": 0.8}}, 4, **diag),
+    }
+    see = {"policies": [{"policy_id": "A", "published": {"ROLLOUT": 10}},
+                        {"policy_id": "B", "published": {"ROLLOUT": 12}}],
+           "matrix": {"VERIFIED_SUCCESS": {"A": {"B": 3}}} if probe == "sgt" else {}}
+    return RunResult(f"r-{probe}-{seed}", "short", probe, seed, rows, 10.0 + seed, "ok", see)
+
+
+WARM = {"A": {"add": 0.9, "rev": 0.0, "mean": 0.45}, "B": {"add": 0.0, "rev": 0.8, "mean": 0.4}}
+
+
+def _summary() -> dict[str, Any]:
+    runs = []
+    for seed in (0, 1, 2):
+        runs.append(_run("none", seed, a_rev=0.0 + 0.01 * seed, b_add=0.0))
+        runs.append(_run("sgt", seed, a_rev=0.6 + 0.02 * seed, b_add=0.01 * seed,
+                         rescued_prompts=2.0))
+    return summarize_regime(runs, ["A", "B"], WARM, ["none", "sgt"])
+
+
+def test_final_and_best_take_the_last_and_the_max_evaluation() -> None:
+    rows = _rows({0: {"add": 0.2, "rev": 0.9}, 2: {"add": 0.4, "rev": 0.5}}, 3)
+    final, best = final_and_best(rows, SKILLS)
+    assert final == {"add": 0.4, "rev": 0.5, "mean": pytest.approx(0.45)}
+    assert best["add"] == 0.4 and best["rev"] == 0.9
+    assert best["mean"] == pytest.approx(0.55)  # the best evaluation, not a mix of skills
+    with pytest.raises(ValueError):
+        final_and_best(_rows({}, 2), SKILLS)
+
+
+def test_summary_pairs_seeds_against_none() -> None:
+    s = _summary()
+    sgt = s["probes"]["sgt"]
+    # A's rev: sgt 0.60/0.62/0.64 vs none 0.00/0.01/0.02 -> +0.61 per-seed mean.
+    d = sgt["policies"]["A"]["vs_none"]["rev"]
+    assert d["mean"] == pytest.approx(0.61) and d["lo"] > 0
+    assert sgt["policies"]["A"]["vs_warm"]["rev"]["mean"] == pytest.approx(0.62)
+    both = sgt["both"]["vs_none"]
+    # both = mean over policies of the per-policy skill mean.
+    assert both["mean"] == pytest.approx((0.61 / 2 + 0.01 / 2) / 2)
+    assert s["probes"]["none"]["both"].get("vs_none") is None
+    assert sgt["policies"]["A"]["diagnostics"]["rescues_per_round"]["mean"] == 2.0
+    assert sgt["wall_s"]["mean"] == pytest.approx(11.0)
+    assert sgt["see"]["taken_mean"]["VERIFIED_SUCCESS"]["A"]["B"] == 3
+    assert sgt["see"]["published_mean"]["B"]["ROLLOUT"] == 12
+    gains = transfer_summary(s)
+    assert ("A", "rev") in [(p, k) for p, k, _ in gains["sgt"]]
+    # Curves start at the warm start (round 0), then rounds done (index + 1).
+    c = s["curves"]["sgt"]["A"]
+    assert c["rounds"] == [0, 2, 4] and c["mean"][0] == 0.45
+    assert c["lo"][1] <= c["mean"][1] <= c["hi"][1]
+
+
+def test_run_diagnostics_average_what_is_present() -> None:
+    rows = _rows({}, 4, prp_w_mean=0.5, thl_multi_token_chunk_share=0.25)
+    rows[1]["fallback"] = 1.0
+    d = run_diagnostics(rows)
+    assert d["rounds"] == 4 and d["fallback_rounds"] == 1
+    assert d["prp_w_mean"] == 0.5 and d["thl_residual"] == 0.25
+    assert "rescues_per_round" not in d
+
+
+def test_markdown_has_the_tables(tmp_path: Path) -> None:
+    from mutualrl.experiment.plot import plot_curves
+
+    s = _summary()
+    results = {"experiment": "t", "meta": {"seeds": [0, 1, 2], "probes": ["none", "sgt"]},
+               "warm_starts": {"short": {"A": {"heldout_accuracy": WARM["A"],
+                                               "strong_skills": ["add"], "flags": []},
+                                         "B": {"heldout_accuracy": WARM["B"],
+                                               "strong_skills": ["rev"],
+                                               "flags": ["weak add starts at 0.30"]}}},
+               "runs": [{"run_id": "x", "status": "failed: boom"}],
+               "regimes": {"short": s}}
+    md = render_markdown(results)
+    assert "## Regime `short`" in md and "transfer matrix" in md
+    assert "| sgt | A | rev" not in md  # per-skill rows are policy | skill
+    assert "| A | rev | 0.000 |" in md
+    assert "▲" in md and "weak add starts at 0.30" in md and "x: failed: boom" in md
+    json.dumps(results)  # JSON-able
+    png = plot_curves(results, tmp_path / "curves.png")
+    assert png.stat().st_size > 10_000

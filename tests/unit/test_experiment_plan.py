@@ -1,0 +1,119 @@
+"""The experiment grid: config validation, quick overrides, pairing across probes, warm-start
+reuse and the run ids (pure, no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from mutualrl.experiment.config import ExperimentConfig, deep_merge, load_experiment
+from mutualrl.experiment.plan import build_plan, fmt_duration
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "probe-comparison.yaml"
+
+
+def _cfg(**over: Any) -> ExperimentConfig:
+    base: dict[str, Any] = {
+        "seeds": [0, 1],
+        "regimes": {"short": {
+            "task": {"regime": "short"},
+            "policies": [{"name": "A", "preset": "gpt2-bpe", "strong_skills": ["add", "rev"]},
+                         {"name": "B", "preset": "llama-char", "strong_skills": ["sub", "sort"]}],
+            "trainer": {"grpo": {"rounds": 10}, "probe": {"tau": 1.0}},
+            "probe_overrides": {"prp": {"prp_weight_mode": "truncate"}},
+        }},
+    }
+    return ExperimentConfig.model_validate(deep_merge(base, over))
+
+
+def test_default_config_is_the_full_grid_and_fits_the_budget() -> None:
+    cfg, raw = load_experiment(CONFIG)
+    plan = build_plan(cfg, Path("/tmp/x"))
+    assert cfg.probes == ["none", "prp", "xgrpo", "sgt"]
+    assert len(cfg.seeds) >= 3
+    assert set(cfg.active_regimes()) == {"short", "worked"}
+    assert len(plan.runs) == 2 * 4 * len(cfg.seeds)
+    # One warm start per (regime, policy), reused by every seed and probe.
+    assert len(plan.warm_starts) == 4
+    assert plan.eta_s < 50 * 60, plan.eta_s
+    assert {"see", "thl", "mwra"} <= set(raw)
+
+
+def test_quick_overrides_shrink_the_grid() -> None:
+    cfg, _ = load_experiment(CONFIG, quick=True)
+    full, _ = load_experiment(CONFIG)
+    plan = build_plan(cfg, Path("/tmp/x"))
+    assert cfg.seeds == [0] and cfg.probes == full.probes
+    assert all(r.rounds <= 5 for r in plan.runs)
+    assert all(w.sft["steps"] <= 100 for w in plan.warm_starts)
+    # Unchanged knobs survive the deep merge.
+    assert cfg.regimes["short"].trainer["grpo"]["lr"] == full.regimes["short"].trainer["grpo"]["lr"]
+    assert cfg.run_prefix != full.run_prefix
+
+
+def test_runs_of_a_seed_differ_only_in_probe_and_run_id() -> None:
+    plan = build_plan(_cfg(), Path("/tmp/x"))
+    by_seed: dict[int, list[Any]] = {}
+    for r in plan.runs:
+        by_seed.setdefault(r.seed, []).append(r)
+    for seed, runs in by_seed.items():
+        assert [r.probe for r in runs] == ["none", "prp", "xgrpo", "sgt"]
+        norm = []
+        for r in runs:
+            t = {k: v for k, v in r.trainer.items() if k not in ("run_id", "probe")}
+            norm.append(t)
+            assert r.trainer["seed"] == seed and r.trainer["probe"]["kind"] == r.probe
+        assert all(n == norm[0] for n in norm)
+        prp = next(r for r in runs if r.probe == "prp")
+        assert prp.trainer["probe"]["prp_weight_mode"] == "truncate"
+        sgt = next(r for r in runs if r.probe == "sgt")
+        assert "prp_weight_mode" not in sgt.trainer["probe"]
+    ids = [r.run_id for r in plan.runs]
+    assert len(set(ids)) == len(ids)
+    assert ids[0] == "pc-short-none-s0"
+
+
+def test_warm_starts_shared_or_per_seed() -> None:
+    shared = build_plan(_cfg(), Path("/tmp/x"))
+    assert len(shared.warm_starts) == 2
+    ckpts = {tuple(p["sft_checkpoint"] for p in r.trainer["policies"]) for r in shared.runs}
+    assert len(ckpts) == 1
+    per_seed = build_plan(_cfg(warm_start={"per_seed": True}), Path("/tmp/x"))
+    assert len(per_seed.warm_starts) == 4
+    assert {w.seed for w in per_seed.warm_starts} == {0, 1}
+    # The warm-start directory is keyed by the SFT config: a change gives a new directory.
+    changed = build_plan(_cfg(regimes={"short": {"sft": {"steps": 7}}}), Path("/tmp/x"))
+    assert {w.out_dir for w in changed.warm_starts}.isdisjoint(
+        {w.out_dir for w in shared.warm_starts})
+    w = shared.warm_starts[0]
+    assert w.sft["strong_skills"] == ["add", "rev"] and w.sft["task"]["regime"] == "short"
+
+
+def test_bad_configs_are_refused_with_the_field() -> None:
+    with pytest.raises(ValidationError, match="none"):
+        _cfg(probes=["sgt", "prp"])
+    with pytest.raises(ValidationError, match="unknown probes"):
+        _cfg(regimes={"short": {"probe_overrides": {"ppo": {}}}})
+    with pytest.raises(ValidationError, match="only_regimes"):
+        _cfg(only_regimes=["long"])
+    with pytest.raises(ValueError, match="must not set"):
+        build_plan(_cfg(regimes={"short": {"trainer": {"seed": 3}}}), Path("/tmp/x"))
+
+
+def test_fmt_duration() -> None:
+    assert fmt_duration(42) == "42s"
+    assert fmt_duration(725) == "12m05s"
+    assert fmt_duration(3720) == "1h02m"
+
+
+def test_gpu_config_plans_runs_from_checkpoints_without_warm_starts() -> None:
+    cfg, _ = load_experiment(CONFIG.with_name("probe-comparison-gpu.yaml"))
+    plan = build_plan(cfg, Path("/tmp/x"))
+    assert plan.warm_starts == []
+    assert len(plan.runs) == len(cfg.regimes) * 4 * len(cfg.seeds)
+    pols = plan.runs[0].trainer["policies"]
+    assert all("sft_checkpoint" not in p and p["rollout_engine"] == "sglang" for p in pols)
+    assert {p["device"] for p in pols} == {"cuda:0", "cuda:1"}

@@ -1,0 +1,151 @@
+"""HFEngine: behaviour log-probs, offsets, stop/length handling, seeding; engine factory."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mutualrl.trainer.presets import ensure_preset, load_policy
+from mutualrl.trainer.rollout import HFEngine, Sample, completion_offsets, make_engine
+
+torch.set_num_threads(1)
+
+# Different lengths on purpose: left padding and position ids must not change the results.
+PROMPTS = ["add:37+58=", "rev:3871=", "sort:5193=", "s:1="]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("presets")
+
+
+@pytest.fixture(scope="module", params=["gpt2-bpe", "llama-char", "qwen2-unigram"])
+def policy(request: pytest.FixtureRequest, cache: Path) -> Any:
+    return load_policy(ensure_preset(request.param, cache))
+
+
+def _teacher_forced(model: Any, s: Sample, temperature: float) -> torch.Tensor:
+    ids = torch.tensor([s.prompt_token_ids + s.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    p = len(s.prompt_token_ids)
+    logp = torch.log_softmax(logits[p - 1 : -1] / temperature, dim=-1)
+    return logp.gather(-1, torch.tensor(s.token_ids)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_teacher_forcing(policy: Any, temperature: float) -> None:
+    model, tok = policy
+    out = HFEngine(model, tok).generate(PROMPTS, n=3, max_new_tokens=8, temperature=temperature,
+                                        seed=0)
+    assert [len(o) for o in out] == [3] * len(PROMPTS)
+    for i, group in enumerate(out):
+        for s in group:
+            assert s.prompt_index == i
+            assert s.prompt_token_ids == tok(PROMPTS[i])["input_ids"]
+            assert len(s.logprobs) == len(s.token_ids) == len(s.offsets) >= 1
+            ref = _teacher_forced(model, s, temperature)
+            assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4), (s, ref)
+
+
+def test_offsets_tile_text(policy: Any) -> None:
+    model, tok = policy
+    for group in HFEngine(model, tok).generate(PROMPTS, n=4, max_new_tokens=12, seed=1):
+        for s in group:
+            assert s.text == tok.decode(s.token_ids, skip_special_tokens=True)
+            pos = 0
+            for a, b in s.offsets:
+                assert a == pos and b >= a
+                pos = b
+            assert pos == len(s.text)
+            # Each non-special token's span holds exactly its own decoding (ASCII output).
+            for t, (a, b) in zip(s.token_ids, s.offsets, strict=True):
+                if t not in tok.all_special_ids and s.text.isascii():
+                    assert s.text[a:b] == tok.decode([t])
+
+
+def test_completion_offsets_handles_split_utf8(cache: Path) -> None:
+    _, tok = load_policy(ensure_preset("gpt2-bpe", cache))
+    ids = tok("é€x", add_special_tokens=False)["input_ids"]
+    text, offs = completion_offsets(tok, ids)
+    assert text == "é€x" and offs[-1][1] == len(text) and offs[0][0] == 0
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(offs))
+
+
+def test_stop_strings_end_with_stop(cache: Path) -> None:
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    stops = list("0123456789")
+    out = HFEngine(model, tok).generate(PROMPTS, n=4, max_new_tokens=20, stop=stops, seed=2)
+    reasons = [s.finish_reason for g in out for s in g]
+    assert reasons.count("stop") >= len(reasons) - 1
+    for s in (s for g in out for s in g):
+        if s.finish_reason == "stop" and s.token_ids[-1] != tok.eos_token_id:
+            assert s.text[-1] in stops and not any(c in stops for c in s.text[:-1])
+        else:
+            assert len(s.token_ids) == 20
+
+
+class _EosBias(torch.nn.Module):
+    """Wraps a model and shifts the EOS logit (forces or forbids stopping at EOS)."""
+
+    def __init__(self, model: Any, eos: int, bias: float) -> None:
+        super().__init__()
+        self.m, self.eos, self.bias = model, eos, bias
+
+    def get_output_embeddings(self) -> Any:
+        return self.m.get_output_embeddings()
+
+    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any,
+                use_cache: bool, cache: Any = None) -> Any:
+        out = self.m(input_ids=input_ids, attention_mask=attention_mask,
+                     position_ids=position_ids, use_cache=use_cache, cache=cache)
+        out.logits[..., self.eos] += self.bias
+        return out
+
+
+def test_eos_gives_stop_and_budget_gives_length(cache: Path) -> None:
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    forced = HFEngine(_EosBias(model, tok.eos_token_id, 100.0), tok)
+    for s in (s for g in forced.generate(PROMPTS, 2, 10, seed=0) for s in g):
+        assert s.finish_reason == "stop" and s.token_ids == [tok.eos_token_id]
+        assert s.text == "" and s.offsets == [(0, 0)]
+    never = HFEngine(_EosBias(model, tok.eos_token_id, -1e9), tok)
+    for s in (s for g in never.generate(PROMPTS, 2, 7, seed=0) for s in g):
+        assert s.finish_reason == "length" and len(s.token_ids) == 7
+
+
+def test_seeded_and_greedy(cache: Path) -> None:
+    model, tok = load_policy(ensure_preset("gpt2-bpe", cache))
+    eng = HFEngine(model, tok)
+
+    def texts(**kw: Any) -> list[str]:
+        return [s.text for g in eng.generate(PROMPTS, 4, 6, **kw) for s in g]
+
+    assert texts(seed=5) == texts(seed=5)
+    assert texts(seed=5) != texts(seed=6)
+    greedy = texts(temperature=0.0)
+    assert texts(temperature=0.0, seed=1) == greedy
+    assert texts(top_p=1e-9, seed=3) == greedy  # nucleus of one token is the argmax
+    # Greedy repeats within a group; the model is left in training mode as it was.
+    assert all(len(set(greedy[i : i + 4])) == 1 for i in range(0, len(greedy), 4))
+    model.train()
+    eng.generate(PROMPTS[:1], 1, 2, seed=0)
+    assert model.training
+
+
+def test_factory_and_sglang_boundary(cache: Path) -> None:
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    assert isinstance(make_engine("hf", model, tok), HFEngine)
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        make_engine("vllm", model, tok)
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="needs the sglang package"):
+            make_engine("sglang", model, tok, model_path=str(cache))
+    with pytest.raises(ValueError):
+        HFEngine(model, tok).generate(PROMPTS, 0, 5)

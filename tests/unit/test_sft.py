@@ -1,0 +1,62 @@
+"""SFT warm start: loss goes down, checkpoint reloads through load_policy, eval json written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mutualrl.trainer.presets import load_policy
+from mutualrl.trainer.sft import EVAL_FILE, SFTConfig, _Data, run_sft
+from mutualrl.trainer.tasks import TaskConfig
+
+torch.set_num_threads(1)
+
+
+def test_few_steps_lower_loss_and_save(tmp_path: Path) -> None:
+    cfg = SFTConfig(preset="llama-char", cache_dir=tmp_path / "presets", steps=30, warmup=5,
+                    batch=16, lr=3e-3, eval_per_skill=5, out_dir=tmp_path / "ckpt",
+                    strong_skills=["sub", "sort"], progress=False)
+    out = run_sft(cfg)
+    report = json.loads((out / EVAL_FILE).read_text())
+    assert report["loss_last_50"] < report["loss_first"] - 0.5
+    acc = report["heldout_accuracy"]
+    assert set(acc) == {"add", "sub", "rev", "sort", "mean"}
+    assert all(0.0 <= v <= 1.0 for v in acc.values())
+    assert report["weak_skills"] == ["add", "rev"] and len(report["weak_pool"]) == 4
+    model, tok = load_policy(out)
+    assert type(model).__name__ == "LlamaForCausalLM" and tok.is_fast
+    assert json.loads((out / "sft_config.json").read_text())["steps"] == 30
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_data_mix_and_pool(tmp_path: Path) -> None:
+    from mutualrl.trainer.presets import ensure_preset
+
+    _, tok = load_policy(ensure_preset("llama-char", tmp_path))
+    cfg = SFTConfig(preset="llama-char", task=TaskConfig(regime="worked"),
+                    strong_skills=["add", "rev"], weak_pool=4, weak_share=0.25, batch=200)
+    data = _Data(cfg, tok)
+    assert [p for p, _ in data.pool_texts] and all(
+        p.split(":")[0] in ("sub", "sort") for p, _ in data.pool_texts)
+    batch = data.batch()
+    pool = set(map(str, data.pool))
+    from_pool = sum(str(x) in pool for x in batch)
+    assert 25 <= from_pool <= 80  # ~25% of 200
+    decoded = [tok.decode(p) for p, _ in batch if str((p, _)) not in pool]
+    assert all(d.split(":")[0] in ("add", "rev") for d in decoded)
+    # Completions are tokenized on their own and end with the end marker (no EOS needed).
+    assert all(tok.decode(c).endswith(";") for _, c in batch)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        SFTConfig(preset=None)
+    with pytest.raises(ValueError, match="not task skills"):
+        SFTConfig(strong_skills=["mul"])
+    with pytest.raises(ValueError):
+        SFTConfig(stepz=3)  # unknown keys are errors
+    assert SFTConfig().weak_skills == ["sub", "sort"]
+    assert SFTConfig().resolved_out_dir() == Path("runs/sft/gpt2-bpe-short-s0")

@@ -1,0 +1,30 @@
+"""Round metrics reach JSONL, TensorBoard and the Prometheus endpoint with the same values."""
+
+import json
+import urllib.request
+from pathlib import Path
+
+from mutualrl.trainer.config import MetricsSettings
+from mutualrl.trainer.metrics import MetricsSink, progress_line
+
+
+def test_sinks_write_the_same_values(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path, "A", MetricsSettings(prometheus_port=0, progress=False))
+    sink.log(0, {"reward_mean": 0.25, "loss": -0.5, "heldout/add": 1.0, "bad": float("nan")})
+    sink.log(1, {"reward_mean": 0.75, "loss": 0.125})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read()
+    text = body.decode()
+    assert 'mutualrl_trainer_reward_mean{policy="A"} 0.75' in text
+    assert 'mutualrl_trainer_heldout_add{policy="A"} 1.0' in text
+    sink.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    assert rows[0]["reward_mean"] == 0.25 and "bad" not in rows[0]
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+def test_progress_line_shows_what_matters() -> None:
+    line = progress_line("B", 7, {"reward_mean": 0.5, "pass_rate": 0.5, "loss": 0.1,
+                                  "rescued_prompts": 2.0, "step_s": 0.3, "heldout/rev": 0.9})
+    assert "r   7" in line and "reward 0.500" in line and "rescued 2" in line
+    assert "rev 0.90" in line

@@ -131,9 +131,15 @@ class LoadedTokenizer:
         return self.hf.backend_tokenizer
 
 
+# transformers resolves its names lazily and that is not thread-safe: two first registrations
+# in parallel threads can see a half-initialised module ("cannot import name 'AutoTokenizer'").
+_TRANSFORMERS_IMPORT = threading.Lock()
+
+
 def load_fast_tokenizer(path: str) -> Any:
     """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    with _TRANSFORMERS_IMPORT:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = Path(path)
     if not p.exists():

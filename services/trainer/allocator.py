@@ -5,10 +5,13 @@ Without an MWRA address the allocation is fixed (configured threads, the full ro
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,6 +32,7 @@ class AllocatorClient:
         self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
         self.current = self.fixed
         self.active_wait_s = active_wait_s
+        self.warned_empty_pool = False
         self.client: Any = None
         if address is None:
             return
@@ -47,6 +51,15 @@ class AllocatorClient:
         give_up = time.monotonic() + self.active_wait_s
         while True:
             a = self.client.get_allocation(self.run_id, self.policy, round_k)
+            if a.pool_units == 0:
+                # No worker registered for the run: nothing to share out, so waiting for a turn
+                # could only stall the round. Train with the configured threads instead.
+                if not self.warned_empty_pool:
+                    log.warning("MWRA has no workers for run %s: using %d thread(s)",
+                                self.run_id, self.fixed.threads)
+                    self.warned_empty_pool = True
+                self.current = self.fixed
+                return self.current
             if a.active or time.monotonic() > give_up:
                 break
             time.sleep(0.05)

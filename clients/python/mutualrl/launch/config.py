@@ -25,6 +25,9 @@ class UpConfig(Config):
     """Keep SEE (REST) and the others running after the trainers finish, until Ctrl-C."""
     status_every: float = Field(1.0, gt=0)
     """Seconds between refreshes of the live status table."""
+    worker_slots: int | None = Field(None, ge=1)
+    """CPU threads this machine offers MWRA as the run's local worker (None: os.cpu_count());
+    `up` registers the worker and keeps its lease alive while the run lasts."""
     warm_start: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per policy name: SFTConfig fields (`mutualrl sft`) for a warm start made before RL when
     its checkpoint does not exist yet; the policy then trains from that checkpoint."""

@@ -6,12 +6,14 @@ Exit codes: 0 every trainer finished; 1 a process failed; 2 bad config or missin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,8 +197,6 @@ def _write_state(plan: Plan, sup: Supervisor, stopped: bool = False) -> None:
 
 def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: _Signals,
                console: Any) -> int:
-    from rich.live import Live
-
     try:
         for spec in pre:
             sup.start(spec)
@@ -216,6 +216,30 @@ def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: _Si
     except ChildFailed as err:
         console.print(f"[red]{err}[/]\n{err.log_tail}")
         return EXIT_FAILED
+    with _local_worker(plan):
+        return _train(plan, sup, signals, console)
+
+
+@contextlib.contextmanager
+def _local_worker(plan: Plan) -> Iterator[None]:
+    """Offer this machine's CPU threads to MWRA as the run's worker for as long as it trains."""
+    from mutualrl.client.mwra import MwraClient
+
+    client = MwraClient(plan.endpoints["mwra_grpc"])
+    try:
+        worker_id, lease = client.register_local_worker(plan.run_id, slots=plan.up.worker_slots)
+        keepalive = client.keepalive(plan.run_id, worker_id, max(0.2, lease.lease_seconds / 3))
+        try:
+            yield
+        finally:
+            keepalive.stop()
+    finally:
+        client.close()
+
+
+def _train(plan: Plan, sup: Supervisor, signals: _Signals, console: Any) -> int:
+    from rich.live import Live
+
     _write_state(plan, sup)
     console.print(f"SEE REST  {plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats "
                   f"(docs {plan.endpoints['see_rest']}/docs)")

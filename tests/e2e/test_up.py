@@ -1,0 +1,107 @@
+"""`mutualrl up` as a user runs it: a subprocess that starts a private Redis, SEE, THL, MWRA and
+two trainers of different families; we watch records arrive through SEE's REST API, send
+SIGTERM, and check that every process is gone and the trainers checkpointed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path: Path, rounds: int) -> Path:
+    cfg = {
+        "up": {"restart": "never", "health_timeout": 120, "stop_grace": 60, "status_every": 0.5},
+        "trainer": {
+            "run_id": "up-e2e",
+            "output_dir": str(tmp_path / "runs"),
+            "task": {"regime": "short", "skills": ["add", "rev"], "heldout_per_skill": 8},
+            "grpo": {"group_size": 4, "prompts_per_round": 4, "rounds": rounds,
+                     "max_new_tokens": 6},
+            "probe": {"kind": "sgt", "deadline_seconds": 2.0},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 1000},
+            "metrics": {"tensorboard": False},
+            "policies": [{"name": "gpt2-bpe", "preset": "gpt2-bpe"},
+                         {"name": "llama-char", "preset": "llama-char"}],
+        },
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _get(url: str) -> dict | None:
+    """The JSON answer, or None while the run does not exist yet (trainers create it)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); its state letter says it is gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_up_serves_records_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    config = _config(tmp_path, rounds=10_000)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # private redis-server
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    run_dir = tmp_path / "runs" / "up-e2e"
+    state_path = run_dir / "up.json"
+    try:
+        deadline = time.monotonic() + 240
+        records: list = []
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+            if state_path.exists():
+                state = json.loads(state_path.read_text())
+                if any(n.startswith("trainer-") for n in state["pids"]):
+                    rest = state["endpoints"]["see_rest"]
+                    assert _get(f"{rest}/healthz")
+                    page = _get(f"{rest}/v1/runs/up-e2e/records?limit=50")
+                    records = page["records"] if page else []
+                    policies = {r["policy_id"] for r in records}
+                    if policies == {"gpt2-bpe", "llama-char"}:
+                        break
+            time.sleep(1.0)
+        assert {r["policy_id"] for r in records} == {"gpt2-bpe", "llama-char"}
+        pids = json.loads(state_path.read_text())["pids"]
+        assert set(pids) == {"redis", "see", "thl", "mwra", "trainer-gpt2-bpe",
+                             "trainer-llama-char"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    time.sleep(0.5)
+    assert [name for name, pid in pids.items() if _alive(pid)] == []
+    for policy in ("gpt2-bpe", "llama-char"):
+        checkpoints = list((run_dir / policy / "checkpoints").iterdir())
+        assert checkpoints, f"{policy} wrote no checkpoint on SIGTERM"
+    assert json.loads(state_path.read_text())["stopped"] is True

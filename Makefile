@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/mutualrl version
 
-test: setup
+test: setup validate-deploy
 	$(PY) -m pytest tests -q -ra $(PYTEST_ARGS)
 
 test-unit: setup

@@ -7,6 +7,8 @@ trains. Every knob is documented where it is defined (attribute docstrings becom
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -204,6 +206,36 @@ class TrainerConfig(Config):
         return f"{self.run_id}/{policy}"
 
 
-def load_trainer_config(path: str | Path) -> TrainerConfig:
-    """The `trainer:` section of a run YAML."""
-    return load_section(path, "trainer", TrainerConfig)
+# Environment variables a container platform sets (docker-compose.yml, deploy/k8s) so that one
+# run YAML serves every deployment; each wins over the file.
+ENV_OVERRIDES = {
+    "MUTUALRL_SEE_ADDR": "services.see",
+    "MUTUALRL_THL_ADDR": "services.thl",
+    "MUTUALRL_MWRA_ADDR": "services.mwra",
+    "MUTUALRL_RUN_DIR": "output_dir",
+    "MUTUALRL_METRICS_PORT": "metrics.prometheus_port",
+}
+
+
+def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
+                        ) -> TrainerConfig:
+    """The `trainer:` section of a run YAML, with the MUTUALRL_* environment overrides applied:
+    ENV_OVERRIDES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
+    the policies to `cuda`)."""
+    env = os.environ if environ is None else environ
+    cfg = load_section(path, "trainer", TrainerConfig)
+    data = cfg.model_dump()
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var):
+            *parents, leaf = dotted.split(".")
+            node = data
+            for key in parents:
+                node = node[key]
+            node[leaf] = env[var]
+    engine = env.get("MUTUALRL_ROLLOUT_ENGINE")
+    if engine:
+        for policy in data["policies"]:
+            policy["rollout_engine"] = engine
+            if engine == "sglang" and policy["device"] == "cpu":
+                policy["device"] = "cuda"
+    return TrainerConfig.model_validate(data)

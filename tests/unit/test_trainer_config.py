@@ -41,3 +41,21 @@ def test_policy_selection_and_validation() -> None:
     with pytest.raises(ValidationError):  # unknown knob
         TrainerConfig.model_validate({"grpo": {"G": 8}, "policies": [{"name": "A",
                                                                        "preset": "x"}]})
+
+
+def test_environment_overrides_win_over_the_file(tmp_path) -> None:
+    from mutualrl.trainer.config import load_trainer_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "trainer:\n  output_dir: runs\n  services: {see: 127.0.0.1:1}\n"
+        "  policies: [{name: a, preset: gpt2-bpe}]\n")
+    env = {"MUTUALRL_SEE_ADDR": "see:50051", "MUTUALRL_RUN_DIR": "/data/run",
+           "MUTUALRL_METRICS_PORT": "9110", "MUTUALRL_ROLLOUT_ENGINE": "sglang"}
+    cfg = load_trainer_config(path, env)
+    assert cfg.services.see == "see:50051"
+    assert str(cfg.output_dir) == "/data/run"
+    assert cfg.metrics.prometheus_port == 9110
+    assert cfg.policies[0].rollout_engine == "sglang" and cfg.policies[0].device == "cuda"
+    plain = load_trainer_config(path, {})
+    assert plain.services.see == "127.0.0.1:1" and plain.policies[0].rollout_engine == "hf"

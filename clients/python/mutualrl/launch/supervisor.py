@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +56,16 @@ class Child:
         return self.proc.pid
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the supervisor dies, so a
+    SIGKILLed `mutualrl up` leaves no orphans (its children live in their own sessions)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def tail(path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log file ('' when it does not exist)."""
     try:
@@ -79,6 +90,7 @@ class Supervisor:
             proc = subprocess.Popen(
                 spec.argv, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **spec.env}, start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         previous = self.children.get(spec.name)
         child = Child(spec=spec, proc=proc, restarts=previous.restarts if previous else 0)

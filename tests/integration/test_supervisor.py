@@ -1,0 +1,98 @@
+"""The process supervisor behind `mutualrl up`, on real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, Supervisor
+
+# A child that records the moment it receives SIGTERM, then exits.
+ON_TERM = textwrap.dedent("""
+    import signal, sys, time
+    def bye(*_):
+        with open(sys.argv[1], "a") as fh:
+            fh.write(f"{sys.argv[2]} {time.monotonic()}\\n")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, bye)
+    while True:
+        time.sleep(0.05)
+""")
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_all_goes_from_highest_group_down(tmp_path: Path) -> None:
+    record = tmp_path / "order.txt"
+    sup = Supervisor(log=lambda m: None)
+    for name, group in (("redis", 0), ("see", 1), ("trainer", 2)):
+        sup.start(ProcessSpec(name=name, argv=[sys.executable, "-c", ON_TERM, str(record), name],
+                              log_path=tmp_path / f"{name}.log", stop_group=group))
+    time.sleep(1.0)  # let the children install their handlers
+    codes = sup.stop_all(grace=10)
+    assert codes == {"trainer": 0, "see": 0, "redis": 0}
+    order = [line.split()[0] for line in record.read_text().splitlines()]
+    assert order == ["trainer", "see", "redis"]
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+               "print('ready', flush=True)\ntime.sleep(60)"
+    sup = Supervisor(log=lambda m: None)
+    log = tmp_path / "s.log"
+    sup.start(ProcessSpec(name="s", argv=[sys.executable, "-c", stubborn], log_path=log))
+    deadline = time.monotonic() + 20
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = time.monotonic()
+    assert sup.stop_all(grace=0.5) == {"s": -signal.SIGKILL}
+    assert time.monotonic() - start < 5
+
+
+def test_wait_healthy_reports_exit_code_and_log_tail(tmp_path: Path) -> None:
+    sup = Supervisor(log=lambda m: None)
+    argv = [sys.executable, "-c", "print('boom: bad config'); raise SystemExit(3)"]
+    sup.start(ProcessSpec(name="see", argv=argv, log_path=tmp_path / "see.log",
+                          health=lambda: False))
+    with pytest.raises(ChildFailed) as err:
+        sup.wait_healthy("see", timeout=20)
+    assert err.value.code == 3
+    assert "boom: bad config" in err.value.log_tail
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from mutualrl.launch.supervisor import ProcessSpec, Supervisor
+        sup = Supervisor()
+        log = Path({str(tmp_path)!r}) / "c.log"
+        child = sup.start(ProcessSpec(name="c", log_path=log,
+                                      argv=[sys.executable, "-c", "import time; time.sleep(60)"]))
+        print(child.pid, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    assert _gone(child_pid, within=10), "orphaned child survived its supervisor"

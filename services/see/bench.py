@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         ready.put(worker)
         start.wait()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         stored = 0
         for req in reqs:
             s = time.perf_counter()
@@ -89,8 +91,9 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
             lat.append(time.perf_counter() - s)
             stored += resp.stored
         t1 = time.perf_counter()
+        cpu = time.process_time() - c0
         channel.close()
-        results.put((side, worker, t0, t1, lat, stored))
+        results.put((side, worker, t0, t1, lat, stored, cpu))
     else:
         import redis
 
@@ -100,6 +103,7 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         ready.put(worker)
         start.wait()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         for b in batches:
             s = time.perf_counter()
             pipe = r.pipeline(transaction=False)
@@ -108,12 +112,29 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
             pipe.execute()
             lat.append(time.perf_counter() - s)
         t1 = time.perf_counter()
+        cpu = time.process_time() - c0
         r.close()
-        results.put((side, worker, t0, t1, lat, n))
+        results.put((side, worker, t0, t1, lat, n, cpu))
+
+
+def _proc_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc (0 elsewhere)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _redis_cmd_usec(client: Any, command: str) -> int:
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("usec", 0))
 
 
 def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int, target: str,
-              run_id: str) -> dict[str, Any]:
+              run_id: str, server_pid: int | None = None, rds: Any = None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     ready = ctx.Queue()
@@ -126,8 +147,16 @@ def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int,
     # Every writer builds its payloads and connects before anyone starts the clock.
     for _ in procs:
         ready.get(timeout=300)
+    # CPU actually spent per record, which the load of other processes on a shared machine
+    # distorts far less than wall-clock throughput: writers' own CPU, the SEE server's CPU,
+    # and Redis' time in the side's commands (EXEC holds the whole SEE transaction).
+    command = "xadd" if side == "raw" else "exec"
+    srv0 = _proc_cpu(server_pid) if side == "see" else 0.0
+    red0 = _redis_cmd_usec(rds, command) if rds is not None else 0
     start.set()
     got = [results.get(timeout=600) for _ in procs]
+    server_cpu = (_proc_cpu(server_pid) - srv0) if side == "see" else 0.0
+    redis_us = (_redis_cmd_usec(rds, command) - red0) if rds is not None else 0
     for p in procs:
         p.join(timeout=30)
     t0 = min(g[2] for g in got)
@@ -136,7 +165,13 @@ def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int,
     records = sum(g[5] for g in got)
     if records != clients * per_client:
         raise RuntimeError(f"{side}: {records} records written, expected {clients * per_client}")
+    writer_cpu = sum(g[6] for g in got)
+    cpu = {"writers_us_per_record": writer_cpu / records * 1e6,
+           "server_us_per_record": server_cpu / records * 1e6,
+           "redis_us_per_record": redis_us / records,
+           "total_us_per_record": (writer_cpu + server_cpu) / records * 1e6 + redis_us / records}
     return {"records": records, "seconds": t1 - t0, "records_per_s": records / (t1 - t0),
+            "cpu": cpu,
             "p50_ms": _percentile(lat, 0.5) * 1000, "p99_ms": _percentile(lat, 0.99) * 1000,
             "batches": len(lat)}
 
@@ -205,7 +240,8 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
                 if len(see_runs) % 2:
                     sides.reverse()
                 for side, target in sides:
-                    res = _run_side(side, clients, per_client, batch, tokens, target, run_id)
+                    res = _run_side(side, clients, per_client, batch, tokens, target, run_id,
+                                    proc.pid, r)
                     (raw_runs if side == "raw" else see_runs).append(res)
                 used = r.memory_usage(f"{BENCH_PREFIX}:{{{run_id}}}:s:ROLLOUT") or 0
             finally:
@@ -237,6 +273,11 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
         "see": see_best, "raw_redis": raw_best,
         "ratio": ratios[mid],
         "ratios": ratios,
+        # raw CPU per record / SEE CPU per record (median over repeats): the efficiency
+        # ratio, steadier than the throughput ratio when the machine is shared.
+        "cpu_ratio": statistics.median(
+            r["cpu"]["total_us_per_record"] / s["cpu"]["total_us_per_record"]
+            for s, r in zip(see_runs, raw_runs, strict=True)),
         "see_all": see_runs, "raw_redis_all": raw_runs,
         "see_stream_memory_bytes": used,
         "target_ratio": 0.5,
@@ -265,6 +306,9 @@ def main(args: argparse.Namespace) -> int:
     console = Console()
     console.print(t)
     verdict = "meets" if result["ratio"] >= result["target_ratio"] else "misses"
-    console.print(f"ratio SEE/raw = {result['ratio']:.3f} ({verdict} the 0.5 target); "
-                  f"written to {args.json}")
+    console.print(f"ratio SEE/raw = {result['ratio']:.3f} ({verdict} the 0.5 target; median "
+                  f"of {len(result['ratios'])} paired runs); CPU per record: SEE "
+                  f"{result['see']['cpu']['total_us_per_record']:.0f} µs, raw "
+                  f"{result['raw_redis']['cpu']['total_us_per_record']:.0f} µs (cpu_ratio "
+                  f"{result['cpu_ratio']:.3f}); written to {args.json}")
     return 0

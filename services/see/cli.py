@@ -22,15 +22,23 @@ def _serve(args: argparse.Namespace) -> int:
 
     cfg = load_section(args.config, "see", SeeConfig, port=args.port, rest_port=args.rest_port,
                        redis_url=args.redis_url, host=args.host, workers=args.workers)
+    made_dir = None
     if cfg.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         import tempfile
 
         # Set before prometheus_client is first imported (by the server module below), and
         # inherited by the workers: /metrics then sums every process.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="see-metrics-")
+        made_dir = tempfile.mkdtemp(prefix="see-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
     from mutualrl.see.server import serve
 
-    asyncio.run(serve(cfg))
+    try:
+        asyncio.run(serve(cfg))
+    finally:
+        if made_dir is not None:
+            import shutil
+
+            shutil.rmtree(made_dir, ignore_errors=True)
     return 0
 
 

@@ -19,6 +19,8 @@ import grpc
 import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 from redis import exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ServiceError
 from mutualrl.see import metrics as m
@@ -185,8 +187,13 @@ class SeeStore:
     def __init__(self, cfg: SeeConfig, client: aioredis.Redis | None = None) -> None:
         self.cfg = cfg
         if client is None:
+            # A short, bounded retry: a Redis outage must become UNAVAILABLE (which clients
+            # retry with their own backoff) within about a second, not stall the call.
             pool = aioredis.BlockingConnectionPool.from_url(
-                cfg.redis_url, max_connections=cfg.redis_max_connections, timeout=10)
+                cfg.redis_url, max_connections=cfg.redis_max_connections, timeout=10,
+                socket_connect_timeout=5,
+                retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
+                retry_on_error=[rexc.ConnectionError, rexc.TimeoutError])
             client = aioredis.Redis(connection_pool=pool)
         self.r = client
         self._runs: dict[str, tuple[float, pb.Run]] = {}

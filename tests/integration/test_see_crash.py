@@ -55,6 +55,16 @@ def test_sigkill_loses_no_acknowledged_record(redis_url: str, run_id: str,
     cfg.write_text(f"see:\n  key_prefix: {TEST_PREFIX}\n")
     port, rest_port = _free_port(), _free_port()
     proc = _start(cfg, port, rest_port, redis_url)
+    try:
+        _crash_and_restart(proc, cfg, port, rest_port, redis_url, run_id)
+    finally:  # never leave a server behind, whatever failed
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _crash_and_restart(proc: subprocess.Popen[bytes], cfg: Path, port: int, rest_port: int,
+                       redis_url: str, run_id: str) -> None:
     acked: list[str] = []
     errors: list[grpc.StatusCode] = []
     opts = ClientOptions(address=f"127.0.0.1:{port}", retries=0, timeout=5, token=None)

@@ -349,3 +349,48 @@ async def test_subscribe_ends_when_server_stops(redis_url: str, run_id: str,
         assert time.monotonic() - start < 3
         assert code in ("OK", "UNAVAILABLE", "CANCELLED")
         await c.close()
+
+
+async def test_redis_down_is_unavailable_not_a_crash(monkeypatch: pytest.MonkeyPatch,
+                                                     run_id: str) -> None:
+    monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    async with running_see(make_config(f"redis://127.0.0.1:{dead}/0")) as see:
+        opts = ClientOptions(address=see.address, retries=0, timeout=20)
+        async with AsyncSeeClient(opts) as c:
+            start = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.create_run(run_id, ["a"], tau=1.0)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "redis" in (err.value.details() or "")
+            assert time.monotonic() - start < 15
+        import httpx
+
+        async with httpx.AsyncClient(base_url=see.rest_url) as h:
+            health = await h.get("/healthz")
+            assert health.status_code == 503 and health.json()["redis"] is False
+            metrics = (await h.get("/metrics")).text
+            assert "mutualrl_see_redis_errors_total" in metrics
+
+
+async def test_health_and_reflection(see: Any) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(see.address) as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service="mutualrl.v1.ExperienceExchange"), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def services() -> list[str]:
+        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+            ProtoReflectionDescriptorDatabase,
+        )
+
+        with grpc.insecure_channel(see.address) as ch:
+            return list(ProtoReflectionDescriptorDatabase(ch).get_services())
+
+    assert "mutualrl.v1.ExperienceExchange" in await asyncio.to_thread(services)

@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/mutualrl version
+	$(VENV)/bin/mutualrl up -c configs/demo.yaml
 
 test: setup validate-deploy
 	$(PY) -m pytest tests -q -ra $(PYTEST_ARGS)

@@ -9,11 +9,15 @@ from mutualrl.cli import Commands
 
 
 def _up(args: argparse.Namespace) -> int:
+    import sys
+
     from rich.console import Console
 
     from mutualrl.launch.up import run_up
 
-    return run_up(Path(args.config), Console())
+    # Piped into a file or CI log, rich would assume 80 columns and squeeze the tables.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    return run_up(Path(args.config), console)
 
 
 def register(commands: Commands) -> None:

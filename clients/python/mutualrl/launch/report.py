@@ -54,18 +54,39 @@ def status_table(plan: Plan, done: set[str]) -> Table:
     return table
 
 
+def _warm_start_accuracy(plan: Plan, policy: str) -> dict[str, float] | None:
+    """Held-out accuracy `mutualrl sft` measured for the policy's warm start, if it has one."""
+    import yaml
+
+    cfg = yaml.safe_load(plan.config_path.read_text())
+    for p in cfg["trainer"]["policies"]:
+        if p["name"] == policy and p.get("sft_checkpoint"):
+            path = Path(p["sft_checkpoint"]) / "sft_eval.json"
+            if path.exists():
+                return dict(json.loads(path.read_text())["heldout_accuracy"])
+    return None
+
+
 def results(plan: Plan) -> dict[str, Any]:
-    """Per policy: first and final held-out reward@1 per skill, rounds, rescues, mean step time."""
+    """Per policy: held-out reward@1 per skill at the start (the warm start's SFT evaluation, or
+    the first RL evaluation) and at the end, rounds, rescues, mean step time."""
     out: dict[str, Any] = {}
     for name in plan.policies:
         rows = read_rows(plan.metrics_files[name])
         evals = [r for r in rows if any(k.startswith("heldout/") for k in r)]
-        first, final = (evals[0], evals[-1]) if evals else ({}, {})
+        final = evals[-1] if evals else {}
         skills = sorted(k.split("/", 1)[1] for k in final if k.startswith("heldout/"))
+        warm = _warm_start_accuracy(plan, name)
+        if warm is not None:
+            start, start_label = warm, "warm start"
+        else:
+            first = evals[0] if evals else {}
+            start = {s: first.get(f"heldout/{s}") for s in skills}
+            start_label = f"round {first.get('round')}"
         out[name] = {
             "rounds": rows[-1]["round"] + 1 if rows else 0,
-            "first_eval_round": first.get("round"),
-            "heldout_first": {s: first.get(f"heldout/{s}") for s in skills},
+            "start_label": start_label,
+            "heldout_start": {s: start.get(s) for s in skills},
             "heldout_final": {s: final.get(f"heldout/{s}") for s in skills},
             "rescued_prompts": sum(r.get("rescued_prompts", 0.0) for r in rows),
             "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
@@ -73,58 +94,66 @@ def results(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def _cells(r: dict[str, Any], skills: list[str]) -> list[str]:
+    cells = []
+    for s in [*skills, "mean"]:
+        a, b = r["heldout_start"].get(s), r["heldout_final"].get(s)
+        cells.append("-" if b is None else f"{a:.2f}→{b:.2f}" if a is not None else f"{b:.2f}")
+    return cells
+
+
+def _skills(res: dict[str, Any]) -> list[str]:
+    return sorted({s for r in res.values() for s in r["heldout_final"] if s != "mean"})
+
+
 def results_table(res: dict[str, Any]) -> Table:
-    skills = sorted({s for r in res.values() for s in r["heldout_final"] if s != "mean"})
-    table = Table(title="held-out reward@1: first evaluation -> final")
+    skills = _skills(res)
+    table = Table(title="held-out reward@1 per skill: start → final")
     table.add_column("policy")
     for s in [*skills, "mean"]:
         table.add_column(s, justify="right")
     table.add_column("rescued", justify="right")
     for name, r in res.items():
-        cells = []
-        for s in [*skills, "mean"]:
-            a, b = r["heldout_first"].get(s), r["heldout_final"].get(s)
-            cells.append("-" if b is None else f"{a:.2f} -> {b:.2f}" if a is not None
-                         else f"{b:.2f}")
-        table.add_row(name, *cells, f"{r['rescued_prompts']:.0f}")
+        table.add_row(name, *_cells(r, skills), f"{r['rescued_prompts']:.0f}")
     return table
 
 
 def results_markdown(res: dict[str, Any]) -> str:
-    skills = sorted({s for r in res.values() for s in r["heldout_final"] if s != "mean"})
+    skills = _skills(res)
     head = ["policy", *skills, "mean", "rescued prompts"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in res.items():
-        cells = []
-        for s in [*skills, "mean"]:
-            a, b = r["heldout_first"].get(s), r["heldout_final"].get(s)
-            cells.append("-" if b is None else f"{a:.2f} → {b:.2f}" if a is not None
-                         else f"{b:.2f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['rescued_prompts']:.0f} |")
+        lines.append(f"| {name} | " + " | ".join(_cells(r, skills))
+                     + f" | {r['rescued_prompts']:.0f} |")
     return "\n".join(lines)
 
 
 def plot_curves(plan: Plan, path: Path) -> None:
-    """reward_mean (thin) and held-out reward@1 mean (markers) vs round, one line per policy."""
+    """One panel per policy: held-out reward@1 per skill (markers) and train reward (faint)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
-    for name in plan.policies:
+    fig, axes = plt.subplots(1, len(plan.policies), figsize=(6 * len(plan.policies), 4.2),
+                             dpi=110, sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], plan.policies, strict=True):
         rows = read_rows(plan.metrics_files[name])
-        line, = ax.plot([r["round"] for r in rows], [r.get("reward_mean", 0.0) for r in rows],
-                        alpha=0.35, linewidth=1, label=f"{name} train reward")
+        ax.plot([r["round"] for r in rows], [r.get("reward_mean", 0.0) for r in rows],
+                color="grey", alpha=0.4, linewidth=1, label="train reward")
         evals = [r for r in rows if "heldout/mean" in r]
-        ax.plot([r["round"] for r in evals], [r["heldout/mean"] for r in evals], marker="o",
-                color=line.get_color(), linewidth=2, label=f"{name} held-out reward@1")
-    ax.set_xlabel("round")
-    ax.set_ylabel("reward")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"run {plan.run_id}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+        keys = sorted({k for r in evals for k in r if k.startswith("heldout/")})
+        for key in keys:
+            style = {"linestyle": "--", "color": "black"} if key == "heldout/mean" else {}
+            ax.plot([r["round"] for r in evals], [r.get(key) for r in evals], marker="o",
+                    markersize=3, label=key.split("/", 1)[1], **style)
+        ax.set_title(name)
+        ax.set_xlabel("round")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    axes[0][0].set_ylabel("held-out reward@1")
+    fig.suptitle(f"run {plan.run_id}")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -167,7 +196,7 @@ def final_report(plan: Plan, console: Any) -> dict[str, Any]:
     summary = {"run_id": plan.run_id, "results": res, "see_stats": stats, "plot": str(plot)}
     (plan.run_dir / "results.json").write_text(json.dumps(summary, indent=2))
     (plan.run_dir / "results.md").write_text(results_markdown(res) + "\n")
-    console.print(f"plot: {plot}\nresults: {plan.run_dir / 'results.json'}\n"
-                  f"SEE REST (while up): {plan.endpoints['see_rest']}/v1/runs/{plan.run_id}"
-                  "/records")
+    console.print(f"plot: {plot}\nresults: {plan.run_dir / 'results.json'}")
+    if not plan.up.serve_after:
+        console.print("(set `up: {serve_after: true}` to keep SEE's REST API up after training)")
     return summary

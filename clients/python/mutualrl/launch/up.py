@@ -206,7 +206,7 @@ def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: _Si
                           + " (SFT, once; reused by later runs)")
             for spec in plan.warm_start:
                 sup.start(spec)
-            if not _wait_finished(sup, [s.name for s in plan.warm_start], signals):
+            if not _wait_finished(sup, [s.name for s in plan.warm_start], signals, console):
                 return EXIT_INTERRUPTED
         services = [s for s in plan.specs if s.stop_group == 1]
         for spec in services:
@@ -285,14 +285,20 @@ def _train(plan: Plan, sup: Supervisor, signals: _Signals, console: Any) -> int:
     return EXIT_OK
 
 
-def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals) -> bool:
+def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals, console: Any) -> bool:
+    """Wait for one-shot children (warm starts) with a live line; False when interrupted."""
     pending = set(names)
-    while pending:
-        if signals.received is not None:
-            return False
-        for child, code in sup.poll():
-            if code != 0:
-                raise ChildFailed(child.spec.name, code, tail(child.spec.log_path))
-            pending.discard(child.spec.name)
-        time.sleep(0.5)
+    start = time.monotonic()
+    with console.status("") as status:
+        while pending:
+            if signals.received is not None:
+                return False
+            for child, code in sup.poll():
+                if code != 0:
+                    raise ChildFailed(child.spec.name, code, tail(child.spec.log_path))
+                pending.discard(child.spec.name)
+                console.print(f"{child.spec.name} done in {time.monotonic() - start:.0f}s")
+            status.update(f"warm start: {', '.join(sorted(pending))} running "
+                          f"({time.monotonic() - start:.0f}s)")
+            time.sleep(0.5)
     return True

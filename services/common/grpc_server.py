@@ -116,11 +116,14 @@ async def start_server(
     cfg: ServiceConfig,
     add_servicers: Callable[[grpc.aio.Server], None],
     service_names: Iterable[str],
+    reuse_port: bool = False,
 ) -> RunningServer:
     """Create the server, register the servicers, health and reflection, bind and start it.
 
     `service_names` are full proto service names (`mutualrl.v1.ExperienceExchange`); each is
-    reported SERVING by the health service once the server has started.
+    reported SERVING by the health service once the server has started. `reuse_port` binds
+    with SO_REUSEPORT so several worker processes share one port (the kernel spreads
+    connections over them); otherwise a port already in use is an error.
     """
     # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
@@ -130,7 +133,7 @@ async def start_server(
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     add_servicers(server)

@@ -187,8 +187,9 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int,
     """Train a tokenizer of `kind` (one of `KINDS`) on `texts` and return it as a fast tokenizer.
 
     Options per kind: byte_bpe `use_regex` (False: merges cross digits/punctuation),
-    `split_digits` (one token per digit), `min_frequency`; wordpiece `lowercase`, `min_frequency`; unigram `prepend_scheme`,
-    `max_piece_length`; char `alphabet` (characters to include even if unseen).
+    `split_digits` (one token per digit), `min_frequency`; wordpiece `lowercase`,
+    `min_frequency`, `alphabet`; unigram `prepend_scheme`, `max_piece_length`, `alphabet`;
+    char `alphabet` (characters to include even if unseen).
     Common: `model_max_length`.
     """
     if kind not in _BUILDERS:

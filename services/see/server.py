@@ -13,14 +13,9 @@ from typing import Any
 
 import grpc
 import uvicorn
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from mutualrl.common.auth import BearerAuthInterceptor
 from mutualrl.common.grpc_server import (
-    MetricsInterceptor,
     RunningServer,
-    _server_credentials,
     start_server,
 )
 from mutualrl.see.config import SeeConfig
@@ -77,35 +72,6 @@ class SeeServer:
         await self.store.close()
 
 
-async def _start_grpc_shared_port(cfg: SeeConfig, add: Any, names: list[str]) -> RunningServer:
-    """start_server's twin with SO_REUSEPORT on, so several worker processes share one port
-    (the kernel spreads connections over them). Same interceptors, health and reflection."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
-    token = cfg.resolved_token()
-    if token:
-        interceptors.append(BearerAuthInterceptor(token))
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", cfg.max_message_bytes),
-        ("grpc.max_send_message_length", cfg.max_message_bytes),
-        ("grpc.so_reuseport", 1),
-    ])
-    add(server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME], server)
-    bind = f"{cfg.host}:{cfg.port}"
-    creds = _server_credentials(cfg)
-    port = server.add_secure_port(bind, creds) if creds else server.add_insecure_port(bind)
-    if port == 0:
-        raise OSError(f"could not bind gRPC server to {bind}")
-    await server.start()
-    for name in ["", *names]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server=server, port=port, health=health_servicer)
-
-
 async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
     """Connect to Redis, start the gRPC server and (unless rest_port is None) the REST app.
 
@@ -119,10 +85,7 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
 
-    if shared_port:
-        running = await _start_grpc_shared_port(cfg, add, [SERVICE_NAME])
-    else:
-        running = await start_server(cfg, add, [SERVICE_NAME])
+    running = await start_server(cfg, add, [SERVICE_NAME], reuse_port=shared_port)
     rest, task, rest_port = None, None, None
     if cfg.rest_port is not None:
         host = cfg.rest_host or cfg.host

@@ -24,7 +24,9 @@ torch.set_num_threads(1)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 TASK = {"skills": ["add", "rev"], "digits": {"add": 1, "rev": 2}, "heldout_per_skill": 8}
-WARM = {"A": ("gpt2-bpe", "add"), "B": ("llama-char", "rev")}
+# A merges across digits (byte-level BPE, no pre-split), B is character level: their token
+# boundaries differ, so PRP goes through real THL chunks.
+WARM = {"A": ("gpt2-bpe-nosplit", "add"), "B": ("llama-char", "rev")}
 ROUNDS = 4
 
 
@@ -36,7 +38,7 @@ def warm_policies(request: pytest.FixtureRequest,
     from mutualrl.trainer.sft import SFTConfig, run_sft
 
     pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v1")) if pytest_cache is not None
+    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v2")) if pytest_cache is not None
              else tmp_path_factory.mktemp("warm"))
     out: dict[str, Path] = {}
     for name, (preset, strong) in WARM.items():

@@ -15,6 +15,7 @@ from mutualrl.trainer.tasks import TaskConfig
 torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_few_steps_lower_loss_and_save(tmp_path: Path) -> None:
     cfg = SFTConfig(preset="llama-char", cache_dir=tmp_path / "presets", steps=30, warmup=5,
                     batch=16, lr=3e-3, eval_per_skill=5, out_dir=tmp_path / "ckpt",

@@ -123,3 +123,12 @@ def test_rejects_unknown_kind_and_bare_string() -> None:
         train_tokenizer("sentencepiece", CORPUS, 100)
     with pytest.raises(TypeError):
         train_tokenizer("char", "abc", 100)
+
+
+def test_byte_bpe_split_digits_keeps_one_token_per_digit() -> None:
+    t = train_tokenizer("byte_bpe", CORPUS, 300, use_regex=True, split_digits=True)
+    enc = t("add:37+58=95;", add_special_tokens=False, return_offsets_mapping=True)
+    toks = t.convert_ids_to_tokens(enc["input_ids"])
+    assert [x for x in toks if any(c.isdigit() for c in x)] == list("375895")
+    assert t.decode(enc["input_ids"]) == "add:37+58=95;"
+    assert enc["offset_mapping"][-1][1] == len("add:37+58=95;")

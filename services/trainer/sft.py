@@ -266,7 +266,13 @@ class _progress:
 
     def __enter__(self) -> Any:
         if not self.enabled:
-            return lambda step, loss: None
+            # No terminal (a log file under `mutualrl up`): a plain line every 100 steps, which
+            # `up` shows in its warm-start status.
+            def line(step: int, loss: float) -> None:
+                if step % 100 == 0 or step == self.total:
+                    print(f"sft step {step}/{self.total} loss {loss:.4f}", flush=True)
+
+            return line
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/"

@@ -285,6 +285,14 @@ def _train(plan: Plan, sup: Supervisor, signals: _Signals, console: Any) -> int:
     return EXIT_OK
 
 
+def _last_step(log_path: Path) -> str:
+    """'step 300/1200' from the newest `sft step` line of a warm-start log, or 'starting'."""
+    for line in reversed(tail(log_path, 40).splitlines()):
+        if line.startswith("sft step "):
+            return line.split(" loss ")[0].removeprefix("sft ")
+    return "starting"
+
+
 def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals, console: Any) -> bool:
     """Wait for one-shot children (warm starts) with a live line; False when interrupted."""
     pending = set(names)
@@ -298,7 +306,8 @@ def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals, console
                     raise ChildFailed(child.spec.name, code, tail(child.spec.log_path))
                 pending.discard(child.spec.name)
                 console.print(f"{child.spec.name} done in {time.monotonic() - start:.0f}s")
-            status.update(f"warm start: {', '.join(sorted(pending))} running "
-                          f"({time.monotonic() - start:.0f}s)")
+            status.update("warm start: " + "; ".join(
+                f"{name} {_last_step(sup.children[name].spec.log_path)}"
+                for name in sorted(pending)) + f" ({time.monotonic() - start:.0f}s)")
             time.sleep(0.5)
     return True

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config, load_section
+from mutualrl.trainer.datasets import JsonlTaskConfig
 from mutualrl.trainer.tasks import TaskConfig
 
 
@@ -170,8 +171,10 @@ class TrainerConfig(Config):
     """Seed of the shared prompt order (same for all policies) and of sampling."""
     output_dir: Path = Path("runs")
     """Metrics, TensorBoard and checkpoints go to <output_dir>/<run_id>/<policy>/."""
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    """The synthetic task (see mutualrl.trainer.tasks.TaskConfig)."""
+    task: TaskConfig | JsonlTaskConfig = Field(default_factory=TaskConfig)
+    """The task: a seeded synthetic one (mutualrl.trainer.tasks.TaskConfig: regime, skills,
+    digits) or a local GSM8K/MATH JSONL dataset (mutualrl.trainer.datasets.JsonlTaskConfig,
+    chosen when the section has a `path`)."""
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     """GRPO knobs."""
     probe: ProbeSettings = Field(default_factory=ProbeSettings)

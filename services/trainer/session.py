@@ -19,6 +19,7 @@ import torch
 from mutualrl.trainer import checkpoint
 from mutualrl.trainer.allocator import AllocatorClient
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
+from mutualrl.trainer.datasets import JsonlTask, make_task
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
 from mutualrl.trainer.probes import Probe, make_probe
@@ -61,7 +62,7 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     engine: Any
-    task: Task
+    task: Task | JsonlTask
     probe: Probe
     exchange: PeerExchange | None
     allocator: AllocatorClient
@@ -117,7 +118,7 @@ def build_session(
                                   weight_decay=g.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
-    task = Task(cfg.task)
+    task = make_task(cfg.task)
     max_new = g.max_new_tokens or task.max_new_tokens
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start))
     tokenizer_id = cfg.tokenizer_id(policy.name)

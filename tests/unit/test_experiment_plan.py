@@ -117,3 +117,14 @@ def test_gpu_config_plans_runs_from_checkpoints_without_warm_starts() -> None:
     pols = plan.runs[0].trainer["policies"]
     assert all("sft_checkpoint" not in p and p["rollout_engine"] == "sglang" for p in pols)
     assert {p["device"] for p in pols} == {"cuda:0", "cuda:1"}
+
+
+def test_gpu_config_runs_validate_as_trainer_configs_with_a_jsonl_task() -> None:
+    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.datasets import JsonlTaskConfig
+
+    cfg, _ = load_experiment(CONFIG.with_name("probe-comparison-gpu.yaml"))
+    for run in build_plan(cfg, Path("/tmp/x")).runs:
+        trainer = TrainerConfig.model_validate(run.trainer)
+        assert isinstance(trainer.task, JsonlTaskConfig)
+        assert trainer.task.form == "math"

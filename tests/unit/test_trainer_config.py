@@ -59,3 +59,25 @@ def test_environment_overrides_win_over_the_file(tmp_path) -> None:
     assert cfg.policies[0].rollout_engine == "sglang" and cfg.policies[0].device == "cuda"
     plain = load_trainer_config(path, {})
     assert plain.services.see == "127.0.0.1:1" and plain.policies[0].rollout_engine == "hf"
+
+
+def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
+    import json
+
+    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.datasets import JsonlTask, make_task
+    from mutualrl.trainer.tasks import Task
+
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"What is {i}+1?",
+                                          "answer": f"{i}+1={i + 1}\n#### {i + 1}"})
+                              for i in range(20)))
+    policies = [{"name": "a", "preset": "gpt2-bpe"}]
+    jsonl = TrainerConfig.model_validate({"task": {"path": str(data), "form": "gsm8k"},
+                                          "policies": policies})
+    task = make_task(jsonl.task)
+    assert isinstance(task, JsonlTask)
+    prompt = task.round_prompts(0, 1, seed=0)[0]
+    assert task.reward(prompt, f"so #### {prompt.answer}", "stop") == 1.0
+    synthetic = TrainerConfig.model_validate({"task": {"regime": "worked"}, "policies": policies})
+    assert isinstance(make_task(synthetic.task), Task)

@@ -35,6 +35,10 @@ def _experiment(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ValidationError) as err:
         console.print(f"[red]config {args.config}: {err}[/]")
         return EXIT_CONFIG
+    if args.report_only:
+        from mutualrl.experiment.runner import report_only
+
+        return report_only(cfg, Path(args.out), console)
     return run_experiment(cfg, raw, Path(args.out), console, quick=args.quick,
                           warm_only=args.warm_start_only,
                           redis_url=os.environ.get("REDIS_URL") or None,
@@ -59,5 +63,7 @@ def register(commands: Commands) -> None:
     p.add_argument("--parallel-runs", type=int, help="Runs trained at once.")
     p.add_argument("--time-budget-min", type=float,
                    help="Start no run that would end past this many minutes of runs.")
+    p.add_argument("--report-only", action="store_true",
+                   help="Only rebuild results.json/.md and curves.png from the runs in --out.")
     p.add_argument("--warm-start-only", action="store_true",
                    help="Only make (or check) the warm starts, then exit.")

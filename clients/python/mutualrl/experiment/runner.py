@@ -109,12 +109,15 @@ class Services:
     token: str | None
     sup: Supervisor
     redis_url: str
+    names: list[str] = field(default_factory=list)
 
 
 def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first: RunSpec,
                    redis_url: str | None, token: str | None, console: Any) -> Services:
     """Redis (private unless REDIS_URL), SEE, THL and MWRA as supervised processes, through
-    `mutualrl.launch.up.make_plan` (free ports, effective YAML, health checks)."""
+    `mutualrl.launch.up.make_plan` (free ports, effective YAML, health checks). Redis is waited
+    for here; the services start in the background (`wait_services` waits for them), so their
+    start-up overlaps the warm starts."""
     from mutualrl.launch.up import make_plan
 
     svc_dir = out / "services"
@@ -122,25 +125,26 @@ def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first:
     doc: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in ("see", "thl", "mwra")}
     # THL persists registrations in Redis under its prefix: keep this experiment's apart.
     doc["thl"].setdefault("key_prefix", f"mutualrl:thl:{cfg.run_prefix}:")
-    # Registering tokenizers at start-up loads transformers in THL before it serves: two
-    # trainers registering at once into a cold THL raced on its lazy `transformers` import
-    # (ImportError: cannot import name 'AutoTokenizer'), failing the first run.
-    doc["thl"].setdefault("tokenizers", {
-        f"{cfg.run_prefix}-warmup/{p['name']}": p.get("sft_checkpoint") or p["model_path"]
-        for p in first.trainer["policies"] if p.get("sft_checkpoint") or p.get("model_path")})
     doc["trainer"] = {**first.trainer, "run_id": "services", "output_dir": str(svc_dir)}
     yml = svc_dir / "services-input.yaml"
     yml.write_text(yaml.safe_dump(doc, sort_keys=False))
     plan, pre = make_plan(yml, redis_url, token)
     sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
-    for spec in [*pre, *[s for s in plan.specs if s.stop_group == 1]]:
+    for spec in pre:
         sup.start(spec)
-    for spec in [*pre, *[s for s in plan.specs if s.stop_group == 1]]:
         sup.wait_healthy(spec.name, cfg.health_timeout)
-    console.print("services: " + ", ".join(f"{k} {v}" for k, v in plan.endpoints.items()))
+    services = [s for s in plan.specs if s.stop_group == 1]
+    for spec in services:
+        sup.start(spec)
     (out / "services.json").write_text(json.dumps(plan.endpoints, indent=2))
     return Services(endpoints=plan.endpoints, token=token, sup=sup,
-                    redis_url=plan.endpoints["redis"])
+                    redis_url=plan.endpoints["redis"], names=[s.name for s in services])
+
+
+def wait_services(svc: Services, cfg: ExperimentConfig, console: Any) -> None:
+    for name in svc.names:
+        svc.sup.wait_healthy(name, cfg.health_timeout)
+    console.print("services: " + ", ".join(f"{k} {v}" for k, v in svc.endpoints.items()))
 
 
 def see_run_stats(svc: Services, run_id: str) -> dict[str, Any]:
@@ -260,6 +264,7 @@ def finish_run(run: ActiveRun, svc: Services, out: Path, status: str) -> dict[st
     (run_dir / "see_stats.json").write_text(json.dumps(see, indent=2))
     info = {"run_id": run.spec.run_id, "regime": run.spec.regime, "probe": run.spec.probe,
             "seed": run.spec.seed, "status": status, "wall_s": round(wall, 1),
+            "ended_unix": round(time.time(), 1), "started_unix": round(time.time() - wall, 1),
             "exit_codes": run.exit_codes,
             "rounds_done": {p: _count_lines(_metrics_path(out, run.spec.run_id, p))
                             for p in run.spec.policies}}
@@ -457,6 +462,28 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
 # ---- the command ---------------------------------------------------------------------------------
 
 
+def report_only(cfg: ExperimentConfig, out: Path, console: Any) -> int:
+    """Rebuild results.json / results.md / curves.png from what an earlier (maybe interrupted)
+    invocation left under `out` (run.json, metrics.jsonl, see_stats.json, warm starts)."""
+    out = out.resolve()
+    plan = build_plan(cfg, out)
+    warm = {w.key: warm_start_report(w, cfg.warm_start.weak_max, cfg.warm_start.strong_min)
+            for w in plan.warm_starts if (w.out_dir / "sft_eval.json").exists()}
+    infos = [json.loads((out / "runs" / r.run_id / "run.json").read_text()) for r in plan.runs
+             if (out / "runs" / r.run_id / "run.json").exists()]
+    # Wall time of the runs: from the first start to the last end (several invocations may have
+    # written them, e.g. one regime at a time).
+    stamps = [(i["started_unix"], i["ended_unix"]) for i in infos if "started_unix" in i]
+    wall = max(e for _, e in stamps) - min(s for s, _ in stamps) if stamps else 0.0
+    results = collect(plan, cfg, out, warm, infos, wall, quick=False)
+    results["meta"]["report_only"] = True
+    results["meta"]["runs_wall_s_sum"] = round(sum(i.get("wall_s", 0.0) for i in infos), 1)
+    write_outputs(results, out)
+    ok = sum(i["status"] == "ok" for i in infos)
+    console.print(f"{ok}/{len(plan.runs)} runs ok -> {out}/results.md")
+    return EXIT_OK
+
+
 def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
                    quick: bool = False, warm_only: bool = False,
                    redis_url: str | None = None, token: str | None = None) -> int:
@@ -476,38 +503,41 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
                   f"{cfg.seeds} = {len(plan.runs)} runs, {cfg.parallel_runs} at a time; "
                   f"ETA of the runs {fmt_duration(plan.eta_s)} (+ warm starts, "
                   f"{len(plan.warm_starts)} to check or train) -> {out}", highlight=False)
+    (out / "warm_start.json").unlink(missing_ok=True)  # never read an earlier invocation's
     stop = _Stop()
     t0 = time.monotonic()
-    try:
-        warm_reports = make_warm_starts(plan, cfg, out, console, stop)
-    except ChildFailed as err:
-        console.print(f"[red]{err}[/]\n{err.log_tail}")
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    (out / "warm_start.json").write_text(json.dumps(warm_reports, indent=2))
-    if warm_only:
-        console.print(f"warm starts ready in {fmt_duration(time.monotonic() - t0)}")
-        return EXIT_OK
-    t_runs = time.monotonic()
+    svc: Services | None = None
     infos: list[dict[str, Any]] = []
     code = EXIT_OK
-    svc: Services | None = None
+    t_runs = time.monotonic()
     try:
-        svc = start_services(cfg, raw, out, plan.runs[0], redis_url, token, console)
+        if not warm_only:
+            svc = start_services(cfg, raw, out, plan.runs[0], redis_url, token, console)
+        warm_reports = make_warm_starts(plan, cfg, out, console, stop)
+        (out / "warm_start.json").write_text(json.dumps(warm_reports, indent=2))
+        if warm_only or svc is None:
+            console.print(f"warm starts ready in {fmt_duration(time.monotonic() - t0)}")
+            return EXIT_OK
+        wait_services(svc, cfg, console)
+        t_runs = time.monotonic()
         infos = run_grid(plan, cfg, svc, out, console, stop, t_runs)
     except RedisMissing as err:
         console.print(f"[red]{err}[/]")
         return EXIT_CONFIG
     except ChildFailed as err:
         console.print(f"[red]{err}[/]\n{err.log_tail}")
+        if not (out / "warm_start.json").exists():
+            return EXIT_FAILED
         code = EXIT_FAILED
     except KeyboardInterrupt:
+        if not (out / "warm_start.json").exists():
+            return EXIT_INTERRUPTED
         console.print("[yellow]interrupted: writing results of the finished runs[/]")
         code = EXIT_INTERRUPTED
     finally:
         if svc is not None:
             svc.sup.stop_all(cfg.stop_grace)
+    warm_reports = json.loads((out / "warm_start.json").read_text())
     wall = time.monotonic() - t0
     results = collect(plan, cfg, out, warm_reports, infos, wall, quick)
     results["meta"]["runs_wall_s"] = round(time.monotonic() - t_runs, 1)

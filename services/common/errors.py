@@ -50,6 +50,13 @@ class FailedPrecondition(ServiceError):
     http_status = 409
 
 
+class Unavailable(ServiceError):
+    """A backing store (Redis) does not answer: retryable, clients back off and try again."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+
+
 def grpc_errors(method: F) -> F:
     """Map ServiceError to its status code and anything unexpected to INTERNAL (logged)."""
     if inspect.isasyncgenfunction(method):

@@ -32,7 +32,7 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from mutualrl.common.errors import InvalidArgument, NotFound, ServiceError, grpc_errors
+from mutualrl.common.errors import InvalidArgument, NotFound, Unavailable, grpc_errors
 from mutualrl.mwra.allocation import Plan, PolicySpec, PoolWorker, Settings, plan_round
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.store import MwraStore, PolicyRecord, RunState, WorkerRecord, now_ms
@@ -58,13 +58,6 @@ COST = Gauge("mutualrl_mwra_policy_cost_unit_seconds", "Smoothed step cost (unit
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Unavailable(ServiceError):
-    """Redis did not answer: UNAVAILABLE, which clients retry with backoff."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
 
 
 def redis_unavailable(method: F) -> F:

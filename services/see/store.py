@@ -15,14 +15,18 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 from redis import exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ServiceError
+from mutualrl.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from mutualrl.see import metrics as m
 from mutualrl.see import wire
 from mutualrl.see.config import SeeConfig
@@ -63,13 +67,6 @@ _RUN_CACHE_SECONDS = 5.0
 _MAX_PROMPTS = 4096
 _MAX_FETCH = 4096
 _MAX_BLOCK_MS = 30_000
-
-
-class Unavailable(ServiceError):
-    """Redis cannot be reached: retryable (clients back off and try again)."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
 
 
 def check_stream_id(value: str, field: str) -> str:

@@ -18,20 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
-
-from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ServiceError
+from mutualrl.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from mutualrl.thl.types import TokenizerInfo
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._/-]{1,128}")
-
-
-class StoreUnavailable(ServiceError):
-    """The registration store (Redis) does not answer: UNAVAILABLE, which clients retry.
-    Tokenizers already in the LRU cache keep working meanwhile."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
 
 
 class RegistryStore(Protocol):
@@ -101,7 +96,7 @@ class RedisStore:
         try:
             return fn(*args)
         except self._errors as err:
-            raise StoreUnavailable("", f"tokenizer registry store (Redis) unavailable: {err}"
+            raise Unavailable("", f"tokenizer registry store (Redis) unavailable: {err}"
                                    ) from err
 
     def load_all(self) -> dict[str, dict[str, Any]]:

@@ -26,7 +26,7 @@ from mutualrl.experiment.analysis import RunResult, render_markdown, summarize_r
 from mutualrl.experiment.config import ExperimentConfig
 from mutualrl.experiment.plan import ExperimentPlan, RunSpec, WarmStart, build_plan, fmt_duration
 from mutualrl.launch.report import read_rows
-from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, Supervisor, tail
+from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, StopSignals, Supervisor, tail
 
 CHILD = [sys.executable, "-m", "mutualrl.experiment.child"]
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -56,7 +56,7 @@ def warm_start_report(w: WarmStart, weak_max: float, strong_min: float) -> dict[
 
 
 def make_warm_starts(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path, console: Any,
-                     stop: _Stop) -> dict[str, dict[str, Any]]:
+                     stop: StopSignals) -> dict[str, dict[str, Any]]:
     """Train the warm starts that are not cached yet (`parallel` at a time); return every warm
     start's report keyed 'regime/policy/sSEED'."""
     todo = [w for w in plan.warm_starts if not (w.out_dir / "sft_eval.json").exists()]
@@ -67,7 +67,7 @@ def make_warm_starts(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path, con
     t0 = time.monotonic()
     try:
         while pending or running:
-            if stop.signum is not None:
+            if stop.received is not None:
                 raise KeyboardInterrupt
             while pending and len(running) < cfg.warm_start.parallel:
                 w = pending.pop(0)
@@ -184,18 +184,6 @@ class ActiveRun:
     failed: str | None = None
 
 
-class _Stop:
-    """SIGINT / SIGTERM set a flag; the loops stop children in order and write what they have."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
-
-
 def _metrics_path(out: Path, run_id: str, policy: str) -> Path:
     return out / "runs" / run_id / policy / "metrics.jsonl"
 
@@ -280,7 +268,7 @@ def _kill_group(sup: Supervisor, name: str) -> None:
 
 
 def run_grid(plan: ExperimentPlan, cfg: ExperimentConfig, svc: Services, out: Path,
-             console: Any, stop: _Stop, t_start: float) -> list[dict[str, Any]]:
+             console: Any, stop: StopSignals, t_start: float) -> list[dict[str, Any]]:
     """Every run of the plan, `parallel_runs` at a time, under a live rich Progress."""
     from rich.progress import (
         BarColumn,
@@ -307,7 +295,7 @@ def run_grid(plan: ExperimentPlan, cfg: ExperimentConfig, svc: Services, out: Pa
     try:
         with progress:
             while pending or active:
-                if stop.signum is not None:
+                if stop.received is not None:
                     raise KeyboardInterrupt
                 while pending and len(active) < cfg.parallel_runs:
                     if _over_budget(cfg, infos, t_start):
@@ -504,7 +492,7 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
                   f"ETA of the runs {fmt_duration(plan.eta_s)} (+ warm starts, "
                   f"{len(plan.warm_starts)} to check or train) -> {out}", highlight=False)
     (out / "warm_start.json").unlink(missing_ok=True)  # never read an earlier invocation's
-    stop = _Stop()
+    stop = StopSignals()
     t0 = time.monotonic()
     svc: Services | None = None
     infos: list[dict[str, Any]] = []

@@ -151,6 +151,19 @@ class Supervisor:
         return codes
 
 
+class StopSignals:
+    """SIGINT/SIGTERM set `received` instead of killing us, so the caller's loop can stop its
+    children in order (trainers first) and write what it has."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signum
+
+
 class ChildFailed(RuntimeError):
     """A supervised process exited (or never became healthy)."""
 

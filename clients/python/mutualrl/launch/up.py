@@ -25,7 +25,14 @@ from mutualrl.launch.config import UpConfig
 from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
 from mutualrl.launch.probes import free_port, grpc_serving, http_ok
 from mutualrl.launch.report import final_report, status_table
-from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, Restart, Supervisor, tail
+from mutualrl.launch.supervisor import (
+    ChildFailed,
+    ProcessSpec,
+    Restart,
+    StopSignals,
+    Supervisor,
+    tail,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 CLI = [sys.executable, "-m", "mutualrl.cli"]
@@ -150,18 +157,6 @@ def make_plan(config: Path, redis_url: str | None,
     return plan, pre
 
 
-class _Signals:
-    """SIGINT/SIGTERM set a flag the supervision loop reads (children are stopped in order)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
-
-
 def run_up(config: Path, console: Any) -> int:
     token = os.environ.get("MUTUALRL_AUTH_TOKEN") or None
     try:
@@ -172,7 +167,7 @@ def run_up(config: Path, console: Any) -> int:
     except (ValueError, OSError) as err:
         console.print(f"[red]config {config}: {err}[/]")
         return EXIT_CONFIG
-    signals = _Signals()
+    signals = StopSignals()
     sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
     console.print(f"run [bold]{plan.run_id}[/] in {plan.run_dir}  (logs: {plan.run_dir}/logs)")
     try:
@@ -195,7 +190,7 @@ def _write_state(plan: Plan, sup: Supervisor, stopped: bool = False) -> None:
     tmp.replace(plan.run_dir / "up.json")
 
 
-def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: _Signals,
+def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: StopSignals,
                console: Any) -> int:
     try:
         for spec in pre:
@@ -237,7 +232,7 @@ def _local_worker(plan: Plan) -> Iterator[None]:
         client.close()
 
 
-def _train(plan: Plan, sup: Supervisor, signals: _Signals, console: Any) -> int:
+def _train(plan: Plan, sup: Supervisor, signals: StopSignals, console: Any) -> int:
     from rich.live import Live
 
     _write_state(plan, sup)
@@ -293,7 +288,7 @@ def _last_step(log_path: Path) -> str:
     return "starting"
 
 
-def _wait_finished(sup: Supervisor, names: list[str], signals: _Signals, console: Any) -> bool:
+def _wait_finished(sup: Supervisor, names: list[str], signals: StopSignals, console: Any) -> bool:
     """Wait for one-shot children (warm starts) with a live line; False when interrupted."""
     pending = set(names)
     start = time.monotonic()

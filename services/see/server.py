@@ -18,6 +18,7 @@ from mutualrl.common.grpc_server import (
     RunningServer,
     start_server,
 )
+from mutualrl.see import hotpath
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
 from mutualrl.see.servicer import SERVICE_NAME, ExperienceExchangeServicer, add_to_server
@@ -76,6 +77,9 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
     """Connect to Redis, start the gRPC server and (unless rest_port is None) the REST app.
 
     `shared_port`: bind with SO_REUSEPORT (multi-worker serving)."""
+    # Compiled once per machine (numba's on-disk cache), loaded in ~1 s after that: done
+    # before serving so the first Publish does not pay for it.
+    await asyncio.to_thread(hotpath.warm_up)
     store = SeeStore(cfg)
     if not await store.ping():
         log.warning("Redis at %s does not answer yet; calls fail with UNAVAILABLE until it does",

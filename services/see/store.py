@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from google.protobuf.message import DecodeError
 from redis import exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -30,22 +29,18 @@ from mutualrl.common.errors import (
 from mutualrl.see import metrics as m
 from mutualrl.see import wire
 from mutualrl.see.config import SeeConfig
+from mutualrl.see.hotpath import MalformedRequest, TooManyRecords, accept_records, scan_request
 from mutualrl.see.keys import KINDS, STREAM_NAMES, RunKeys, registry_key
 from mutualrl.see.lua import PUBLISH_LUA
 from mutualrl.see.validate import (
     KIND_NAMES,
-    ArrayBatch,
     check_run_id,
     normalise_text,
     text_digest,
-    validate_record,
     validate_run_config,
 )
 from mutualrl.see.wire import (
-    RecordHead,
-    WireError,
     publish_response,
-    split_publish_request,
     stamp_suffix,
     string_field,
 )
@@ -58,8 +53,11 @@ try:  # the sentinel redis-py's hiredis reader returns while a reply is incomple
 except ImportError:  # pragma: no cover - other redis-py layouts: generic path below
     _NOT_ENOUGH_DATA = object()
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
-# SET <key> <payload> NX EX <ttl>, formatted in one step.
-_SET_NX_EX = b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n$2\r\nEX\r\n$%d\r\n%s\r\n"
+# SET <key> <record bytes + stamp> NX EX <ttl>, formatted in one step.
+_SET_NX_EX = (b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s%s\r\n$2\r\nNX\r\n$2\r\nEX\r\n"
+              b"$%d\r\n%s\r\n")
+# The five per-record arguments of the index script (lua.py): rid, kind, policy, header, aux.
+_ARGS5 = b"$%d\r\n%s\r\n$1\r\n%d\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 SEP = "\x1f"  # joins a stream entry's header fields (ids never contain control characters)
 STREAM_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -283,123 +281,103 @@ class SeeStore:
 
     async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord]
                       ) -> pb.PublishResponse:
-        """Store parsed records (serialized here once); see `publish_serialized`."""
-        raws = [rec.SerializeToString() for rec in records]
-        rids, flags = await self.publish_serialized(run_id, raws, parsed=list(records))
-        return pb.PublishResponse.FromString(publish_response(rids, flags))
+        """Store parsed records (in-process callers); the RPC path is `publish_request`."""
+        body = pb.PublishRequest(run_id=run_id, records=records).SerializeToString()
+        return pb.PublishResponse.FromString(await self.publish_request(body))
 
     async def publish_request(self, body: bytes) -> bytes:
         """The Publish RPC on raw bytes: PublishRequest in, serialized PublishResponse out.
 
-        Records are stored as the client serialized them (no parse/re-serialize round trip)."""
-        try:
-            run_id, raws = split_publish_request(body)
-        except (WireError, UnicodeDecodeError, IndexError) as err:
-            raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
-        rids, flags = await self.publish_serialized(run_id, raws)
-        return publish_response(rids, flags)
-
-    async def publish_serialized(self, run_id: str, raws: Sequence[bytes], *,
-                                 parsed: Sequence[pb.ExperienceRecord] | None = None
-                                 ) -> tuple[list[bytes], str]:
-        """Validate the whole batch, then store it with one Lua call (atomic, idempotent).
-
-        Returns the record ids and one flag per record: "1" stored, "0" duplicate.
-        """
-        run = await self.get_run(run_id)
+        Validates the whole batch (compiled fast path, reference validator for the rest), then
+        stores it with one MULTI/EXEC (atomic, idempotent by record id). Records are stored as
+        the client serialized them (no parse/re-serialize round trip)."""
         limits = self.cfg.limits
-        if len(raws) > limits.max_batch_records:
-            raise InvalidArgument("records", f"{len(raws)} records exceed the limit of "
-                                             f"{limits.max_batch_records} per call")
-        if not raws:
-            return [], ""
-        policies = frozenset(run.config.policies)
-        recs: list[Any] = []
-        arrays = ArrayBatch()
-        for i, raw in enumerate(raws):
-            if parsed is not None:
-                rec = parsed[i]
-            else:
-                try:
-                    # Without its token arrays: they are checked on `raw` by `arrays`.
-                    rec = RecordHead.FromString(raw)
-                except DecodeError:
-                    raise InvalidArgument(f"records[{i}]",
-                                          "not a valid ExperienceRecord") from None
-            validate_record(rec, i, run.config, policies, limits, raw, arrays)
-            recs.append(rec)
-        arrays.check()
+        try:
+            scan = scan_request(body, limits)
+            run_id = scan.run_id.decode()
+        except (MalformedRequest, UnicodeDecodeError) as err:
+            raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
+        except TooManyRecords as err:
+            raise InvalidArgument("records", str(err)) from None
+        run = await self.get_run(run_id)
+        if not scan.rows:
+            return publish_response([], "")
+        recs = accept_records(body, scan, run.config, limits)
         ret = self.retention(run)
         rk = self.keys(run_id)
         keys = rk.fixed()
         aux_keys: dict[str, int] = {}
         # Trim once a stream is this far past its cap (amortises the trim like MAXLEN ~).
         slack = max(1, min(100, ret.max_stream_len // 10))
-        args: list[bytes | str | int] = [
+        fixed: list[bytes | str | int] = [
             ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
-            limits.max_successes_per_prompt, len(raws), rk.round_stats_prefix, rk.rec_prefix,
+            limits.max_successes_per_prompt, len(recs), rk.round_stats_prefix, rk.rec_prefix,
             slack]
         sets: list[bytes] = []
+        per_record: list[bytes] = []
         ttl = b"%d" % ret.ttl_seconds
         rec_prefix = rk.rec_prefix.encode()
         suffix = stamp_suffix(string_field(wire.F_RUN_ID, run_id), int(time.time() * 1000))
-        rids: list[bytes] = []
-        sizes: list[int] = []
-        for rec, raw in zip(recs, raws, strict=True):
-            payload = raw + suffix
-            sizes.append(len(payload))
-            rid = rec.record_id
-            rids.append(rid.encode())
-            kind = rec.kind
-            header = SEP.join((rid, rec.policy_id, rec.prompt_id, str(rec.round),
-                               "1" if rec.verified else "0", str(rec.policy_version)))
-            aux = ""
-            if kind != pb.ROLLOUT:
-                key = (rk.round_stats(rec.round) if kind == pb.REWARD_STATS
+        view = memoryview(body)
+        for r in recs:
+            header = b"\x1f".join((r.record_id, r.policy_id, r.prompt_id, b"%d" % r.round,
+                                   b"1" if r.verified else b"0", b"%d" % r.policy_version))
+            aux = b""
+            if r.parsed is not None and r.kind != pb.ROLLOUT:
+                rec = r.parsed
+                key = (rk.round_stats(rec.round) if r.kind == pb.REWARD_STATS
                        else rk.successes(rec.prompt_id))
                 idx = aux_keys.get(key)
                 if idx is None:
                     keys.append(key)
                     idx = aux_keys[key] = len(keys)
-                if kind == pb.REWARD_STATS:
+                if r.kind == pb.REWARD_STATS:
                     st = rec.stats
                     aux = SEP.join((str(idx), f"{rec.prompt_id}|{rec.policy_id}",
                                     f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
-                                    str(rec.round)))
+                                    str(rec.round))).encode()
                 else:
-                    aux = SEP.join((str(idx), f"{rec.policy_id}|{text_digest(rec.text)}"))
-            args += (rid, kind, rec.policy_id, header, aux)
-            key = rec_prefix + rid.encode()
-            sets.append(_SET_NX_EX % (len(key), key, len(payload), payload, len(ttl), ttl))
+                    aux = SEP.join((str(idx),
+                                    f"{rec.policy_id}|{text_digest(rec.text)}")).encode()
+            per_record.append(_ARGS5 % (len(r.record_id), r.record_id, r.kind,
+                                        len(r.policy_id), r.policy_id, len(header), header,
+                                        len(aux), aux))
+            key = rec_prefix + r.record_id
+            size = r.end - r.start + len(suffix)
+            sets.append(_SET_NX_EX % (len(key), key, size, view[r.start:r.end], suffix,
+                                      len(ttl), ttl))
         async with redis_op("publish"):
-            reply = await self._run_publish(sets, keys, args)
+            reply = await self._run_publish(sets, keys, fixed, per_record)
         flags = _s(reply[0])
-        tally: dict[tuple[str, bool], list[int]] = {}
-        for rec, flag, size in zip(recs, flags, sizes, strict=True):
-            t = tally.setdefault((KIND_NAMES[rec.kind], flag == "1"), [0, 0])
+        tally: dict[tuple[int, bool], list[int]] = {}
+        for r, flag in zip(recs, flags, strict=True):
+            t = tally.setdefault((r.kind, flag == "1"), [0, 0])
             t[0] += 1
-            t[1] += size
-        for (kname, stored), (count, nbytes) in tally.items():
-            m.RECORDS_IN.labels(kname, "stored" if stored else "duplicate").inc(count)
+            t[1] += r.end - r.start + len(suffix)
+        for (kind, stored), (count, nbytes) in tally.items():
+            m.RECORDS_IN.labels(KIND_NAMES[kind], "stored" if stored else "duplicate").inc(count)
             if stored:
-                m.BYTES_IN.labels(kname).inc(nbytes)
+                m.BYTES_IN.labels(KIND_NAMES[kind]).inc(nbytes)
         for kind, tr in zip(KINDS, reply[1:4], strict=True):
             if int(tr):
                 m.TRIMMED.labels(STREAM_NAMES[kind]).inc(int(tr))
         if int(reply[4]):
             m.TRIMMED.labels("round_stats").inc(int(reply[4]))
-        m.PUBLISH_BATCH.observe(len(raws))
-        return rids, flags
+        m.PUBLISH_BATCH.observe(len(recs))
+        return publish_response([r.record_id for r in recs], flags)
 
     async def _run_publish(self, sets: list[bytes], keys: list[str],
-                           args: list[bytes | str | int]) -> Any:
+                           fixed: list[bytes | str | int], per_record: list[bytes]) -> Any:
         """One MULTI/EXEC: the payload SETs, then EVAL of the index script; returns the
         script's reply. Packed by hand (redis-py's generic packer costs more per argument than
         everything else SEE does with a record). EVAL rather than EVALSHA: inside MULTI a
         NOSCRIPT error (script cache flushed by a Redis restart) would come back only after
         the SETs were applied; Redis still compiles the script once and caches it by digest."""
-        packed = b"".join((_MULTI, *sets,
-                           pack_command(("EVAL", PUBLISH_LUA, len(keys), *keys, *args)), _EXEC))
+        head = pack_command(("EVAL", PUBLISH_LUA, len(keys), *keys, *fixed))
+        n_args = 3 + len(keys) + len(fixed) + 5 * len(per_record)
+        # The EVAL's argument count covers the per-record arguments packed ahead of time.
+        head = b"*%d" % n_args + head[head.index(b"\r\n"):]
+        packed = b"".join((_MULTI, *sets, head, *per_record, _EXEC))
         pool = self.r.connection_pool
         conn = await pool.get_connection()
         try:

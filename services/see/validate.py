@@ -9,14 +9,11 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from typing import Any
 
 import numpy as np
 
 from mutualrl.common.errors import InvalidArgument
-from mutualrl.see import wire
 from mutualrl.see.config import SeeLimits
-from mutualrl.see.wire import RecordHead, count_varints, decode_packed_varints, packed_ranges_fast
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -87,16 +84,14 @@ def _finite(value: float, field: str) -> None:
         raise InvalidArgument(field, "not finite")
 
 
-def validate_record(rec: Any, idx: int, run: pb.RunConfig,
-                    policies: frozenset[str], limits: SeeLimits, raw: bytes | None = None,
-                    batch: ArrayBatch | None = None) -> int:
+def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
+                    policies: frozenset[str], limits: SeeLimits, size: int | None = None) -> int:
     """Check one record of a Publish batch against the run; returns its serialized size.
 
-    `rec` is a parsed ExperienceRecord, or a `RecordHead` (the record without its token arrays)
-    together with `raw` and `batch`. `policies` is the run's policy set (precomputed once per
-    batch); `raw` the record's serialized bytes when the caller has them (the token arrays are
-    then checked on them, for the whole batch at once).
-    Field paths are only formatted on failure: this runs for every published record.
+    The reference validator: every rule, on a fully parsed record, with the offending field
+    named. `policies` is the run's policy set; `size` the record's serialized size when the
+    caller has its bytes. Publish runs it when the fast path (`hotpath.scan_batch`) does not
+    accept a batch.
     """
     rid, prompt, tok = rec.record_id, rec.prompt_id, rec.tokenizer_id
     max_id = limits.max_id_chars
@@ -135,28 +130,15 @@ def validate_record(rec: Any, idx: int, run: pb.RunConfig,
     if not math.isfinite(reward):
         raise InvalidArgument(f"records[{idx}].reward", "not finite")
 
-    if isinstance(rec, RecordHead):
-        # The arrays are only in `raw`: counted and checked by the batch.
-        n = batch.add_head(f"records[{idx}]", rec, raw) if batch is not None and raw else None
-        if n is None:  # unusual layout (unpacked arrays): check the fully parsed record
-            full = pb.ExperienceRecord.FromString(raw or b"")
-            return validate_record(full, idx, run, policies, limits, raw, None)
-        if n > limits.max_tokens:
-            raise InvalidArgument(f"records[{idx}].token_ids",
-                                  f"more than {limits.max_tokens} tokens")
-    else:
-        n = len(rec.token_ids)
-        if n > limits.max_tokens:
-            raise InvalidArgument(f"records[{idx}].token_ids",
-                                  f"more than {limits.max_tokens} tokens")
-        if len(rec.offset_starts) != n or len(rec.offset_ends) != n or len(rec.logprobs) != n:
-            for name in ("offset_starts", "offset_ends", "logprobs"):
-                if len(getattr(rec, name)) != n:
-                    raise InvalidArgument(f"records[{idx}].{name}",
-                                          f"has {len(getattr(rec, name))} entries, "
-                                          f"token_ids has {n}")
-        if n:
-            _check_arrays(rec, f"records[{idx}]", n, raw, batch)
+    n = len(rec.token_ids)
+    if n > limits.max_tokens:
+        raise InvalidArgument(f"records[{idx}].token_ids", f"more than {limits.max_tokens} tokens")
+    for name in ("offset_starts", "offset_ends", "logprobs"):
+        if len(getattr(rec, name)) != n:
+            raise InvalidArgument(f"records[{idx}].{name}",
+                                  f"has {len(getattr(rec, name))} entries, token_ids has {n}")
+    if n:
+        _check_arrays(rec, f"records[{idx}]")
 
     meta = rec.meta
     if meta:
@@ -192,24 +174,15 @@ def validate_record(rec: Any, idx: int, run: pb.RunConfig,
         if not text.strip():
             raise InvalidArgument(f"records[{idx}].text",
                                   "a VERIFIED_SUCCESS needs its completion text")
-    size = len(raw) if raw is not None else rec.ByteSize()
+    size = rec.ByteSize() if size is None else size
     if size > limits.max_record_bytes:
         raise InvalidArgument(f"records[{idx}]",
                               f"serialized size {size} B exceeds {limits.max_record_bytes} B")
     return size
 
 
-def _check_arrays(rec: pb.ExperienceRecord, f: str, n: int, raw: bytes | None,
-                  batch: ArrayBatch | None) -> None:
-    """Token ids >= 0, offsets inside the text with start <= end, log-probs finite.
-
-    With `batch`, the record's packed arrays are queued and checked for the whole Publish batch
-    at once (a few numpy operations per batch instead of per record)."""
-    if raw is not None and batch is not None:
-        ranges = packed_ranges_fast(raw, rec)
-        if ranges is not None and len(ranges) == 4:
-            batch.add(f, rec, raw, ranges, n)
-            return
+def _check_arrays(rec: pb.ExperienceRecord, f: str) -> None:
+    """Token ids >= 0, offsets inside the text with start <= end, log-probs finite."""
     ids = np.array(rec.token_ids, dtype=np.int64)
     starts = np.array(rec.offset_starts, dtype=np.int64)
     ends = np.array(rec.offset_ends, dtype=np.int64)
@@ -225,137 +198,6 @@ def _check_arrays(rec: pb.ExperienceRecord, f: str, n: int, raw: bytes | None,
         raise InvalidArgument(f"{f}.offset_ends", "an end lies before its start")
     if not np.isfinite(lps).all():
         raise InvalidArgument(f"{f}.logprobs", "not finite")
-
-
-# Every negative int32 is a 10-byte varint ending in these bytes (bits 35..63 all set); a
-# non-negative int32 contains them only as the single value 2**29 - 1, re-checked exactly.
-_NEG_TAIL = b"\xff\xff\xff\xff\x01"
-
-
-class ArrayBatch:
-    """Packed token arrays of a Publish batch, checked together on the serialized bytes."""
-
-    def __init__(self) -> None:
-        self.fields: list[str] = []
-        self.counts: list[int] = []
-        self.text_lens: list[int] = []
-        self.ids: list[bytes] = []
-        self.offsets: list[bytes] = []
-        self.logprobs: list[bytes] = []
-        self.suspect_ids: list[str] = []
-        self.heads: list[bool] = []
-
-    def add_head(self, f: str, rec: Any, raw: bytes) -> int | None:
-        """Queue the arrays of a record parsed as a RecordHead; returns its token count
-        (from the log-probs, 4 bytes each; the others are counted in `check`), or None when
-        the arrays are not laid out as four packed fields."""
-        ranges = packed_ranges_fast(raw, rec)
-        if ranges is None:
-            return None
-        if not ranges:
-            return 0
-        if len(ranges) != 4:
-            return None
-        s14, e14 = ranges[wire.F_LOGPROBS]
-        if (e14 - s14) % 4:
-            return None
-        n = (e14 - s14) // 4
-        s11, e11 = ranges[wire.F_TOKEN_IDS]
-        if raw.find(_NEG_TAIL, s11, e11) >= 0:
-            full = pb.ExperienceRecord.FromString(raw)
-            if len(full.token_ids) == n and min(full.token_ids) < 0:
-                raise InvalidArgument(f"{f}.token_ids", "must be >= 0")
-        self.ids.append(raw[s11:e11])
-        self.heads.append(True)
-        self._queue(f, rec.text, raw, ranges, n)
-        return n
-
-    def _queue(self, f: str, text: str, raw: bytes, ranges: dict[int, tuple[int, int]],
-               n: int) -> None:
-        s12, e12 = ranges[wire.F_OFFSET_STARTS]
-        s13, e13 = ranges[wire.F_OFFSET_ENDS]
-        s14, e14 = ranges[wire.F_LOGPROBS]
-        self.fields.append(f)
-        self.counts.append(n)
-        self.text_lens.append(len(text))
-        self.offsets.append(raw[s12:e12])
-        self.offsets.append(raw[s13:e13])
-        self.logprobs.append(raw[s14:e14])
-
-    def add(self, f: str, rec: pb.ExperienceRecord, raw: bytes,
-            ranges: dict[int, tuple[int, int]], n: int) -> None:
-        s, e = ranges[wire.F_TOKEN_IDS]
-        if raw.find(_NEG_TAIL, s, e) >= 0:
-            self.suspect_ids.append(f)
-            if min(rec.token_ids) < 0:
-                raise InvalidArgument(f"{f}.token_ids", "must be >= 0")
-        s14, e14 = ranges[wire.F_LOGPROBS]
-        if e14 - s14 != 4 * n:
-            raise InvalidArgument(f"{f}.logprobs", "malformed packed floats")
-        self.ids.append(raw[s:e])
-        self.heads.append(False)
-        self._queue(f, rec.text, raw, ranges, n)
-
-    def _first(self, bad: np.ndarray, per_record: np.ndarray) -> str:
-        """Field path of the record that owns the first True of `bad` (values laid out as
-        `per_record[i]` values per record)."""
-        pos = int(np.flatnonzero(bad)[0])
-        return self.fields[int(np.searchsorted(np.cumsum(per_record), pos, side="right"))]
-
-    def check(self) -> None:
-        if not self.fields:
-            return
-        counts = np.asarray(self.counts, dtype=np.int64)
-        # Element counts of records parsed as heads (a full parse already compared them).
-        for f, n, ids, starts, ends, head in zip(self.fields, self.counts, self.ids,
-                                                  self.offsets[0::2], self.offsets[1::2],
-                                                  self.heads, strict=True):
-            if not head:
-                continue
-            n_ids = count_varints(ids)
-            if n_ids != n:
-                raise InvalidArgument(f"{f}.logprobs", f"has {n} entries, token_ids has {n_ids}")
-            for name, seg in (("offset_starts", starts), ("offset_ends", ends)):
-                k = count_varints(seg)
-                if k != n:
-                    raise InvalidArgument(f"{f}.{name}", f"has {k} entries, token_ids has {n}")
-        # Offsets: all starts decoded in one pass, all ends in another (aligned record by
-        # record), checked against each record's text length.
-        total = int(counts.sum())
-        starts_all = decode_packed_varints(b"".join(self.offsets[0::2]), 0,
-                                           sum(map(len, self.offsets[0::2])))
-        ends_all = decode_packed_varints(b"".join(self.offsets[1::2]), 0,
-                                         sum(map(len, self.offsets[1::2])))
-        if starts_all is None or ends_all is None or starts_all.size != total \
-                or ends_all.size != total:
-            self._find_bad_offsets()
-        assert starts_all is not None and ends_all is not None
-        limit = np.repeat(np.asarray(self.text_lens, dtype=np.int64), counts)
-        for name, vals in (("offset_starts", starts_all), ("offset_ends", ends_all)):
-            over = vals > limit
-            if over.any():
-                i = int(np.searchsorted(np.cumsum(counts), int(np.flatnonzero(over)[0]),
-                                        side="right"))
-                raise InvalidArgument(f"{self.fields[i]}.{name}",
-                                      f"must lie in [0, {self.text_lens[i]}]")
-        bad = starts_all > ends_all
-        if bad.any():
-            raise InvalidArgument(f"{self._first(bad, counts)}.offset_ends",
-                                  "an end lies before its start")
-        lps = np.frombuffer(b"".join(self.logprobs), dtype="<f4")
-        finite = np.isfinite(lps)
-        if not finite.all():
-            raise InvalidArgument(f"{self._first(~finite, counts)}.logprobs", "not finite")
-
-    def _find_bad_offsets(self) -> None:
-        for i, f in enumerate(self.fields):
-            for j, which in ((0, "offset_starts"), (1, "offset_ends")):
-                seg = self.offsets[2 * i + j]
-                v = decode_packed_varints(seg, 0, len(seg))
-                if v is None or v.size != self.counts[i]:
-                    raise InvalidArgument(f"{f}.{which}", "must lie in "
-                                                          f"[0, {self.text_lens[i]}]")
-        raise InvalidArgument("records", "malformed packed offsets")
 
 
 def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:

@@ -118,14 +118,20 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
 
 
 def _proc_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc (0 elsewhere)."""
+    """CPU seconds (user + system) a process and its live descendants (SEE's extra workers)
+    have used so far, from /proc (0 elsewhere)."""
     if pid is None:
         return 0.0
+    total = 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _proc_cpu(int(child))
     except (OSError, ValueError, IndexError):
-        return 0.0
+        pass
+    return total
 
 
 def _redis_cmd_usec(client: Any, command: str) -> int:

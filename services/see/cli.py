@@ -257,15 +257,16 @@ def register(commands: Commands) -> None:
                      "(same payloads, writers and batch size).", _bench)
     p.add_argument("--json", required=True, help="Write the figures to this JSON file.")
     p.add_argument("--clients", type=int, default=4, help="Concurrent writer processes.")
-    p.add_argument("--records", type=int, default=20_000,
-                   help="Records per side in total (split over the clients).")
+    p.add_argument("--records", type=int, default=60_000,
+                   help="Records per side in total (split over the clients); enough that the "
+                        "raw side runs for most of a second.")
     p.add_argument("--batch", type=int, default=256, help="Records per Publish / pipeline.")
     p.add_argument("--tokens", type=int, default=300, help="Tokens per ROLLOUT record.")
     p.add_argument("--redis-url", default=None,
                    help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0).")
     p.add_argument("--workers", type=int, default=1,
                    help="SEE server worker processes (see serve --workers).")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=int, default=3,
                    help="Run both sides this many times, back to back; the median of the "
                         "paired ratios is reported.")
 

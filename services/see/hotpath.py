@@ -52,14 +52,23 @@ def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
 
 
 @njit(cache=True, nogil=True)
+def _any_high_bit(buf: np.ndarray, a: int, b: int) -> bool:
+    """Some byte of buf[a:b] is >= 0x80 (an OR reduction: the compiler vectorises it)."""
+    acc = np.uint8(0)
+    for x in buf[a:b]:
+        acc |= x
+    return acc >= 0x80
+
+
+@njit(cache=True, nogil=True)
 def _count_small_varints(buf: np.ndarray, a: int, b: int) -> int:
     """Number of varints in the packed run buf[a:b]; -1 unless every one fits in 4 bytes
-    (< 2**28: token ids and character offsets; longer ones go to the reference validator)
+    (< 2**28, so a non-negative int32: token ids; longer ones go to the reference validator)
     and the run ends on a whole varint."""
     count = 0
     run = 0
-    for k in range(a, b):
-        if buf[k] < 0x80:
+    for x in buf[a:b]:
+        if x < 0x80:
             count += 1
             run = 0
         else:
@@ -106,9 +115,8 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, ma
             a = pos
             pos += n
             if field <= 10 and field != 4 and field != 5 and field != 7:
-                for k in range(a, pos):  # ASCII only: then characters == bytes
-                    if buf[k] >= 0x80:
-                        return False
+                if _any_high_bit(buf, a, pos):  # ASCII only: then characters == bytes
+                    return False
                 if field == 1 or field == 6 or field == 10:  # ids
                     if n > max_id:
                         return False
@@ -141,9 +149,8 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, ma
                     m, p = _varint(buf, p, pos)
                     if p < 0 or m > pos - p or m > max_meta_chars:
                         return False
-                    for k in range(p, p + m):
-                        if buf[k] >= 0x80:
-                            return False
+                    if _any_high_bit(buf, p, p + m):
+                        return False
                     p += m
             elif field < 20 and field != 18:  # a scalar field sent length-delimited
                 return False
@@ -189,26 +196,31 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, ma
     n_tok = lp_bytes // 4
     if lp_bytes % 4 or n_tok > max_tokens or n_tok > scratch.size:
         return False
-    if (_count_small_varints(buf, arr_s[0], arr_e[0]) != n_tok
-            or _count_small_varints(buf, arr_s[1], arr_e[1]) != n_tok
-            or _count_small_varints(buf, arr_s[2], arr_e[2]) != n_tok):
+    if _count_small_varints(buf, arr_s[0], arr_e[0]) != n_tok:
         return False
-    # Offsets: starts into scratch, then each end against its start and the text length.
-    p = arr_s[1]
-    for i in range(n_tok):
+    # Offsets, decoded and counted in one pass each: starts into scratch, then each end
+    # against its start and the text length (any value <= text_len is a non-negative int32).
+    p, i = arr_s[1], 0
+    while p < arr_e[1]:
         v, p = _varint(buf, p, arr_e[1])
-        if v > text_len:
+        if p < 0 or i == n_tok or v > text_len:
             return False
         scratch[i] = v
-    p = arr_s[2]
-    for i in range(n_tok):
+        i += 1
+    if i != n_tok:
+        return False
+    p, i = arr_s[2], 0
+    while p < arr_e[2]:
         v, p = _varint(buf, p, arr_e[2])
-        if v > text_len or v < scratch[i]:
+        if p < 0 or i == n_tok or v > text_len or v < scratch[i]:
             return False
-    for k in range(arr_s[3], arr_e[3], 4):  # float32 log-probs: exponent of all ones
-        if (buf[k + 3] & 0x7F) == 0x7F and (buf[k + 2] & 0x80):
-            return False
-    return True
+        i += 1
+    if i != n_tok:
+        return False
+    bad = 0  # float32 log-probs: an exponent of all ones is inf or NaN
+    for k in range(arr_s[3], arr_e[3], 4):
+        bad |= ((buf[k + 3] & 0x7F) == 0x7F) & (buf[k + 2] >> 7)
+    return bad == 0
 
 
 @njit(cache=True, nogil=True)

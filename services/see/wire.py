@@ -45,7 +45,11 @@ def publish_response(record_ids: list[bytes], flags: str) -> bytes:
     for rid, flag in zip(record_ids, flags, strict=True):
         ok = flag == "1"
         stored += ok
-        inner = b"\x0a" + encode_varint(len(rid)) + rid + (b"\x10\x01" if ok else b"\x10\x02")
+        n = len(rid)
+        if n < 124:  # both lengths fit one byte: the common case, without varint calls
+            parts.append(b"\x0a%c\x0a%c%s\x10%c" % (n + 4, n, rid, 1 if ok else 2))
+            continue
+        inner = b"\x0a" + encode_varint(n) + rid + (b"\x10\x01" if ok else b"\x10\x02")
         parts.append(b"\x0a" + encode_varint(len(inner)) + inner)
     dups = len(record_ids) - stored
     if stored:

@@ -28,12 +28,21 @@ def test_stamp_sets_run_and_created_without_reserializing() -> None:
     assert list(back.token_ids) == list(rec.token_ids) and back.text == rec.text
 
 
-def test_publish_response_bytes_parse() -> None:
+def test_publish_response_is_protobufs_own_encoding() -> None:
     body = wire.publish_response([b"x/1", b"y"], "10")
     resp = pb.PublishResponse.FromString(body)
     assert [(r.record_id, r.status) for r in resp.results] == [
         ("x/1", pb.PUBLISH_STATUS_STORED), ("y", pb.PUBLISH_STATUS_DUPLICATE)]
     assert (resp.stored, resp.duplicates) == (1, 1)
+    # Byte for byte, across the one-byte length fast path's edge (123/124) and beyond.
+    ids = [b"r" * n for n in (1, 60, 122, 123, 124, 125, 127, 128, 300, 20_000)]
+    flags = "".join("10"[i % 2] for i in range(len(ids)))
+    expected = pb.PublishResponse(
+        results=[pb.PublishResult(record_id=i.decode(), status=pb.PUBLISH_STATUS_STORED
+                                  if f == "1" else pb.PUBLISH_STATUS_DUPLICATE)
+                 for i, f in zip(ids, flags, strict=True)],
+        stored=flags.count("1"), duplicates=flags.count("0"))
+    assert wire.publish_response(ids, flags) == expected.SerializeToString()
 
 
 def test_pack_command_is_resp() -> None:

@@ -34,7 +34,6 @@ N_COLS = 15
 _ROLLOUT = 1
 _FINISH_LENGTH = 2
 _FINISH_MAX = 3
-_STRING_FIELDS = (1, 2, 3, 6, 8, 9, 10)
 
 
 @njit(cache=True, nogil=True)
@@ -51,6 +50,19 @@ def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
         if b < 0x80:
             return value, pos
     return 0, -1
+
+
+@njit(cache=True, nogil=True)
+def _skip_varint(buf: np.ndarray, pos: int, end: int) -> int:
+    """Position after a varint of up to 10 bytes (any int64, negative included); -1 when
+    truncated or longer."""
+    for _ in range(10):
+        if pos >= end:
+            return -1
+        pos += 1
+        if buf[pos - 1] < 0x80:
+            return pos
+    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -250,7 +262,7 @@ def _scan(buf: np.ndarray, max_records: int, max_record_bytes: int, max_id: int,
                 count += 1
             pos += n
         elif wt == 0:
-            _, pos = _varint(buf, pos, end)
+            pos = _skip_varint(buf, pos, end)
             if pos < 0:
                 return 1, 0, 0, np.zeros((0, N_COLS), dtype=np.int64)
         elif wt == 1 or wt == 5:
@@ -279,7 +291,7 @@ def _scan(buf: np.ndarray, max_records: int, max_record_bytes: int, max_id: int,
                 i += 1
             pos += n
         elif wt == 0:
-            _, pos = _varint(buf, pos, end)
+            pos = _skip_varint(buf, pos, end)
         else:
             pos += 8 if wt == 1 else 4
     return 0, run_s, run_e, table

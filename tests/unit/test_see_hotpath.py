@@ -126,6 +126,10 @@ def test_malformed_and_oversized_requests() -> None:
     with pytest.raises(hp.TooManyRecords):
         hp.scan_request(_body([rollout("a", 0, "p", i) for i in range(3)]), small)
     assert hp.scan_request(b"", LIM).rows == []
+    # An unknown request field holding a negative varint (10 bytes) is legal protobuf.
+    body = _body([rollout("a", 0, "p", 0)]) + b"\x18" + encode_varint(-5)
+    assert pb.PublishRequest.FromString(body).run_id == "r1"
+    assert _fast(body) == [True]
 
 
 _IDS = st.sampled_from(["", "a/1", "p", "x|y", "t\x01", "é", "a" * 300, "r1", "r2"])

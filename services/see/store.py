@@ -60,6 +60,7 @@ _SET_NX_EX = (b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s%s\r\n$2\r\nNX\r\n$2\r\
 _ARGS5 = b"$%d\r\n%s\r\n$1\r\n%d\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 SEP = "\x1f"  # joins a stream entry's header fields (ids never contain control characters)
+_SEP_BYTES = SEP.encode()
 STREAM_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
 _RUN_CACHE_SECONDS = 5.0
 _MAX_PROMPTS = 4096
@@ -320,7 +321,7 @@ class SeeStore:
         suffix = stamp_suffix(string_field(wire.F_RUN_ID, run_id), int(time.time() * 1000))
         view = memoryview(body)
         for r in recs:
-            header = b"\x1f".join((r.record_id, r.policy_id, r.prompt_id, b"%d" % r.round,
+            header = _SEP_BYTES.join((r.record_id, r.policy_id, r.prompt_id, b"%d" % r.round,
                                    b"1" if r.verified else b"0", b"%d" % r.policy_version))
             aux = b""
             if r.parsed is not None and r.kind != pb.ROLLOUT:

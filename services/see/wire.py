@@ -23,13 +23,9 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def stamp(record: bytes, run_id_field: bytes, created_ms: int) -> bytes:
-    """The record with run_id and created_unix_ms set (appended fields win on parse)."""
-    return record + stamp_suffix(run_id_field, created_ms)
-
-
 def stamp_suffix(run_id_field: bytes, created_ms: int) -> bytes:
-    """What `stamp` appends (the same for every record of a batch)."""
+    """Appended to a serialized record, sets its run_id and created_unix_ms (appended fields
+    win on parse); the same for every record of a batch."""
     return run_id_field + _F_CREATED_TAG + encode_varint(created_ms)
 
 

@@ -22,7 +22,8 @@ LIM = SeeLimits()
 def test_stamp_sets_run_and_created_without_reserializing() -> None:
     rec = rollout("a", 0, "p", 0)
     rec.run_id = "someone-else"
-    stamped = wire.stamp(rec.SerializeToString(), wire.string_field(2, "r1"), 1_700_000_000_123)
+    stamped = rec.SerializeToString() + wire.stamp_suffix(wire.string_field(2, "r1"),
+                                                          1_700_000_000_123)
     back = pb.ExperienceRecord.FromString(stamped)
     assert back.run_id == "r1" and back.created_unix_ms == 1_700_000_000_123
     assert list(back.token_ids) == list(rec.token_ids) and back.text == rec.text

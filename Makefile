@@ -10,16 +10,34 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-unit test-integration test-e2e lint fmt proto validate-deploy bench clean
+# The workspace's packages, in dependency order (each pyproject.toml says what it needs).
+PACKAGES := proto services/common clients/python services/see services/thl services/mwra \
+	services/trainer launcher
+# Editable installs with the extras development uses (benchmark anchors).
+EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/thl[bench]" -e "services/trainer[bench]"
+
+.PHONY: setup constraints run test test-unit test-integration test-e2e lint typecheck fmt proto \
+	validate-deploy clean
 
 setup: $(STAMP)
 
 # torch first: with no torch installed, a dependency range would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# --no-build-isolation: the editable builds use the venv's setuptools instead of fetching one each.
+$(STAMP): constraints.txt pyproject.toml $(addsuffix /pyproject.toml,$(PACKAGES))
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --upgrade pip "setuptools>=75"
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[test,bench]"
+	$(PIP) install -q --no-build-isolation -c constraints.txt $(EDITABLE) --group dev
+	touch $(STAMP)
+
+# Regenerate constraints.txt: a set-up without constraints resolves every range afresh.
+constraints:
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip "setuptools>=75"
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q --no-build-isolation $(EDITABLE) --group dev
+	$(PY) scripts/constraints.py
 	touch $(STAMP)
 
 run: setup
@@ -37,18 +55,21 @@ test-integration: setup
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -q $(PYTEST_ARGS)
 
-lint: setup
+lint: setup typecheck
 	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
 
 fmt: setup
 	$(VENV)/bin/ruff check --fix .
 
 proto: setup
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --grpc_python_out=proto \
-		--pyi_out=proto proto/mutualrl/v1/*.proto
+	$(PY) -m grpc_tools.protoc -Iproto/src --python_out=proto/src --grpc_python_out=proto/src \
+		--pyi_out=proto/src proto/src/mutualrl/v1/*.proto
 
 validate-deploy: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/validate_deploy.sh
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache

@@ -25,11 +25,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
 from mutualrl.client.thl import AsyncThlClient, ClientOptions, ThlClient
+from mutualrl.common.alignment_types import TraceItem
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.thl.server import ThlServer, start_thl
 from mutualrl.thl.testing import trained_tokenizers
-from mutualrl.thl.types import TraceItem
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
 

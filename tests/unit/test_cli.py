@@ -6,17 +6,23 @@ import pytest
 from mutualrl.cli import main
 
 
-def test_version_prints_package_version(capsys: pytest.CaptureFixture[str]) -> None:
-    import mutualrl
+def test_version_prints_every_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
 
     assert main(["version"]) == 0
-    assert capsys.readouterr().out.startswith(f"mutualrl {mutualrl.__version__}")
+    out = capsys.readouterr().out.splitlines()
+    for name in ("mutualrl-proto", "mutualrl-common", "mutualrl-sdk", "mutualrl-see",
+                 "mutualrl-thl", "mutualrl-mwra", "mutualrl-trainer", "mutualrl-launcher"):
+        assert f"{name} {version(name)}" in out
 
 
 def test_help_lists_commands() -> None:
     out = subprocess.run([sys.executable, "-m", "mutualrl.cli", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    assert "version" in out and "health" in out
+    # every package's entry point registered its commands
+    for command in ("version", "health", "inspect", "see", "thl", "mwra", "train", "sft", "up",
+                    "experiment", "bench"):
+        assert f"    {command} " in out or f"    {command}\n" in out, command
 
 
 def test_unknown_command_exits_with_usage_error() -> None:

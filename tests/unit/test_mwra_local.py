@@ -11,9 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from mutualrl.cli import main
+from mutualrl.client.local_worker import local_worker
 from mutualrl.common.config import load_section
 from mutualrl.mwra.config import MwraConfig
-from mutualrl.mwra.local import apply_allocation, local_worker
+from mutualrl.trainer.allocator import apply_allocation
 
 ROOT = Path(__file__).resolve().parents[2]
 

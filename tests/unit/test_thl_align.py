@@ -264,8 +264,8 @@ def test_pure_modules_import_no_network_code() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, mutualrl.thl.align, mutualrl.thl.residual, mutualrl.thl.types, "
-            "mutualrl.thl.corpus; "
+    code = ("import sys, mutualrl.thl.align, mutualrl.thl.residual, "
+            "mutualrl.common.alignment_types, mutualrl.thl.corpus; "
             "bad = [m for m in ('grpc', 'redis', 'fastapi', 'transformers') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

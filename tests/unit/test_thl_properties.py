@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mutualrl.common.alignment_types import AlignedTrace, TraceItem
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.thl.testing import trained_tokenizers
-from mutualrl.thl.types import AlignedTrace, TraceItem
 
 FAMILIES = ("byte_bpe", "wordpiece", "unigram", "unigram_first", "char", "byte_bpe_special")
 PIECES = ["the", "Quick", "fox", "42", "3.14", ",", "!", " ", "  ", "\t", "\n\n", "   ",

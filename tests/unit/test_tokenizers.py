@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from mutualrl.common.tokenizers import KINDS, SPECIALS, train_tokenizer
+from mutualrl.thl.tokenizers import KINDS, SPECIALS, train_tokenizer
 
 CORPUS = [
     "add:37+58=95;",

@@ -1,0 +1,298 @@
+"""Clients of MWRA, the Multi-Worker Resource Allocation service (sync and asyncio).
+
+Every unary call retries UNAVAILABLE with exponential backoff (`ClientOptions.retries`), so a
+restarting MWRA costs a delay, not a crash; `watch_allocation` resubscribes after UNAVAILABLE.
+Replies are the protobuf messages of `mutualrl.v1.allocation_pb2`.
+
+A trainer's round::
+
+    mwra = MwraClient("mwra:50053")
+    mwra.register_policy(run, "qwen", trainer_id=pod, rollout_budget=64)
+    alloc = mwra.get_allocation(run, "qwen", round=k)
+    budget = mutualrl.trainer.allocator.apply_allocation(alloc)      # threads + rollout budget
+    ...                                                       # the round
+    mwra.report_step_cost(run, "qwen", k, seconds=dt, tokens=n, samples=budget,
+                          units=alloc.units)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import grpc
+
+from mutualrl.common.channel import (
+    ClientOptions,
+    acall_with_retry,
+    aio_channel,
+    call_with_retry,
+    sync_channel,
+)
+from mutualrl.v1 import allocation_pb2 as pb
+from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:50053"
+
+
+def _options(target: ClientOptions | str | None, **kw: Any) -> ClientOptions:
+    if isinstance(target, ClientOptions):
+        return target
+    return ClientOptions(address=target or DEFAULT_ADDRESS, **kw)
+
+
+def _worker(worker_id: str, cpu_slots: int, gpu_count: int, gpu_kind: str,
+            labels: Mapping[str, str] | None, rollout_address: str) -> pb.Worker:
+    return pb.Worker(worker_id=worker_id, labels=dict(labels or {}),
+                     rollout_address=rollout_address,
+                     capacity=pb.WorkerCapacity(cpu_slots=cpu_slots, gpu_count=gpu_count,
+                                                gpu_kind=gpu_kind))
+
+
+class MwraClient:
+    """Blocking client; `MwraClient("host:port")` or `MwraClient(ClientOptions(...))`."""
+
+    def __init__(self, target: ClientOptions | str | None = None, **options: Any) -> None:
+        self.opts = _options(target, **options)
+        self._channel = sync_channel(self.opts)
+        self._stub = pb_grpc.AllocatorStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MwraClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        fn = getattr(self._stub, method)
+        return call_with_retry(self.opts, lambda: fn(request, timeout=timeout or self.opts.timeout,
+                                                     metadata=self.opts.metadata()))
+
+    # workers
+    def register_worker(self, run_id: str, worker_id: str, *, cpu_slots: int = 0,
+                        gpu_count: int = 0, gpu_kind: str = "",
+                        labels: Mapping[str, str] | None = None,
+                        rollout_address: str = "") -> pb.Lease:
+        worker = _worker(worker_id, cpu_slots, gpu_count, gpu_kind, labels, rollout_address)
+        return self._call("RegisterWorker", pb.RegisterWorkerRequest(run_id=run_id,
+                                                                     worker=worker))
+
+    def heartbeat(self, run_id: str, worker_id: str) -> pb.Lease:
+        return self._call("Heartbeat", pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
+
+    def deregister_worker(self, run_id: str, worker_id: str) -> bool:
+        reply = self._call("DeregisterWorker",
+                           pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
+        return bool(reply.removed)
+
+    def keepalive(self, run_id: str, worker_id: str, interval: float) -> Keepalive:
+        """Heartbeat `worker_id` every `interval` seconds in a daemon thread until `.stop()`
+        (or the end of a `with` block)."""
+        return Keepalive(lambda: self.heartbeat(run_id, worker_id), interval)
+
+    # policies
+    def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
+                        min_units: int = 1, weight: float = 1.0,
+                        rollout_budget: int = 0) -> pb.PolicyInfo:
+        return self._call("RegisterPolicy", pb.RegisterPolicyRequest(
+            run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
+            weight=weight, rollout_budget=rollout_budget))
+
+    def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
+        return self._call("PolicyHeartbeat",
+                          pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
+
+    def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> Keepalive:
+        """PolicyHeartbeat every `interval` seconds in a daemon thread (for steps longer than
+        the policy lease) until `.stop()` or the end of a `with` block."""
+        return Keepalive(lambda: self.policy_heartbeat(run_id, policy_id), interval)
+
+    def deregister_policy(self, run_id: str, policy_id: str) -> bool:
+        reply = self._call("DeregisterPolicy",
+                           pb.DeregisterPolicyRequest(run_id=run_id, policy_id=policy_id))
+        return bool(reply.removed)
+
+    def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
+                         tokens: int = 0, samples: int = 0, units: int = 1) -> pb.PolicyInfo:
+        reply = self._call("ReportStepCost", pb.StepCostReport(
+            run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
+            samples=samples, units=units))
+        return reply.policy
+
+    def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
+        # A follower replica may wait for the leader to plan a new round: allow for it.
+        return self._call("GetAllocation", pb.GetAllocationRequest(
+            run_id=run_id, policy_id=policy_id, round=round))
+
+    def watch_allocation(self, run_id: str, policy_id: str) -> Iterator[pb.Allocation]:
+        """The current allocation, then every change; resubscribes after UNAVAILABLE."""
+        request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
+        attempt = 0
+        while True:
+            try:
+                for msg in self._stub.WatchAllocation(request, metadata=self.opts.metadata()):
+                    attempt = 0
+                    yield msg
+                return
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.opts.retries:
+                    raise
+                threading.Event().wait(self.opts.backoff(attempt))
+                attempt += 1
+
+    def list_allocations(self, run_id: str) -> pb.AllocationTable:
+        return self._call("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+
+    def register_local_worker(self, run_id: str, worker_id: str | None = None,
+                              slots: int | None = None) -> tuple[str, pb.Lease]:
+        """Register this machine as a worker with os.cpu_count() CPU slots (local mode)."""
+        from mutualrl.client.local_worker import local_worker
+
+        wid, cpu, labels = local_worker(worker_id, slots)
+        return wid, self.register_worker(run_id, wid, cpu_slots=cpu, labels=labels)
+
+
+class Keepalive:
+    """Calls `beat` every `interval` seconds in a daemon thread; errors are kept, not raised."""
+
+    def __init__(self, beat: Any, interval: float) -> None:
+        self._beat = beat
+        self._interval = interval
+        self._stop = threading.Event()
+        self.beats = 0
+        self.last_error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="mwra-keepalive")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._beat()
+                self.beats += 1
+            except Exception as err:  # MWRA down for a while: keep trying, a later beat wins
+                self.last_error = err
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Keepalive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class AsyncMwraClient:
+    """asyncio twin of `MwraClient` (same methods, awaitable; watch is an async iterator)."""
+
+    def __init__(self, target: ClientOptions | str | None = None, **options: Any) -> None:
+        self.opts = _options(target, **options)
+        self._channel = aio_channel(self.opts)
+        self._stub = pb_grpc.AllocatorStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncMwraClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, request: Any) -> Any:
+        fn = getattr(self._stub, method)
+        return await acall_with_retry(self.opts, lambda: fn(request, timeout=self.opts.timeout,
+                                                            metadata=self.opts.metadata()))
+
+    async def register_worker(self, run_id: str, worker_id: str, *, cpu_slots: int = 0,
+                              gpu_count: int = 0, gpu_kind: str = "",
+                              labels: Mapping[str, str] | None = None,
+                              rollout_address: str = "") -> pb.Lease:
+        worker = _worker(worker_id, cpu_slots, gpu_count, gpu_kind, labels, rollout_address)
+        return await self._call("RegisterWorker",
+                                pb.RegisterWorkerRequest(run_id=run_id, worker=worker))
+
+    async def heartbeat(self, run_id: str, worker_id: str) -> pb.Lease:
+        return await self._call("Heartbeat",
+                                pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
+
+    async def deregister_worker(self, run_id: str, worker_id: str) -> bool:
+        reply = await self._call("DeregisterWorker",
+                                 pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
+        return bool(reply.removed)
+
+    async def keepalive(self, run_id: str, worker_id: str, interval: float) -> None:
+        """Heartbeat forever (run it as a task; cancel it to stop). Errors other than
+        cancellation are swallowed so a restarting MWRA does not end the loop."""
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.heartbeat(run_id, worker_id)
+
+    async def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
+                              min_units: int = 1, weight: float = 1.0,
+                              rollout_budget: int = 0) -> pb.PolicyInfo:
+        return await self._call("RegisterPolicy", pb.RegisterPolicyRequest(
+            run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
+            weight=weight, rollout_budget=rollout_budget))
+
+    async def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
+        return await self._call("PolicyHeartbeat",
+                                pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
+
+    async def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> None:
+        """PolicyHeartbeat forever (run it as a task; cancel it to stop)."""
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.policy_heartbeat(run_id, policy_id)
+
+    async def deregister_policy(self, run_id: str, policy_id: str) -> bool:
+        reply = await self._call("DeregisterPolicy",
+                                 pb.DeregisterPolicyRequest(run_id=run_id, policy_id=policy_id))
+        return bool(reply.removed)
+
+    async def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
+                               tokens: int = 0, samples: int = 0,
+                               units: int = 1) -> pb.PolicyInfo:
+        reply = await self._call("ReportStepCost", pb.StepCostReport(
+            run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
+            samples=samples, units=units))
+        return reply.policy
+
+    async def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
+        return await self._call("GetAllocation", pb.GetAllocationRequest(
+            run_id=run_id, policy_id=policy_id, round=round))
+
+    async def watch_allocation(self, run_id: str, policy_id: str) -> AsyncIterator[pb.Allocation]:
+        request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
+        attempt = 0
+        while True:
+            try:
+                async for msg in self._stub.WatchAllocation(request,
+                                                            metadata=self.opts.metadata()):
+                    attempt = 0
+                    yield msg
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.opts.retries:
+                    raise
+                await asyncio.sleep(self.opts.backoff(attempt))
+                attempt += 1
+
+    async def list_allocations(self, run_id: str) -> pb.AllocationTable:
+        return await self._call("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+
+    async def register_local_worker(self, run_id: str, worker_id: str | None = None,
+                                    slots: int | None = None) -> tuple[str, pb.Lease]:
+        from mutualrl.client.local_worker import local_worker
+
+        wid, cpu, labels = local_worker(worker_id, slots)
+        return wid, await self.register_worker(run_id, wid, cpu_slots=cpu, labels=labels)

@@ -1,0 +1,160 @@
+"""Clients of THL (`mutualrl.v1.Alignment`): `ThlClient` (sync) and `AsyncThlClient` (asyncio).
+
+Both have the same methods, arguments and return types as the in-process
+`mutualrl.thl.engine.AlignmentEngine` (register, list, retokenize, align_trace), so a trainer can
+swap one for the other. Calls carry the bearer token from `ClientOptions` (or
+MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE with exponential backoff; other errors surface as
+`grpc.RpcError` with INVALID_ARGUMENT / NOT_FOUND / ... and a message naming the field.
+
+    with ThlClient(ClientOptions(address="127.0.0.1:50052")) as thl:
+        thl.register("policy-a", "/ckpt/policy-a")
+        out = thl.align_trace("policy-a", "policy-b", [TraceItem(text, ids, logps, offsets)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mutualrl.common import alignment_wire as wire
+from mutualrl.common.alignment_types import (
+    AlignTraceResult,
+    Mode,
+    Placement,
+    TokenizedText,
+    TokenizerInfo,
+    TraceItem,
+)
+from mutualrl.common.channel import (
+    ClientOptions,
+    acall_with_retry,
+    aio_channel,
+    call_with_retry,
+    sync_channel,
+)
+from mutualrl.v1 import alignment_pb2 as pb
+from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
+
+__all__ = ["AsyncThlClient", "ClientOptions", "ThlClient", "TraceItem"]
+
+DEFAULT_ADDRESS = "127.0.0.1:50052"
+
+
+def _options(options: ClientOptions | None, address: str | None) -> ClientOptions:
+    opts = options or ClientOptions(address=address or DEFAULT_ADDRESS)
+    if address is not None and options is not None:
+        opts = opts.model_copy(update={"address": address})
+    return opts
+
+
+def _align_request(source_tokenizer_id: str, target_tokenizer_id: str,
+                   items: Sequence[TraceItem], mode: Mode, placement: Placement
+                   ) -> pb.AlignTraceRequest:
+    if mode not in wire.MODE_TO_PB:
+        raise ValueError(f"mode must be one of {tuple(wire.MODE_TO_PB)}, got {mode!r}")
+    if placement not in wire.PLACEMENT_TO_PB:
+        raise ValueError(f"placement must be one of {tuple(wire.PLACEMENT_TO_PB)}, "
+                         f"got {placement!r}")
+    return pb.AlignTraceRequest(source_tokenizer_id=source_tokenizer_id,
+                                target_tokenizer_id=target_tokenizer_id,
+                                items=[wire.item_to_pb(it) for it in items],
+                                mode=wire.MODE_TO_PB[mode],
+                                placement=wire.PLACEMENT_TO_PB[placement])
+
+
+class ThlClient:
+    """Blocking THL client; use as a context manager or call `close()`."""
+
+    def __init__(self, options: ClientOptions | None = None, *, address: str | None = None
+                 ) -> None:
+        self.options = _options(options, address)
+        self._channel = sync_channel(self.options)
+        self._stub = pb_grpc.AlignmentStub(self._channel)
+
+    def _call(self, method: Any, request: Any) -> Any:
+        md = self.options.metadata()
+        return call_with_retry(self.options, lambda: method(request, timeout=self.options.timeout,
+                                                            metadata=md))
+
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
+        """Register a fast tokenizer at a path on the THL host."""
+        msg = self._call(self._stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
+            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite))
+        return wire.info_from_pb(msg)
+
+    def list(self) -> list[TokenizerInfo]:
+        """Every registered tokenizer, sorted by id."""
+        msg = self._call(self._stub.ListTokenizers, pb.ListTokenizersRequest())
+        return [wire.info_from_pb(t) for t in msg.tokenizers]
+
+    def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
+                   apply_chat_template: bool = False) -> list[TokenizedText]:
+        """Encode texts with a registered tokenizer (ids, char offsets, residual)."""
+        msg = self._call(self._stub.Retokenize, pb.RetokenizeRequest(
+            tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
+            apply_chat_template=apply_chat_template))
+        return [wire.tokenized_from_pb(r) for r in msg.results]
+
+    def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
+                    items: Sequence[TraceItem], mode: Mode = "chunk",
+                    placement: Placement = "last") -> AlignTraceResult:
+        """Move source token traces onto the target tokenizer's tokens."""
+        req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
+        return wire.result_from_pb(self._call(self._stub.AlignTrace, req))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ThlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncThlClient:
+    """asyncio THL client; use as an async context manager or await `close()`."""
+
+    def __init__(self, options: ClientOptions | None = None, *, address: str | None = None
+                 ) -> None:
+        self.options = _options(options, address)
+        self._channel = aio_channel(self.options)
+        self._stub = pb_grpc.AlignmentStub(self._channel)
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        md = self.options.metadata()
+        return await acall_with_retry(
+            self.options, lambda: method(request, timeout=self.options.timeout, metadata=md))
+
+    async def register(self, tokenizer_id: str, path: str,
+                       overwrite: bool = False) -> TokenizerInfo:
+        msg = await self._call(self._stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
+            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite))
+        return wire.info_from_pb(msg)
+
+    async def list(self) -> list[TokenizerInfo]:
+        msg = await self._call(self._stub.ListTokenizers, pb.ListTokenizersRequest())
+        return [wire.info_from_pb(t) for t in msg.tokenizers]
+
+    async def retokenize(self, tokenizer_id: str, texts: Sequence[str],
+                         add_special_tokens: bool = False,
+                         apply_chat_template: bool = False) -> list[TokenizedText]:
+        msg = await self._call(self._stub.Retokenize, pb.RetokenizeRequest(
+            tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
+            apply_chat_template=apply_chat_template))
+        return [wire.tokenized_from_pb(r) for r in msg.results]
+
+    async def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
+                          items: Sequence[TraceItem], mode: Mode = "chunk",
+                          placement: Placement = "last") -> AlignTraceResult:
+        req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
+        return wire.result_from_pb(await self._call(self._stub.AlignTrace, req))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncThlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,57 @@
+"""The registry that every package adds its `mutualrl ...` commands to.
+
+It lives here, below every package, so a service registers its commands without importing the
+command line itself (`mutualrl.cli`, in the SDK), which finds them through entry points.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+GROUP_HELP = {
+    ("bench",): "Benchmarks: JSON output, each figure a ratio against an anchor measured in the "
+    "same run.",
+    ("inspect",): "Look inside a run: SEE records, policies and transfers; MWRA allocations.",
+    ("see",): "Shared Experience Exchange (SEE): gRPC + REST over Redis.",
+    ("thl",): "Tokenizer Heterogeneity Layer (THL): retokenization and trace alignment.",
+    ("mwra",): "Multi-Worker Resource Allocation (MWRA): workers, leases, allocations.",
+}
+
+
+class Commands:
+    """Registers `mutualrl A B ...` commands, creating parent groups (`bench`, `inspect`) on use."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._parser = parser
+        self._groups: dict[tuple[str, ...], argparse._SubParsersAction] = {}
+        self._parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
+
+    def _subparsers(self, path: tuple[str, ...]) -> argparse._SubParsersAction:
+        if path not in self._groups:
+            parent = self._parsers[path]
+            self._groups[path] = parent.add_subparsers(
+                dest="_".join(("cmd", *path)), metavar="COMMAND", required=True)
+        return self._groups[path]
+
+    def group(self, path: Sequence[str], help: str) -> None:
+        """Declare a group (e.g. ("bench",)) with its help text; idempotent."""
+        key = tuple(path)
+        for depth in range(1, len(key) + 1):
+            sub = key[:depth]
+            if sub not in self._parsers:
+                self._parsers[sub] = self._subparsers(sub[:-1]).add_parser(
+                    sub[-1], help=help if sub == key else None,
+                    description=help if sub == key else None)
+
+    def add(self, path: Sequence[str], help: str, handler: Handler) -> argparse.ArgumentParser:
+        """Add the command `mutualrl *path`; returns its parser for arguments."""
+        key = tuple(path)
+        if len(key) > 1 and key[:-1] not in self._parsers:
+            self.group(key[:-1], help=GROUP_HELP.get(key[:-1], f"{' '.join(key[:-1])} commands"))
+        parser = self._subparsers(key[:-1]).add_parser(key[-1], help=help, description=help)
+        parser.set_defaults(handler=handler)
+        self._parsers[key] = parser
+        return parser

@@ -1,0 +1,224 @@
+"""`AlignmentEngine`: THL in-process, with the same interface as `ThlClient`.
+
+The gRPC servicer is a thin shell over this class, and trainers that run without the service
+use it directly, so both go through the same code: validation, tokenization, the pure
+alignment core (`mutualrl.thl.align`) and the residual metrics (`mutualrl.thl.residual`).
+Errors are `mutualrl.common.errors` exceptions naming the offending field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mutualrl.common.alignment_types import (
+    AlignedTrace,
+    AlignTraceResult,
+    Mode,
+    Placement,
+    Residual,
+    TokenizedText,
+    TokenizerInfo,
+    TraceItem,
+    aggregate_residual,
+)
+from mutualrl.common.errors import FailedPrecondition, InvalidArgument
+from mutualrl.thl import align as core
+from mutualrl.thl.registry import LoadedTokenizer, TokenizerRegistry
+from mutualrl.thl.residual import edit_distance, uncovered_bytes
+
+MODES = ("chunk", "sequence")
+PLACEMENTS = ("last", "spread")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Request limits (the servicer's config passes its own)."""
+
+    max_batch: int = 1024
+    """Most texts / items in one call."""
+    max_text_bytes: int = 1 << 20
+    """Largest text in UTF-8 bytes."""
+    align_block_items: int = 64
+    """Items aligned per vectorised pass (keeps the working set in cache)."""
+
+
+def _check_text(text: Any, field: str, limit: int) -> None:
+    if not isinstance(text, str):
+        raise InvalidArgument(field, f"must be a string, got {type(text).__name__}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise InvalidArgument(field, f"is not valid Unicode text ({err.reason} at "
+                              f"character {err.start})") from err
+    if size > limit:
+        raise InvalidArgument(field, f"is {size} bytes of UTF-8, over the {limit}-byte limit")
+
+
+class AlignmentEngine:
+    """Tokenizer registry + retokenization + trace alignment, in-process."""
+
+    def __init__(self, registry: TokenizerRegistry | None = None,
+                 limits: EngineLimits | None = None) -> None:
+        self.registry = registry if registry is not None else TokenizerRegistry()
+        self.limits = limits or EngineLimits()
+
+    # -- registry -------------------------------------------------------------------------
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
+        """Register (or confirm) a fast tokenizer at a local path under `tokenizer_id`."""
+        return self.registry.register(tokenizer_id, path, overwrite)
+
+    def list(self) -> list[TokenizerInfo]:
+        """Every registered tokenizer, sorted by id."""
+        return self.registry.list()
+
+    # -- retokenize -----------------------------------------------------------------------
+    def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
+                   apply_chat_template: bool = False) -> list[TokenizedText]:
+        """Encode texts with a registered tokenizer: ids, char offsets and residual metrics."""
+        tok = self.registry.get(tokenizer_id)
+        self._check_batch(texts, "texts")
+        for i, text in enumerate(texts):
+            _check_text(text, f"texts[{i}]", self.limits.max_text_bytes)
+        if apply_chat_template:
+            if not getattr(tok.hf, "chat_template", None):
+                raise FailedPrecondition("apply_chat_template",
+                                         f"tokenizer {tokenizer_id!r} has no chat template")
+            texts = [tok.hf.apply_chat_template([{"role": "user", "content": t}],
+                                                tokenize=False) for t in texts]
+        encs = tok.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        out = []
+        for text, enc in zip(texts, encs, strict=True):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            special = np.asarray(enc.special_tokens_mask, dtype=bool)
+            out.append(TokenizedText(ids, offsets, text,
+                                     self._residual(tok, text, ids, offsets, special)))
+        return out
+
+    # -- align ----------------------------------------------------------------------------
+    def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
+                    items: Sequence[TraceItem], mode: Mode = "chunk",
+                    placement: Placement = "last") -> AlignTraceResult:
+        """Move source token traces onto the target tokenizer's tokens (see `align`)."""
+        if mode not in MODES:
+            raise InvalidArgument("mode", f"{mode!r} is not one of {MODES}")
+        if placement not in PLACEMENTS:
+            raise InvalidArgument("placement", f"{placement!r} is not one of {PLACEMENTS}")
+        src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
+        tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
+        self._check_batch(items, "items")
+        texts = [it.text for it in items]
+        for i, text in enumerate(texts):
+            _check_text(text, f"items[{i}].text", self.limits.max_text_bytes)
+        src_offsets, values = self._source_side(src, items)
+        encs = tgt.backend.encode_batch(texts, add_special_tokens=False)
+        tgt_ids = [np.asarray(e.ids, dtype=np.int64) for e in encs]
+        tgt_offsets = [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encs]
+        results: list[AlignedTrace] = []
+        block = max(1, self.limits.align_block_items)
+        for lo in range(0, len(items), block):
+            hi = min(lo + block, len(items))
+            s_st, s_en, s_b = core.concat_offsets(src_offsets[lo:hi])
+            t_st, t_en, t_b = core.concat_offsets(tgt_offsets[lo:hi])
+            vals = (np.concatenate(values[lo:hi]) if hi > lo else np.zeros(0))
+            lengths = np.array([len(t) for t in texts[lo:hi]], dtype=np.int64)
+            batch = core.align_batch(lengths, s_st, s_en, s_b, t_st, t_en, t_b, vals,
+                                     mode=mode, placement=placement)
+            for j in range(hi - lo):
+                i = lo + j
+                item = batch.item(j)
+                residual = self._residual(tgt, texts[i], tgt_ids[i], tgt_offsets[i],
+                                          np.zeros(len(tgt_ids[i]), dtype=bool),
+                                          item.multi_token_chunk_share)
+                results.append(AlignedTrace(tgt_ids[i], tgt_offsets[i], item.target_values,
+                                            item.chunks, item.sequence_value, item.mass_error,
+                                            residual))
+        agg = aggregate_residual([r.residual for r in results],
+                                 [len(r.target_token_ids) for r in results])
+        return AlignTraceResult(results, agg)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _check_batch(self, seq: Sequence[Any], field: str) -> None:
+        if len(seq) > self.limits.max_batch:
+            raise InvalidArgument(field, f"{len(seq)} entries, over the limit of "
+                                  f"{self.limits.max_batch} per call")
+
+    def _source_side(self, src: LoadedTokenizer, items: Sequence[TraceItem]
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Validated source offsets and values per item (re-encoding where offsets are absent)."""
+        offsets: list[np.ndarray | None] = []
+        values: list[np.ndarray] = []
+        need: list[int] = []
+        vocab = src.info.vocab_size
+        for i, it in enumerate(items):
+            ids = np.asarray(it.source_token_ids, dtype=np.int64).reshape(-1)
+            vals = np.asarray(it.values, dtype=np.float64).reshape(-1)
+            if vals.shape[0] != ids.shape[0]:
+                raise InvalidArgument(f"items[{i}].values", f"{vals.shape[0]} values for "
+                                      f"{ids.shape[0]} source tokens (need one per token)")
+            if not np.isfinite(vals).all():
+                bad = int(np.flatnonzero(~np.isfinite(vals))[0])
+                raise InvalidArgument(f"items[{i}].values", f"value {bad} is {vals[bad]}; "
+                                      "values must be finite")
+            if ids.shape[0] and (ids.min() < 0 or ids.max() >= vocab):
+                raise InvalidArgument(f"items[{i}].source_token_ids",
+                                      f"ids must lie in [0, {vocab}) for this tokenizer")
+            values.append(vals)
+            if it.source_offsets is None or np.asarray(it.source_offsets).size == 0:
+                if ids.shape[0] == 0 and it.text == "":
+                    offsets.append(np.zeros((0, 2), dtype=np.int64))
+                else:
+                    offsets.append(None)
+                    need.append(i)
+                continue
+            off = np.asarray(it.source_offsets, dtype=np.int64)
+            if off.ndim != 2 or off.shape[1] != 2 or off.shape[0] != ids.shape[0]:
+                raise InvalidArgument(f"items[{i}].source_offsets",
+                                      f"need one (start, end) per source token ({ids.shape[0]}),"
+                                      f" got shape {tuple(off.shape)}")
+            problem = core.validate_offsets(off[:, 0], off[:, 1], len(it.text))
+            if problem:
+                raise InvalidArgument(f"items[{i}].source_offsets", problem)
+            offsets.append(off)
+        if need:
+            texts = [items[i].text for i in need]
+            plain = src.backend.encode_batch(texts, add_special_tokens=False)
+            for i, enc in zip(need, plain, strict=True):
+                ids = np.asarray(items[i].source_token_ids, dtype=np.int64).reshape(-1)
+                chosen = enc if np.array_equal(ids, enc.ids) else None
+                if chosen is None:
+                    with_special = src.backend.encode(items[i].text, add_special_tokens=True)
+                    if np.array_equal(ids, with_special.ids):
+                        chosen = with_special
+                if chosen is None:
+                    raise InvalidArgument(
+                        f"items[{i}].source_token_ids", "without source offsets the ids must "
+                        "equal the source tokenizer's encoding of text (they do not); send "
+                        "source_offset_starts/ends")
+                offsets[i] = np.asarray(chosen.offsets, dtype=np.int64).reshape(-1, 2)
+        return [o for o in offsets if o is not None], values
+
+    def _residual(self, tok: LoadedTokenizer, text: str, ids: np.ndarray, offsets: np.ndarray,
+                  special: np.ndarray, multi_token_chunk_share: float = 0.0) -> Residual:
+        """Round-trip, coverage and normalisation residuals of `text` under `tok`."""
+        # Special tokens the tokenizer added (not text) are left out of the round trip.
+        keep = ids[~special] if special.shape[0] == ids.shape[0] else ids
+        # The Rust decoder directly: the transformers wrapper adds per-id Python checks and
+        # clean_up_tokenization_spaces must stay off anyway (it edits the text).
+        decoded = tok.backend.decode(keep.tolist(), skip_special_tokens=False)
+        normalizer = tok.backend.normalizer
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        roundtrip = edit_distance(text, decoded)
+        # Lower-casing tokenizers usually decode to exactly their normalised text: measure once.
+        changed = roundtrip if normalized == decoded else edit_distance(text, normalized)
+        return Residual(
+            roundtrip_mismatch_chars=roundtrip,
+            multi_token_chunk_share=float(multi_token_chunk_share),
+            uncovered_bytes=uncovered_bytes(text, offsets[:, 0], offsets[:, 1]),
+            normalized_changed_chars=changed,
+        )
+

@@ -1,0 +1,254 @@
+"""Tokenizer registry: ids -> local paths, persisted, with an LRU cache of loaded tokenizers.
+
+Registrations are persisted (Redis hash `<prefix>tokenizers`, a JSON file in a state dir, or
+memory only) so a restarted THL — or another replica sharing the Redis — knows every tokenizer
+again; tokenizers themselves are loaded lazily from their paths and kept in an LRU cache.
+Only fast (Rust-backed) tokenizers are accepted: alignment needs character offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from mutualrl.common.alignment_types import TokenizerInfo
+from mutualrl.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9._/-]{1,128}")
+
+
+class RegistryStore(Protocol):
+    """Where registrations live: id -> record (a JSON-able dict)."""
+
+    def load_all(self) -> dict[str, dict[str, Any]]: ...
+
+    def get(self, tokenizer_id: str) -> dict[str, Any] | None: ...
+
+    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None: ...
+
+
+class MemoryStore:
+    """Process-local registrations (trainers running THL in-process, tests)."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, dict[str, Any]] = {}
+
+    def load_all(self) -> dict[str, dict[str, Any]]:
+        return dict(self._data)
+
+    def get(self, tokenizer_id: str) -> dict[str, Any] | None:
+        return self._data.get(tokenizer_id)
+
+    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
+        self._data[tokenizer_id] = record
+
+
+class JsonFileStore:
+    """Registrations in `<state_dir>/tokenizers.json` (single host; replaced atomically)."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self._path = Path(state_dir) / "tokenizers.json"
+        self._lock = threading.Lock()
+
+    def load_all(self) -> dict[str, dict[str, Any]]:
+        if not self._path.exists():
+            return {}
+        data = json.loads(self._path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+
+    def get(self, tokenizer_id: str) -> dict[str, Any] | None:
+        return self.load_all().get(tokenizer_id)
+
+    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            data = self.load_all()
+            data[tokenizer_id] = record
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+            tmp.replace(self._path)
+
+
+class RedisStore:
+    """Registrations in the Redis hash `<prefix>tokenizers`, shared by every THL replica."""
+
+    def __init__(self, url: str, prefix: str = "mutualrl:thl:") -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0,
+                                            socket_connect_timeout=5.0)
+        self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self.key = f"{prefix}tokenizers"
+
+    def _do(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._errors as err:
+            raise Unavailable("", f"tokenizer registry store (Redis) unavailable: {err}"
+                                   ) from err
+
+    def load_all(self) -> dict[str, dict[str, Any]]:
+        raw = self._do(self._client.hgetall, self.key)
+        return {k: json.loads(v) for k, v in raw.items()}
+
+    def get(self, tokenizer_id: str) -> dict[str, Any] | None:
+        raw = self._do(self._client.hget, self.key, tokenizer_id)
+        return json.loads(raw) if raw else None
+
+    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
+        self._do(self._client.hset, self.key, tokenizer_id, json.dumps(record, sort_keys=True))
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@dataclass
+class LoadedTokenizer:
+    """A loaded fast tokenizer and what the engine needs about it."""
+
+    info: TokenizerInfo
+    hf: Any  # transformers.PreTrainedTokenizerFast (typed Any: transformers is imported lazily)
+
+    @property
+    def backend(self) -> Any:
+        return self.hf.backend_tokenizer
+
+
+# transformers resolves its names lazily and that is not thread-safe: two first registrations
+# in parallel threads can see a half-initialised module ("cannot import name 'AutoTokenizer'").
+_TRANSFORMERS_IMPORT = threading.Lock()
+
+
+def load_fast_tokenizer(path: str) -> Any:
+    """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones."""
+    with _TRANSFORMERS_IMPORT:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    p = Path(path)
+    if not p.exists():
+        raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
+    try:
+        if p.is_file():
+            if p.suffix != ".json":
+                raise InvalidArgument("path", f"{path!r} is a file but not a tokenizer.json")
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(p), clean_up_tokenization_spaces=False)
+        else:
+            tok = AutoTokenizer.from_pretrained(str(p), use_fast=True, local_files_only=True)
+    except InvalidArgument:
+        raise
+    except Exception as err:  # transformers raises many types for unreadable inputs
+        raise InvalidArgument("path", f"cannot load a tokenizer from {path!r}: {err}") from err
+    if not getattr(tok, "is_fast", False):
+        raise InvalidArgument(
+            "path", f"{path!r} loads as {type(tok).__name__}, a slow (Python) tokenizer; THL "
+            "needs a fast tokenizer (tokenizer.json) because alignment uses its character offsets")
+    return tok
+
+
+def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    model_type = str((spec.get("model") or {}).get("type", ""))
+    normalizer = spec.get("normalizer") or {}
+    norm_type = str(normalizer.get("type", ""))
+    if norm_type == "Sequence":
+        norm_type = "+".join(str(n.get("type", "")) for n in normalizer.get("normalizers", []))
+
+    def has_byte_level(node: Any) -> bool:
+        if isinstance(node, dict):
+            return node.get("type") == "ByteLevel" or any(has_byte_level(v) for v in node.values())
+        if isinstance(node, list):
+            return any(has_byte_level(v) for v in node)
+        return False
+
+    byte_level = has_byte_level(spec.get("pre_tokenizer")) or bool(
+        (spec.get("model") or {}).get("byte_fallback", False))
+    return TokenizerInfo(tokenizer_id=tokenizer_id, path=path, model_type=model_type,
+                         vocab_size=len(tok), byte_level=byte_level, normalizer=norm_type)
+
+
+class TokenizerRegistry:
+    """Thread-safe registry: persisted registrations + an LRU of loaded tokenizers."""
+
+    def __init__(self, store: RegistryStore | None = None, cache_size: int = 16) -> None:
+        self._store: RegistryStore = store if store is not None else MemoryStore()
+        self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
+        self._cache_size = max(1, cache_size)
+        self._lock = threading.RLock()
+        self.loads = 0
+        """How many times a tokenizer was loaded from disk (cache misses)."""
+
+    @staticmethod
+    def check_id(tokenizer_id: str, field: str = "tokenizer_id") -> None:
+        if not ID_PATTERN.fullmatch(tokenizer_id or ""):
+            raise InvalidArgument(field, f"{tokenizer_id!r} does not match "
+                                  f"{ID_PATTERN.pattern}")
+
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
+        self.check_id(tokenizer_id)
+        if not path:
+            raise InvalidArgument("path", "must be a local tokenizer directory or tokenizer.json")
+        path = str(Path(path).resolve())
+        existing = self._store.get(tokenizer_id)
+        if existing is not None and not overwrite:
+            if existing.get("path") == path:
+                return TokenizerInfo(**existing["info"])
+            raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} is registered with path "
+                                f"{existing.get('path')!r}; set overwrite to replace it")
+        tok = load_fast_tokenizer(path)
+        info = describe(tokenizer_id, path, tok)
+        with self._lock:
+            self._store.put(tokenizer_id, {"path": path, "info": asdict(info),
+                                           "registered_at": time.time()})
+            self._remember(tokenizer_id, LoadedTokenizer(info, tok))
+        return info
+
+    def list(self) -> list[TokenizerInfo]:
+        records = self._store.load_all()
+        return [TokenizerInfo(**records[k]["info"]) for k in sorted(records)]
+
+    def get(self, tokenizer_id: str, field: str = "tokenizer_id") -> LoadedTokenizer:
+        """The loaded tokenizer (NOT_FOUND when the id was never registered)."""
+        self.check_id(tokenizer_id, field)
+        with self._lock:
+            hit = self._cache.get(tokenizer_id)
+            if hit is not None:
+                self._cache.move_to_end(tokenizer_id)
+                return hit
+        # Not cached here: another replica (or an earlier life of this one) may have registered it.
+        record = self._store.get(tokenizer_id)
+        if record is None:
+            raise NotFound(field, f"no tokenizer registered as {tokenizer_id!r}")
+        tok = load_fast_tokenizer(record["path"])
+        loaded = LoadedTokenizer(describe(tokenizer_id, record["path"], tok), tok)
+        with self._lock:
+            self.loads += 1
+            self._remember(tokenizer_id, loaded)
+        return loaded
+
+    def close(self) -> None:
+        """Release the store's connection (Redis), if it has one."""
+        close = getattr(self._store, "close", None)
+        if close is not None:
+            close()
+
+    def cached_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._cache)
+
+    def _remember(self, tokenizer_id: str, loaded: LoadedTokenizer) -> None:
+        self._cache[tokenizer_id] = loaded
+        self._cache.move_to_end(tokenizer_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)

@@ -1,0 +1,134 @@
+"""gRPC `mutualrl.v1.Alignment`: a thin shell over `AlignmentEngine` plus Prometheus metrics.
+
+Requests are parsed by our own deserializer: a body that is not valid protobuf — in practice a
+`string` field carrying invalid UTF-8, which protobuf refuses to parse — becomes INVALID_ARGUMENT
+naming the request instead of the INTERNAL "Exception deserializing request" grpc would give.
+Engine work (tokenization, alignment) runs in worker threads so the event loop keeps answering
+health checks and other calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from mutualrl.common import alignment_wire as wire
+from mutualrl.common.errors import InvalidArgument, grpc_errors
+from mutualrl.thl import metrics
+from mutualrl.thl.engine import AlignmentEngine
+from mutualrl.v1 import alignment_pb2 as pb
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
+
+
+@dataclass(frozen=True)
+class UnparsableRequest:
+    """Stands in for a request body protobuf could not parse."""
+
+    message_type: str
+    error: str
+
+
+def _check_parsed(request: Any) -> None:
+    if isinstance(request, UnparsableRequest):
+        raise InvalidArgument("request", f"body is not a valid {request.message_type} "
+                              f"(string fields must be valid UTF-8): {request.error}")
+
+
+class AlignmentServicer:
+    """Implements the four Alignment RPCs on an engine."""
+
+    def __init__(self, engine: AlignmentEngine) -> None:
+        self.engine = engine
+
+    @grpc_errors
+    async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest,
+                                context: grpc.aio.ServicerContext) -> pb.TokenizerInfo:
+        _check_parsed(request)
+        info = await asyncio.to_thread(self.engine.register, request.tokenizer_id, request.path,
+                                       request.overwrite)
+        return wire.info_to_pb(info)
+
+    @grpc_errors
+    async def ListTokenizers(self, request: pb.ListTokenizersRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ListTokenizersResponse:
+        _check_parsed(request)
+        infos = await asyncio.to_thread(self.engine.list)
+        return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
+
+    @grpc_errors
+    async def Retokenize(self, request: pb.RetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> pb.RetokenizeResponse:
+        _check_parsed(request)
+        results = await asyncio.to_thread(
+            self.engine.retokenize, request.tokenizer_id, list(request.texts),
+            request.add_special_tokens, request.apply_chat_template)
+        target = request.tokenizer_id
+        for r in results:
+            metrics.observe_text("Retokenize", target, r.residual)
+        metrics.ITEMS.labels("Retokenize", target).inc(len(results))
+        metrics.TARGET_TOKENS.labels("Retokenize", target).inc(
+            sum(len(r.token_ids) for r in results))
+        return pb.RetokenizeResponse(results=[wire.tokenized_to_pb(r) for r in results])
+
+    @grpc_errors
+    async def AlignTrace(self, request: pb.AlignTraceRequest,
+                         context: grpc.aio.ServicerContext) -> pb.AlignTraceResponse:
+        _check_parsed(request)
+        if request.mode not in wire.MODE_FROM_PB:
+            raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
+        if request.placement not in wire.PLACEMENT_FROM_PB:
+            raise InvalidArgument("placement", f"unknown Placement {request.placement}")
+        items = [wire.item_from_pb(it, i) for i, it in enumerate(request.items)]
+        result = await asyncio.to_thread(
+            self.engine.align_trace, request.source_tokenizer_id, request.target_tokenizer_id,
+            items, wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement])
+        target = request.target_tokenizer_id
+        for a, it in zip(result.results, items, strict=True):
+            metrics.observe_text("AlignTrace", target, a.residual)
+            metrics.SHARE.labels(target).observe(a.residual.multi_token_chunk_share)
+            metrics.SOURCE_TOKENS.labels(target).inc(len(it.source_token_ids))
+            metrics.CHUNKS.labels(target).inc(len(a.chunks))
+            nt = a.chunks.target_end - a.chunks.target_start
+            metrics.MULTI_TOKEN_TARGET_TOKENS.labels(target).inc(int(nt[~a.chunks.clean].sum()))
+            if a.mass_error != 0.0:
+                metrics.MASS_ERROR.labels(target).inc()
+        metrics.ITEMS.labels("AlignTrace", target).inc(len(result.results))
+        metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(
+            sum(len(a.target_token_ids) for a in result.results))
+        return wire.result_to_pb(result)
+
+
+def _parser(message_type: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as err:
+            return UnparsableRequest(message_type.DESCRIPTOR.full_name, str(err))
+
+    return parse
+
+
+_METHODS = (
+    ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo),
+    ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse),
+    ("Retokenize", pb.RetokenizeRequest, pb.RetokenizeResponse),
+    ("AlignTrace", pb.AlignTraceRequest, pb.AlignTraceResponse),
+)
+
+
+def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer with request parsing that maps bad bodies to INVALID_ARGUMENT."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=_parser(req),
+            response_serializer=resp.SerializeToString)
+        for name, req, resp in _METHODS
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))

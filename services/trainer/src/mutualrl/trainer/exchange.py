@@ -1,0 +1,285 @@
+"""What a trainer exchanges with its peers, over SEE (records) and THL (tokens).
+
+`PeerExchange` is the only place the trainer touches the wire for sharing: it publishes a
+round's records, reads peers' reward statistics / successes / rollouts, and asks THL (the
+service, or the same engine in-process) to move peer text and token traces into this policy's
+tokens. Every SEE read takes an absolute deadline (time.monotonic) and passes what is left of it
+as the gRPC timeout, so a slow or dead peer or service turns into DEADLINE_EXCEEDED, which the
+probe answers with plain GRPO. THL calls are local computation and use the client's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mutualrl.trainer.algos.sgt import PeerSuccess
+from mutualrl.trainer.algos.xgrpo import RewardStats
+
+log = logging.getLogger(__name__)
+_MARGIN_S = 0.05  # leave the client this much to receive the answer of a server-side wait
+
+
+@dataclass
+class PeerRollout:
+    """A peer's sampled completion with its behaviour log-probs in the peer's tokens."""
+
+    delivery_id: str
+    policy: str
+    round: int
+    prompt_id: str
+    text: str
+    tokenizer_id: str
+    token_ids: list[int]
+    offsets: list[tuple[int, int]]
+    logprobs: list[float]
+    reward: float
+
+
+@dataclass
+class AlignedPeer:
+    """A peer completion in the receiver's tokens with the sender's log-probs mapped on it."""
+
+    token_ids: list[int]
+    sender_logp_sum: float
+    """Sum of the sender's token log-probs over the whole text (mass conserved by THL)."""
+    token_chunk: list[int] = field(default_factory=list)
+    """Chunk index of every receiver token (chunk level only)."""
+    chunk_sender_logp: list[float] = field(default_factory=list)
+    """Sender log-prob of every chunk (chunk level only)."""
+    multi_token_chunk_share: float = 0.0
+    """THL residual: share of receiver tokens inside multi-token chunks."""
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left before `deadline` (never below 1 ms, so a call still gets a chance)."""
+    return max(deadline - time.monotonic(), 0.001)
+
+
+class PeerExchange:
+    """SEE (through `mutualrl.client.see`) and THL for one policy of one run."""
+
+    def __init__(
+        self,
+        run_id: str,
+        policy: str,
+        tokenizer_id: str,
+        see_address: str,
+        thl_address: str | None,
+        local_tokenizer: Any,
+        token: str | None = None,
+        timeout: float = 30.0,
+        tau: float = 1.0,
+    ) -> None:
+        from mutualrl.client.see import SeeClient
+        from mutualrl.common.channel import ClientOptions
+
+        self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
+        self.tau = tau
+        self._tok = local_tokenizer
+        opts = ClientOptions(address=see_address, token=token, timeout=timeout)
+        self.client = SeeClient(opts)
+        # Reads call the stub directly: each passes what is left of the round's deadline as its
+        # own gRPC timeout (the client's methods use one fixed timeout).
+        self.see = self.client.stub
+        self._md = opts.metadata()
+        # THL over gRPC, or the same engine in-process (identical interface) without an address.
+        self.thl: Any
+        if thl_address is not None:
+            from mutualrl.client.thl import ThlClient
+
+            self.thl = ThlClient(opts.model_copy(update={"address": thl_address}))
+        else:
+            from mutualrl.thl.engine import AlignmentEngine
+
+            self.thl = AlignmentEngine()
+        self.publish_failures = 0
+        self.consumer = f"{policy}-trainer"
+        self.last_delivery_id = ""
+        """Stream id of the last peer rollout acknowledged (saved with checkpoints)."""
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def join(self, policies: Sequence[str], tokenizers: dict[str, str]) -> None:
+        """Create the run (idempotent) and register tokenizers (id -> local path) with THL:
+        this policy's own with a THL service (each trainer registers its own), every policy's
+        with the in-process engine (which knows only what this process registers)."""
+        self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
+        for tid, path in tokenizers.items():
+            self.thl.register(tid, path, overwrite=True)
+
+    def close(self) -> None:
+        self.client.close()
+        if hasattr(self.thl, "close"):
+            self.thl.close()
+
+    # ---- publish --------------------------------------------------------------------------
+    def publish(self, records: list[Any]) -> bool:
+        """Publish a round's records (idempotent per record id). A failure (after the client's
+        retries) is logged and counted, not raised: peers miss one round of this policy's
+        data, which is what their deadline is for, and training goes on."""
+        import grpc
+
+        try:
+            self.client.publish(self.run_id, records)
+            return True
+        except grpc.RpcError as err:
+            self.publish_failures += 1
+            log.warning("publish of %d records failed: %s", len(records), err)
+            return False
+
+    # ---- reads for the probes -------------------------------------------------------------
+    def peer_stats(
+        self, round_k: int, prompt_ids: Sequence[str], deadline: float
+    ) -> tuple[dict[str, RewardStats], dict[str, float], bool]:
+        """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
+        and whether every peer had published when the call returned (waits up to deadline)."""
+        from mutualrl.v1 import experience_pb2 as pb
+
+        left = remaining(deadline)
+        req = pb.RoundStatsRequest(
+            run_id=self.run_id, round=round_k, prompt_ids=list(prompt_ids),
+            policy_id=self.policy, wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000))
+        resp = self.see.GetRoundStats(req, metadata=self._md, timeout=left + 1.0)
+        pooled: dict[str, RewardStats] = {}
+        best: dict[str, float] = {}
+        for p in resp.prompts:
+            for ps in p.policies:
+                if ps.policy_id == self.policy:
+                    continue
+                s = ps.stats
+                pooled[p.prompt_id] = pooled.get(p.prompt_id, RewardStats()).merge(
+                    RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
+                best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(s.max))
+        return pooled, best, bool(resp.complete)
+
+    def peer_successes(
+        self, prompt_ids: Sequence[str], min_round: int, max_per_prompt: int, deadline: float
+    ) -> list[PeerSuccess]:
+        """Peers' verified successes for these prompts (SEE never returns own ones)."""
+        from mutualrl.v1 import experience_pb2 as pb
+
+        if not prompt_ids:
+            return []
+        req = pb.SuccessesRequest(
+            run_id=self.run_id, policy_id=self.policy, prompt_ids=list(prompt_ids),
+            max_per_prompt=max_per_prompt, min_round=min_round)
+        resp = self.see.GetVerifiedSuccesses(req, metadata=self._md, timeout=remaining(deadline))
+        return [
+            PeerSuccess(
+                prompt_id=p.prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
+                truncated=r.finish_reason == pb.FINISH_REASON_LENGTH, verified=r.verified)
+            for p in resp.prompts
+            for r in p.successes
+        ]
+
+    def peer_rollouts(
+        self, round_k: int, max_lag: int, max_records: int, deadline: float
+    ) -> list[PeerRollout]:
+        """Unread peer ROLLOUTs of rounds >= round_k - max_lag (acknowledged on read: a record
+        is offered once; the consumer group position lives in SEE)."""
+        from mutualrl.v1 import experience_pb2 as pb
+
+        req = pb.FetchRolloutsRequest(
+            run_id=self.run_id, policy_id=self.policy, consumer=self.consumer,
+            max_records=max_records, block_ms=0, current_round=round_k, max_round_lag=max_lag)
+        resp = self.see.FetchRollouts(req, metadata=self._md, timeout=remaining(deadline))
+        out = [
+            PeerRollout(
+                delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
+                prompt_id=d.record.prompt_id, text=d.record.text,
+                tokenizer_id=d.record.tokenizer_id, token_ids=list(d.record.token_ids),
+                offsets=list(zip(d.record.offset_starts, d.record.offset_ends, strict=True)),
+                logprobs=list(d.record.logprobs), reward=d.record.reward)
+            for d in resp.deliveries
+        ]
+        if out:
+            ids = [r.delivery_id for r in out]
+            self.see.Ack(pb.AckRequest(run_id=self.run_id, policy_id=self.policy,
+                                       delivery_ids=ids),
+                         metadata=self._md, timeout=remaining(deadline))
+            self.last_delivery_id = ids[-1]
+        return out
+
+    # ---- tokens (THL) -----------------------------------------------------------------------
+    def retokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts in this policy's tokens (completion-style: no special tokens)."""
+        if not texts:
+            return []
+        return [r.token_ids.tolist() for r in self.thl.retokenize(self.tokenizer_id, texts)]
+
+    def align(self, rollouts: Sequence[PeerRollout], chunk_level: bool) -> list[AlignedPeer]:
+        """Move peer token traces (behaviour log-probs) onto this policy's tokens, one THL
+        call per source tokenizer; results keep the order of `rollouts`."""
+        from mutualrl.common.alignment_types import TraceItem
+
+        slots: list[AlignedPeer | None] = [None] * len(rollouts)
+        by_source: dict[str, list[int]] = {}
+        for i, r in enumerate(rollouts):
+            by_source.setdefault(r.tokenizer_id, []).append(i)
+        for source, idx in by_source.items():
+            items = [TraceItem(text=rollouts[i].text, source_token_ids=rollouts[i].token_ids,
+                               values=rollouts[i].logprobs, source_offsets=rollouts[i].offsets)
+                     for i in idx]
+            res = self.thl.align_trace(source, self.tokenizer_id, items, mode="chunk")
+            for i, tr in zip(idx, res.results, strict=True):
+                ch = tr.chunks
+                token_chunk = [0] * len(tr.target_token_ids)
+                for c in range(len(ch)):
+                    for t in range(int(ch.target_start[c]), int(ch.target_end[c])):
+                        token_chunk[t] = c
+                slots[i] = AlignedPeer(
+                    token_ids=tr.target_token_ids.tolist(),
+                    sender_logp_sum=float(sum(rollouts[i].logprobs)),
+                    token_chunk=token_chunk if chunk_level else [],
+                    chunk_sender_logp=ch.value.tolist() if chunk_level else [],
+                    multi_token_chunk_share=tr.residual.multi_token_chunk_share)
+        return [s for s in slots if s is not None]
+
+
+_FINISH = {"stop": 1, "length": 2, "eos": 3}  # experience.proto FinishReason values
+
+
+def round_records(
+    run_id: str,
+    policy: str,
+    version: int,
+    round_k: int,
+    tokenizer_id: str,
+    prompts: Sequence[Any],
+    samples: Sequence[Sequence[Any]],
+    rewards: Sequence[Sequence[float]],
+    correct: Sequence[Sequence[bool]],
+    tau: float,
+) -> list[Any]:
+    """SEE records of one round: a ROLLOUT per sample, REWARD_STATS per prompt and a
+    VERIFIED_SUCCESS per verified sample (reward >= tau, not truncated)."""
+    from mutualrl.v1 import experience_pb2 as pb
+
+    out: list[Any] = []
+    for p_i, (prompt, row, rs, ok) in enumerate(zip(prompts, samples, rewards, correct,
+                                                    strict=True)):
+        base = f"{policy}/{round_k}/{p_i}"
+        common = dict(run_id=run_id, policy_id=policy, policy_version=version, round=round_k,
+                      prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
+                      meta={"skill": prompt.skill})
+        for k, (s, r, good) in enumerate(zip(row, rs, ok, strict=True)):
+            finish = _FINISH.get(s.finish_reason, 0)
+            starts = [a for a, _ in s.offsets]
+            ends = [b for _, b in s.offsets]
+            out.append(pb.ExperienceRecord(
+                record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text,
+                token_ids=list(s.token_ids), offset_starts=starts, offset_ends=ends,
+                logprobs=list(s.logprobs), reward=r, verified=good, finish_reason=finish,
+                **common))
+            if good and r >= tau and s.finish_reason != "length":
+                out.append(pb.ExperienceRecord(
+                    record_id=f"{base}/{k}/s", kind=pb.VERIFIED_SUCCESS, text=s.text,
+                    reward=r, verified=True, finish_reason=finish, **common))
+        stats = pb.RewardStats(count=len(rs), sum=float(sum(rs)),
+                               sum_sq=float(sum(r * r for r in rs)), max=float(max(rs)))
+        out.append(pb.ExperienceRecord(record_id=f"{base}/stats", kind=pb.REWARD_STATS,
+                                       stats=stats, **common))
+    return out

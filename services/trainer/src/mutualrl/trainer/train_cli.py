@@ -1,0 +1,59 @@
+"""`mutualrl train` and `mutualrl bench trainer` (registered from mutualrl.trainer.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from mutualrl.trainer.config import load_trainer_config
+    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.session import build_session
+
+    cfg = load_trainer_config(args.config)
+    if args.rounds is not None:
+        cfg.grpo.rounds = args.rounds
+    session = build_session(cfg, args.policy, resume=args.resume)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: Any) -> None:
+        # Finish the round in flight, checkpoint it, then exit: SIGTERM loses no round.
+        log.warning("%s: stopping after this round", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+    try:
+        train(session, stop_requested=stop.is_set)
+    finally:
+        session.close()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from mutualrl.trainer.bench import bench_command
+
+    return bench_command(args.json, args.steps, args.cache_dir)
+
+
+def register_train_commands(commands: Any) -> None:
+    """Add `train` and `bench trainer` to the command registry."""
+    p = commands.add(("train",), "Train one policy of a run (GRPO + its sharing probe).", _train)
+    p.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
+    p.add_argument("--policy", default=None,
+                   help="Which of the config's policies this process trains.")
+    p.add_argument("--resume", action="store_true",
+                   help="Continue from the latest checkpoint of this policy, if any.")
+    p.add_argument("--rounds", type=int, default=None, help="Override grpo.rounds.")
+    b = commands.add(("bench", "trainer"),
+                     "Steps/s of our GRPO step vs TRL's GRPOTrainer on the same model.", _bench)
+    b.add_argument("--json", default=None, help="Write the result JSON here.")
+    b.add_argument("--steps", type=int, default=8, help="Timed steps per side (+1 warm-up).")
+    b.add_argument("--cache-dir", default=None,
+                   help="Preset cache (default: a temporary directory, built each run).")

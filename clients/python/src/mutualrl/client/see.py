@@ -27,10 +27,13 @@ from mutualrl.common.channel import (
 )
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+from mutualrl.v1 import run_metrics_pb2 as mpb
+from mutualrl.v1 import run_metrics_pb2_grpc as mpb_grpc
 
 MAX_BATCH = 4096
+MAX_METRIC_ROWS = 1024
 
-__all__ = ["AsyncSeeClient", "ClientOptions", "SeeClient", "pb"]
+__all__ = ["AsyncSeeClient", "ClientOptions", "SeeClient", "metric_row", "pb"]
 
 
 def _run_config(run_id: str, policies: Sequence[str], tau: float, max_stream_len: int,
@@ -38,6 +41,19 @@ def _run_config(run_id: str, policies: Sequence[str], tau: float, max_stream_len
     return pb.RunConfig(run_id=run_id, policies=list(policies), tau=tau,
                         retention=pb.Retention(max_stream_len=max_stream_len,
                                                ttl_seconds=ttl_seconds, max_rounds=max_rounds))
+
+
+def metric_row(policy_id: str, round_: int, values: dict[str, float],
+               unix_ms: int = 0) -> mpb.MetricRow:
+    """One policy's metrics of one round, for `report_metrics` (unix_ms 0: SEE stamps it)."""
+    return mpb.MetricRow(policy_id=policy_id, round=round_, values=values, unix_ms=unix_ms)
+
+
+def _metric_requests(run_id: str, rows: Iterable[mpb.MetricRow]
+                     ) -> Iterator[mpb.ReportMetricsRequest]:
+    batch = list(rows)
+    for i in range(0, len(batch), MAX_METRIC_ROWS):
+        yield mpb.ReportMetricsRequest(run_id=run_id, rows=batch[i:i + MAX_METRIC_ROWS])
 
 
 def _merge(into: pb.PublishResponse, part: pb.PublishResponse) -> None:
@@ -148,6 +164,20 @@ class SeeClient:
     def run_stats(self, run_id: str) -> pb.RunStats:
         return self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
 
+    def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
+        """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);
+        returns the rows stored. Split into calls of at most 1024 rows."""
+        stub: Any = mpb_grpc.RunMetricsStub(self._channel)  # type: ignore[no-untyped-call]
+        opts = self.options
+        stored = 0
+        for req in _metric_requests(run_id, rows):
+            def call(req: mpb.ReportMetricsRequest = req) -> mpb.ReportMetricsResponse:
+                resp: mpb.ReportMetricsResponse = stub.ReportMetrics(
+                    req, timeout=opts.timeout, metadata=opts.metadata())
+                return resp
+            stored += call_with_retry(opts, call).stored
+        return stored
+
     def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
                   ) -> Iterator[pb.ExperienceEvent]:
         """Live events; cancel by closing the returned iterator (`.cancel()` on it)."""
@@ -244,6 +274,17 @@ class AsyncSeeClient:
 
     async def run_stats(self, run_id: str) -> pb.RunStats:
         return await self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+
+    async def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
+        stub: Any = mpb_grpc.RunMetricsStub(self._channel)  # type: ignore[no-untyped-call]
+        opts = self.options
+        stored = 0
+        for req in _metric_requests(run_id, rows):
+            def call(req: mpb.ReportMetricsRequest = req) -> Any:
+                return stub.ReportMetrics(req, timeout=opts.timeout, metadata=opts.metadata())
+            resp: mpb.ReportMetricsResponse = await acall_with_retry(opts, call)
+            stored += resp.stored
+        return stored
 
     async def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
                         ) -> AsyncIterator[pb.ExperienceEvent]:

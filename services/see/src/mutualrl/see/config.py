@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pydantic import Field
 
@@ -81,3 +82,10 @@ class SeeConfig(ServiceConfig):
     """Sleep between checks while GetRoundStats waits for missing peers."""
     max_wait_ms: int = Field(default=60_000, ge=0)
     """Longest wait GetRoundStats / FetchRollouts honour whatever the client asks."""
+    thl_address: str | None = Field(default_factory=lambda: os.environ.get("MUTUALRL_THL_ADDR")
+                                    or None)
+    """THL (host:port) the dashboard's record browser asks for receivers' token boundaries and
+    THL's chunks (SEE owns no tokenizer); defaults to the MUTUALRL_THL_ADDR environment variable;
+    None shows the sender's tokens only. Calls carry SEE's own bearer token."""
+    thl_tls_ca: Path | None = None
+    """PEM root certificate for a THL that listens with TLS; None connects in plaintext."""

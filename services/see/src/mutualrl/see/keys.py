@@ -16,6 +16,9 @@ ids (`<prefix>:runs`) is global.
 | `counts` | hash | "<policy>|<kind number>" -> records stored; "!dup" -> duplicates |
 | `trimmed` | hash | stream name -> entries removed by retention; "round_stats" -> rounds dropped |
 | `xfer` | hash | "<taker>|<source>|<kind number>" -> records delivered |
+| `xr:<round>`, `xrounds` | hash, zset | the same counts per round of the records taken
+  (`transfers.py`) |
+| `metrics` | stream | per-round metric rows of the run's trainers (`runmetrics.py`) |
 | `rounds` | zset | rounds that have REWARD_STATS (score = round) |
 | `rs:<round>` | hash | "<prompt>|<policy>" -> "count,sum,sum_sq,max" |
 | `succ:<prompt>` | hash | "<policy>|<text digest>" -> record id of a VERIFIED_SUCCESS |

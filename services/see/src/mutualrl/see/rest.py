@@ -2,9 +2,11 @@
 
 Routes: /v1/runs, /v1/runs/{run}, /v1/runs/{run}/policies, /v1/runs/{run}/records (filters,
 cursor pagination), /v1/runs/{run}/records/{record_id}, /v1/runs/{run}/stats (with the transfer
-matrix), /healthz, /metrics, /docs. When a token is configured every route but /healthz (and,
-if `public_docs`, /docs + /openapi.json; if `public_metrics`, /metrics) needs
-`Authorization: Bearer <token>`, else 401.
+matrix), /healthz, /metrics, /docs, and the dashboard at /ui with the routes it reads
+(`dashboard/api.py`: session, metrics, windowed transfers, alignment, residual). When a token is
+configured every route but /healthz (and, if `public_docs`, /docs + /openapi.json; if
+`public_metrics`, /metrics) needs `Authorization: Bearer <token>`, else 401; /v1/session and the
+dashboard's pages (no data) are open too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from mutualrl.common.auth import token_matches
 from mutualrl.common.errors import InvalidArgument, ServiceError
+from mutualrl.see import dashboard
 from mutualrl.see.keys import KINDS, STREAM_NAMES
 from mutualrl.see.store import SeeStore
 from mutualrl.see.validate import KIND_BY_NAME, KIND_NAMES
@@ -159,7 +162,7 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
         responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 400: {"model": ErrorOut}},
     )
     bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <token>")
-    open_paths = {"/healthz"}
+    open_paths = {"/healthz", "/v1/session"}
     if cfg.public_docs:
         open_paths |= {"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
     if cfg.public_metrics:
@@ -168,7 +171,8 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     @app.middleware("http")
     async def auth(request: Request,
                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if token and request.url.path not in open_paths and \
+        path = request.url.path
+        if token and path not in open_paths and not dashboard.is_public(path) and \
                 not token_matches(request.headers.get("authorization"), token):
             return JSONResponse({"detail": "missing or invalid bearer token", "field": None},
                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
@@ -279,5 +283,6 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
                         matrix=matrix, trimmed=dict(st.trimmed),
                         stream_lengths=dict(st.stream_lengths), duplicates=st.duplicates)
 
+    dashboard.mount(app, store, token)
     return app
 

@@ -21,6 +21,9 @@ from mutualrl.common.grpc_server import (
 from mutualrl.see import hotpath
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
+from mutualrl.see.runmetrics_servicer import SERVICE_NAME as METRICS_SERVICE_NAME
+from mutualrl.see.runmetrics_servicer import RunMetricsServicer
+from mutualrl.see.runmetrics_servicer import add_to_server as add_metrics_to_server
 from mutualrl.see.servicer import SERVICE_NAME, ExperienceExchangeServicer, add_to_server
 from mutualrl.see.store import SeeStore
 
@@ -85,11 +88,14 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
         log.warning("Redis at %s does not answer yet; calls fail with UNAVAILABLE until it does",
                     cfg.redis_url)
     servicer = ExperienceExchangeServicer(store)
+    metrics_servicer = RunMetricsServicer(store)
 
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
+        add_metrics_to_server(metrics_servicer, server)
 
-    running = await start_server(cfg, add, [SERVICE_NAME], reuse_port=shared_port)
+    running = await start_server(cfg, add, [SERVICE_NAME, METRICS_SERVICE_NAME],
+                                 reuse_port=shared_port)
     rest, task, rest_port = None, None, None
     if cfg.rest_port is not None:
         host = cfg.rest_host or cfg.host

@@ -27,7 +27,7 @@ from mutualrl.common.errors import (
     Unavailable,
 )
 from mutualrl.see import metrics as m
-from mutualrl.see import wire
+from mutualrl.see import transfers, wire
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.hotpath import MalformedRequest, TooManyRecords, accept_records, scan_request
 from mutualrl.see.keys import KINDS, STREAM_NAMES, RunKeys, registry_key
@@ -431,7 +431,7 @@ class SeeStore:
         min_round = req.current_round - req.max_round_lag if req.current_round >= 0 else None
         out = pb.FetchRolloutsResponse()
         to_ack: list[str] = []
-        taken: dict[str, int] = {}
+        taken: dict[tuple[str, int], int] = {}
         chosen: list[tuple[str, str, int, bool, str]] = []
 
         def keep(entry_id: str, fields: dict[bytes, bytes] | None, count: int,
@@ -519,7 +519,8 @@ class SeeStore:
                 d.record.ParseFromString(payload)
                 nbytes += len(payload)
                 if fresh:
-                    taken[source] = taken.get(source, 0) + 1
+                    key = (source, d.record.round)
+                    taken[key] = taken.get(key, 0) + 1
             m.BYTES_OUT.labels("ROLLOUT").inc(nbytes)
             if to_ack:
                 await self.r.xack(stream, group, *to_ack)
@@ -542,12 +543,13 @@ class SeeStore:
                                          *delivery_ids))
 
     async def _count_transfers(self, run_id: str, taker: str, kind: int,
-                               taken: dict[str, int]) -> None:
+                               taken: dict[tuple[str, int], int]) -> None:
+        """Count delivered records: (source policy, record round) -> n (run totals and per
+        round, in one transaction: transfers.py)."""
         rk = self.keys(run_id)
-        async with self.r.pipeline(transaction=False) as pipe:
-            for source, n in taken.items():
-                pipe.hincrby(rk.xfer, f"{taker}|{source}|{kind}", n)
-            pipe.expire(rk.xfer, self.retention(await self.get_run(run_id)).ttl_seconds)
+        ttl = self.retention(await self.get_run(run_id)).ttl_seconds
+        async with self.r.pipeline(transaction=True) as pipe:
+            transfers.queue_counts(pipe, rk, taker, kind, taken, ttl)
             await pipe.execute()
 
     # ---------------------------------------------------------------------------- round stats
@@ -594,7 +596,7 @@ class SeeStore:
             await asyncio.sleep(min(poll, max(0.0, stop_at - now)))
         m.ROUND_STATS_WAIT.observe(time.monotonic() - start)
         resp = pb.RoundStatsResponse(complete=not missing, missing_policies=missing)
-        taken: dict[str, int] = {}
+        taken: dict[tuple[str, int], int] = {}
         for p in prompts:
             ps = resp.prompts.add(prompt_id=p)
             pooled = ps.pooled
@@ -612,7 +614,7 @@ class SeeStore:
                 pooled.max = st.max if first else max(pooled.max, st.max)
                 first = False
                 if req.policy_id and pol != req.policy_id:
-                    taken[pol] = taken.get(pol, 0) + 1
+                    taken[(pol, req.round)] = taken.get((pol, req.round), 0) + 1
         n_out = sum(taken.values())
         if taken:
             async with redis_op("round_stats"):
@@ -652,7 +654,7 @@ class SeeStore:
             payloads = await self.r.mget([rk.rec(rid) for rid in flat]) if flat else []
         by_id = {rid: pl for rid, pl in zip(flat, payloads, strict=True) if pl is not None}
         resp = pb.SuccessesResponse()
-        taken: dict[str, int] = {}
+        taken: dict[tuple[str, int], int] = {}
         for p, rids in zip(prompts, wanted, strict=True):
             cands: list[pb.ExperienceRecord] = []
             for rid in rids:
@@ -671,7 +673,8 @@ class SeeStore:
                     continue
                 seen.add(norm)
                 ps.successes.append(rec)
-                taken[rec.policy_id] = taken.get(rec.policy_id, 0) + 1
+                key = (rec.policy_id, rec.round)
+                taken[key] = taken.get(key, 0) + 1
                 m.BYTES_OUT.labels("VERIFIED_SUCCESS").inc(rec.ByteSize())
                 if len(ps.successes) >= cap:
                     break

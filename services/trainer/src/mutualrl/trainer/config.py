@@ -107,6 +107,23 @@ class CheckpointSettings(Config):
     """Checkpoints kept on disk (older ones are deleted)."""
 
 
+class WandbSettings(Config):
+    """Weights & Biases logging (needs `pip install mutualrl-trainer[wandb]`): one W&B run per
+    policy, grouped by the MutualRL run id, every round's metrics at step = round."""
+
+    project: str = Field(min_length=1)
+    """W&B project."""
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """`offline` writes the run under <output_dir>/<run_id>/<policy>/wandb with no network
+    (`wandb sync` uploads it later); `disabled` logs nothing."""
+    entity: str | None = None
+    """W&B entity (user or team); None uses the logged-in default."""
+    group: str | None = None
+    """W&B group; None uses the run id (all policies of a run side by side)."""
+    tags: list[str] = Field(default_factory=list)
+    """Tags added to every policy's W&B run."""
+
+
 class MetricsSettings(Config):
     """Where round metrics go."""
 
@@ -116,6 +133,12 @@ class MetricsSettings(Config):
     """Serve Prometheus /metrics on this port (0 picks a free one); None serves none."""
     progress: bool = True
     """Print a rich one-line progress per round."""
+    see: bool = True
+    """Report each round's metrics to SEE (run_metrics.proto) so its dashboard (/ui) draws live
+    curves; sent in the background: a slow or absent SEE never holds a round up. Ignored in
+    local runs (no services)."""
+    wandb: WandbSettings | None = None
+    """Also log to Weights & Biases (as TRL's and verl's `report_to`); None: no W&B."""
 
 
 class PolicySettings(Config):

@@ -1,4 +1,5 @@
-"""Round metrics to JSONL (the record of a run), TensorBoard, Prometheus and a progress line.
+"""Round metrics to JSONL (the record of a run), TensorBoard, Prometheus, a progress line, SEE
+(live dashboard, `live_metrics.py`) and optionally Weights & Biases (`wandb_log.py`).
 
 Every sink gets the same flat dict of floats per round; names are stable (plots and tests read
 them): reward_mean, pass_rate, loss, loss_pg, loss_sgt, kl, clip_frac, rescued_prompts,
@@ -23,10 +24,20 @@ _PROM_NAME = re.compile(r"[^a-zA-Z0-9_]")
 class MetricsSink:
     """Writes one policy's round metrics to every configured sink."""
 
-    def __init__(self, out_dir: Path, policy: str, settings: MetricsSettings) -> None:
+    def __init__(self, out_dir: Path, policy: str, settings: MetricsSettings,
+                 reporter: Any = None, run_id: str = "",
+                 run_config: dict[str, Any] | None = None) -> None:
+        """`reporter`: a `live_metrics.SeeMetricsReporter` (or anything with `report(round,
+        values)` and `close()`); `run_id` and `run_config` name and describe W&B runs."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.policy = policy
         self.settings = settings
+        self._reporter = reporter
+        self._wandb: Any = None
+        if settings.wandb is not None:
+            from mutualrl.trainer.wandb_log import WandbSink
+
+            self._wandb = WandbSink(settings.wandb, out_dir, run_id or policy, policy, run_config)
         self.jsonl_path = out_dir / "metrics.jsonl"
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self._tb: Any = None
@@ -83,11 +94,19 @@ class MetricsSink:
         if self._registry is not None:
             for k, v in clean.items():
                 self._gauge(k).labels(policy=self.policy).set(v)
+        if self._reporter is not None:
+            self._reporter.report(round_k, clean)
+        if self._wandb is not None:
+            self._wandb.log(round_k, clean)
         if self._console is not None:
             self._console.print(progress_line(self.policy, round_k, clean), highlight=False)
 
     def close(self) -> None:
         self._jsonl.close()
+        if self._reporter is not None:
+            self._reporter.close()
+        if self._wandb is not None:
+            self._wandb.close()
         if self._tb is not None:
             self._tb.close()
         if self._registry is not None:

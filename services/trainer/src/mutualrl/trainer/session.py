@@ -89,6 +89,22 @@ class Session:
             self.exchange.close()
 
 
+def _metrics_sink(cfg: TrainerConfig, policy: str, run_dir: Path) -> MetricsSink:
+    reporter = None
+    svc = cfg.services
+    if cfg.metrics.see and not svc.local:  # the run exists by now (PeerExchange.join made it)
+        from mutualrl.trainer.live_metrics import SeeMetricsReporter
+
+        reporter = SeeMetricsReporter(svc.see, cfg.run_id, policy, svc.token, svc.timeout)
+    try:
+        return MetricsSink(run_dir, policy, cfg.metrics, reporter, cfg.run_id,
+                           cfg.model_dump(mode="json", exclude={"services": {"token"}}))
+    except BaseException:  # e.g. metrics.wandb set without wandb installed
+        if reporter is not None:
+            reporter.close(timeout=0.1)
+        raise
+
+
 def build_session(
     cfg: TrainerConfig, policy_name: str | None = None, resume: bool = False,
     cache_dir: Path | None = None,
@@ -139,7 +155,7 @@ def build_session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
         probe=make_probe(cfg.probe, policy.name, exchange), exchange=exchange,
-        allocator=allocator, metrics=MetricsSink(run_dir, policy.name, cfg.metrics),
+        allocator=allocator, metrics=_metrics_sink(cfg, policy.name, run_dir),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new)
     if resume:
         last = checkpoint.latest(run_dir / "checkpoints")

@@ -47,6 +47,7 @@ def _peer_weights(
         log_w = prp_math.sequence_log_weight(lp, mask, send, torch.ones_like(send))
         w = prp_math.apply_weight_mode(log_w, probe.prp_weight_mode, probe.prp_delta, probe.prp_cap)
         stats = prp_math.weight_stats(w)
+        hist = prp_math.log_weight_histogram(w)
         weights = w.weights.unsqueeze(-1).expand_as(lp)
         keep = w.kept.unsqueeze(-1).expand_as(mask)
     else:
@@ -65,8 +66,10 @@ def _peer_weights(
             prp_math.chunk_log_weight(recv, send), probe.prp_weight_mode, probe.prp_delta,
             probe.prp_cap)
         stats = prp_math.weight_stats(w, chunk_valid)
+        hist = prp_math.log_weight_histogram(w, chunk_valid)
         weights = prp_math.chunk_to_tokens(w.weights, token_chunk)
         keep = prp_math.chunk_to_tokens(w.kept.to(lp.dtype), token_chunk) > 0
+    stats.update({f"loghist/{edge}": float(n) for edge, n in hist.items()})
     return weights, mask * keep.to(mask.dtype), stats
 
 

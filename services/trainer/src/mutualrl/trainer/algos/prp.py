@@ -103,6 +103,26 @@ def weight_stats(w: Weights, valid: Tensor | None = None) -> dict[str, float]:
     }
 
 
+HIST_LO, HIST_HI = -12, 6
+"""Edges (nats) of `log_weight_histogram`: unit bins [e, e+1) for e in HIST_LO..HIST_HI-1."""
+
+
+def log_weight_histogram(w: Weights, valid: Tensor | None = None) -> dict[int, int]:
+    """Counts of the raw log importance weights (nats) in unit bins, keyed by each bin's lower
+    edge; the outer bins also hold everything below HIST_LO / above HIST_HI. Empty bins are
+    left out. Over ``valid`` entries (e.g. real chunks), like `weight_stats`."""
+    valid = torch.ones_like(w.raw, dtype=torch.bool) if valid is None else valid.bool()
+    log_w = torch.log(w.raw[valid].double())
+    if log_w.numel() == 0:
+        return {}
+    # -inf (a weight that underflowed to 0) lands in the lowest bin, +inf in the highest.
+    edges = torch.floor(torch.nan_to_num(log_w, nan=float(HIST_LO), neginf=float(HIST_LO),
+                                         posinf=float(HIST_HI - 1)))
+    edges = edges.clamp(HIST_LO, HIST_HI - 1).long()
+    values, counts = torch.unique(edges, return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+
+
 def pooled_advantages(
     own: Tensor, peers: Sequence[Tensor], eps: float = EPS
 ) -> tuple[Tensor, list[Tensor]]:

@@ -36,4 +36,7 @@ class SGTProbe(Probe):
         plan.demos = Demos(prompt_index=[where[p] for p in pids], token_ids=token_ids)
         plan.stats["rescued_prompts"] = float(len(rescued))
         plan.stats["rescue_demos"] = float(len(texts))
+        for pid in rescued:  # per skill: which skills peers unlock (the dashboard's bars)
+            key = f"rescued/{data.prompts[where[pid]].skill}"
+            plan.stats[key] = plan.stats.get(key, 0.0) + 1.0
         return plan

@@ -14,9 +14,11 @@ PYTEST_ARGS ?=
 PACKAGES := proto services/common clients/python services/see services/thl services/mwra \
 	services/trainer launcher
 # Editable installs with the extras development uses (benchmark anchors).
-EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/thl[bench]" -e "services/trainer[bench]"
+EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/thl[bench]" \
+	-e "services/trainer[bench,wandb]"
 
-.PHONY: setup constraints run test test-unit test-integration test-e2e lint typecheck fmt proto \
+.PHONY: setup constraints run test test-unit test-integration test-e2e test-browser lint typecheck \
+	fmt proto \
 	validate-deploy clean
 
 setup: $(STAMP)
@@ -28,6 +30,7 @@ $(STAMP): constraints.txt pyproject.toml $(addsuffix /pyproject.toml,$(PACKAGES)
 	$(PIP) install -q --upgrade pip "setuptools>=75"
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
 	$(PIP) install -q --no-build-isolation -c constraints.txt $(EDITABLE) --group dev
+	bash scripts/ensure_chromium.sh
 	touch $(STAMP)
 
 # Regenerate constraints.txt: a set-up without constraints resolves every range afresh.
@@ -54,6 +57,11 @@ test-integration: setup
 
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -q $(PYTEST_ARGS)
+
+# SEE's dashboard in headless Chromium (Debian's package) against a short real run.
+test-browser: setup
+	bash scripts/ensure_chromium.sh
+	$(PY) -m pytest tests/browser -q $(PYTEST_ARGS)
 
 lint: setup typecheck
 	$(VENV)/bin/ruff check .

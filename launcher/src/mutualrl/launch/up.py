@@ -84,7 +84,7 @@ def make_plan(config: Path, redis_url: str | None,
                                             "mwra_metrics")}
     see = eff.setdefault("see", {}) or {}
     see.update(host="127.0.0.1", port=ports["see"], rest_port=ports["see_rest"],
-               redis_url=redis_url)
+               redis_url=redis_url, thl_address=f"127.0.0.1:{ports['thl']}")
     thl = eff.setdefault("thl", {}) or {}
     thl.update(host="127.0.0.1", port=ports["thl"], metrics_port=ports["thl_metrics"],
                redis_url=redis_url)
@@ -132,6 +132,7 @@ def make_plan(config: Path, redis_url: str | None,
     plan.endpoints = {
         "see_grpc": f"127.0.0.1:{ports['see']}",
         "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
+        "dashboard": f"http://127.0.0.1:{ports['see_rest']}/ui/runs/{trainer.run_id}/curves",
         "thl_grpc": f"127.0.0.1:{ports['thl']}",
         "mwra_grpc": f"127.0.0.1:{ports['mwra']}",
         "thl_metrics": f"http://127.0.0.1:{ports['thl_metrics']}/metrics",
@@ -236,6 +237,9 @@ def _train(plan: Plan, sup: Supervisor, signals: StopSignals, console: Any) -> i
     from rich.live import Live
 
     _write_state(plan, sup)
+    auth = " (asks for MUTUALRL_AUTH_TOKEN)" if os.environ.get("MUTUALRL_AUTH_TOKEN") else ""
+    console.print(f"dashboard [bold link={plan.endpoints['dashboard']}]"
+                  f"{plan.endpoints['dashboard']}[/]{auth}")
     console.print(f"SEE REST  {plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats "
                   f"(docs {plan.endpoints['see_rest']}/docs)")
     console.print(f"metrics   {plan.endpoints['see_rest']}/metrics, {plan.endpoints['thl_metrics']}"

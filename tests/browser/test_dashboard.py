@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the run to start (set-up counts against its timeout).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 POLICIES = ["gpt2-bpe", "llama-char", "qwen2-unigram"]  # conftest's run
 LiveRun = Page = Any  # conftest's types (a conftest is not imported by name)
 
@@ -213,8 +214,8 @@ def _check_record(page: Page, run: LiveRun, policy: str) -> None:
 
 
 def test_record_browser_chunks_concatenate_to_the_text(page: Page, live_run: LiveRun) -> None:
-    _check_record(page, live_run, "llama-char")
-    _check_record(page, live_run, "gpt2-bpe")
+    for sender in ("gpt2-bpe", "llama-char", "qwen2-unigram"):  # byte BPE, chars, Unigram
+        _check_record(page, live_run, sender)
     page.shot("records")
     assert page.errors == []
 

@@ -12,6 +12,7 @@ export class LiveMetrics {
     this.rows = new Map(policies.map((p) => [p, new Map()])); // policy -> round -> values
     this.cursor = null;
     this.lastUpdate = null; // Date.now() of the last poll that brought rows
+    this.newestMs = null; // when the newest round was finished (the trainer's clock, Unix ms)
     this.lastPoll = null;
     this.error = null;
     this.listeners = new Set();
@@ -35,6 +36,7 @@ export class LiveMetrics {
           if (!this.rows.has(row.policy_id)) this.rows.set(row.policy_id, new Map());
           // A round reported again (a resumed trainer) replaces the earlier row.
           this.rows.get(row.policy_id).set(row.round, { ...row.values, _ms: row.unix_ms });
+          this.newestMs = Math.max(this.newestMs ?? 0, row.unix_ms);
           changed = true;
         }
         this.cursor = r.cursor;

@@ -4,28 +4,24 @@
 
 import { enc, get } from "../api.js";
 import { bars, colorOf, histogram, LinePanel } from "../charts.js";
-import { clear, debounce, fmt, h } from "../dom.js";
+import { RoundWindow } from "../controls.js";
+import { clear, fmt, h } from "../dom.js";
 
 const HIST = "prp_w_loghist/";
 
 export function diagnosticsView(root, { runId, policies, live }) {
   let stopped = false;
   let residualTimer = null;
-  const lo = h("input", { type: "number", min: 0, id: "d-round-min", placeholder: "first", "aria-label": "first round" });
-  const hi = h("input", { type: "number", min: 0, id: "d-round-max", placeholder: "last", "aria-label": "last round" });
+  const win = new RoundWindow("d-", live, () => { render(); loadResidual(); });
   const prp = h("div", { class: "grid", id: "prp-hist" });
   const residualBox = h("div", { id: "thl-residual" });
   const residualCurve = new LinePanel({ title: "Residual per round, as each trainer aligned its peers' rollouts (PRP)",
     subtitle: "share of the receiver's tokens in multi-token chunks", metric: "thl_multi_token_chunk_share", policies, yRange: [0, 1],
     absent: "reported by the prp probe only (it aligns peer rollouts each round)" });
   const sgt = h("div", { class: "grid", id: "sgt-rescues" });
-  const redraw = debounce(() => { render(); loadResidual(); }, 300);
-  lo.addEventListener("input", redraw);
-  hi.addEventListener("input", redraw);
 
   clear(root,
-    h("div", { class: "toolbar" }, h("label", {}, "Rounds ", lo, " to ", hi),
-      h("button", { onclick: () => { lo.value = ""; hi.value = ""; redraw(); } }, "All rounds"),
+    h("div", { class: "toolbar" }, win.el,
       h("span", { class: "muted" }, "Figures are summed (counts) or averaged (shares) over the window.")),
     h("h2", { class: "section" }, "PRP · importance weights w = π_receiver(y) / π_sender(y)"),
     h("p", { class: "muted" }, "Distribution of log w (nats) over every peer sample (sequence level) or THL chunk (chunk level) a policy received, before its weight mode. "
@@ -38,15 +34,14 @@ export function diagnosticsView(root, { runId, policies, live }) {
     h("p", { class: "muted" }, "Prompts a policy failed (max own reward < τ) that a peer's verified success rescued, summed over the window."),
     sgt);
 
-  function win() {
-    return [lo.value === "" ? null : Number(lo.value), hi.value === "" ? null : Number(hi.value)];
-  }
-
   function render() {
-    const [a, b] = win();
+    const [a, b] = win.get();
     // PRP histogram, one card per receiving policy.
     const edges = live.keysWith(HIST).map(Number).filter(Number.isFinite).sort((x, y) => x - y);
-    clear(prp, policies.map((p) => {
+    if (edges.length === 0) {
+      clear(prp, h("p", { class: "muted empty" }, "No importance weights reported: no policy received peer rollouts "
+        + "(they come with the prp probe, once peers publish)."));
+    } else clear(prp, policies.map((p) => {
       const counts = edges.map((e) => live.sum(p, HIST + e, a, b));
       const total = counts.reduce((x, y) => x + y, 0);
       const body = total > 0
@@ -75,7 +70,7 @@ export function diagnosticsView(root, { runId, policies, live }) {
 
   async function loadResidual() {
     clearTimeout(residualTimer);
-    const [a, b] = win();
+    const [a, b] = win.get();
     try {
       const r = await get(`/v1/runs/${enc(runId)}/residual`, { round_min: a, round_max: b, sample: 16 });
       if (stopped) return;

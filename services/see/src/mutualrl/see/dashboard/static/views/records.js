@@ -120,6 +120,17 @@ export function recordsView(root, { runId, policies, live }) {
       h("div", { class: "list-foot" }, note, more)),
     detail));
 
+  // Every policy's records of one prompt in one round: how each answered it, side by side.
+  function samePrompt(prompt, round) {
+    f.policy.value = "";
+    f.kind.value = "";
+    f.prompt.value = prompt;
+    f.roundMin.value = String(round);
+    f.roundMax.value = String(round);
+    f.verified.value = "";
+    restart();
+  }
+
   function query() {
     return {
       policy: f.policy.value, kind: f.kind.value, round_min: f.roundMin.value, round_max: f.roundMax.value,
@@ -201,7 +212,9 @@ export function recordsView(root, { runId, policies, live }) {
           h("span", { class: `badge k-${a.kind}` }, a.kind.replace("_", " ").toLowerCase()),
           h("span", {}, h("i", { class: "dot", style: { background: colorOf(policies, s.policy_id) } }), s.policy_id),
           h("span", {}, `round ${a.round}`), h("span", { class: "mono" }, `prompt ${a.prompt_id}`),
-          h("span", {}, `reward ${fmt(a.reward, 3)}`))),
+          h("span", {}, `reward ${fmt(a.reward, 3)}`),
+          h("button", { class: "small-btn", id: "same-prompt", title: "every policy's records of this prompt",
+            onclick: () => samePrompt(a.prompt_id, a.round) }, "all answers to this prompt"))),
       h("div", { class: "prompt" }, h("span", { class: "label" }, "prompt"), h("span", { class: "mono" }, a.prompt_text || "–")),
       h("section", { class: "side" },
         h("h3", {}, "Sender", h("i", { class: "dot", style: { background: colorOf(policies, s.policy_id) } }), s.policy_id,

@@ -97,12 +97,15 @@ export class RunPage {
     if (l.error) {
       this.liveDot.className = "live down";
       this.liveDot.textContent = `SEE unreachable: ${l.error.message}`;
-    } else if (l.lastUpdate && Date.now() - l.lastUpdate < 15000) {
-      this.liveDot.className = "live on";
-      this.liveDot.textContent = `live · last round ${((Date.now() - l.lastUpdate) / 1000).toFixed(0)} s ago`;
-    } else {
+    } else if (l.newestMs === null) {
       this.liveDot.className = "live idle";
-      this.liveDot.textContent = l.lastUpdate ? `idle · last round ${ago(l.lastUpdate)}` : (l.lastPoll ? "no metrics reported yet" : "connecting…");
+      this.liveDot.textContent = l.lastPoll ? "no round reported yet" : "connecting…";
+    } else {
+      // Age of the newest round by the trainer's clock (a clock ahead of ours counts as now).
+      const age = Math.max(0, Date.now() - l.newestMs);
+      const on = age < 30000;
+      this.liveDot.className = on ? "live on" : "live idle";
+      this.liveDot.textContent = on ? `live · last round ${(age / 1000).toFixed(0)} s ago` : `idle · last round ${ago(l.newestMs)}`;
     }
   }
 

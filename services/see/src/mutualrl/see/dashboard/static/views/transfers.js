@@ -3,7 +3,8 @@
 
 import { enc, get } from "../api.js";
 import { colorOf } from "../charts.js";
-import { clear, debounce, fmt, h } from "../dom.js";
+import { RoundWindow } from "../controls.js";
+import { clear, fmt, h } from "../dom.js";
 
 const KINDS = [
   { kind: "VERIFIED_SUCCESS", title: "Verified successes", note: "SGT learns from these" },
@@ -14,33 +15,14 @@ const KINDS = [
 export function transfersView(root, { runId, policies, live }) {
   let stopped = false;
   let timer = null;
-  const lo = h("input", { type: "number", min: 0, id: "round-min", placeholder: "first", "aria-label": "first round" });
-  const hi = h("input", { type: "number", min: 0, id: "round-max", placeholder: "last", "aria-label": "last round" });
+  const win = new RoundWindow("", live, () => load());
   const caption = h("p", { class: "muted", id: "window-caption" });
   const grid = h("div", { class: "heat-grid" });
   const error = h("p", { class: "error", role: "alert" });
   error.hidden = true;
 
-  function setWindow(a, b) {
-    lo.value = a === null ? "" : String(a);
-    hi.value = b === null ? "" : String(b);
-    load();
-  }
-  function last(n) {
-    const r = live.maxRound();
-    if (r === null) return setWindow(null, null);
-    setWindow(Math.max(0, r - n + 1), r);
-  }
-  const reload = debounce(() => load(), 300);
-  lo.addEventListener("input", reload);
-  hi.addEventListener("input", reload);
-
   clear(root,
-    h("div", { class: "toolbar" },
-      h("label", {}, "Rounds ", lo, " to ", hi),
-      h("button", { id: "all-rounds", onclick: () => setWindow(null, null) }, "All rounds"),
-      h("button", { onclick: () => last(25) }, "Last 25"),
-      h("button", { onclick: () => last(100) }, "Last 100"),
+    h("div", { class: "toolbar" }, win.el,
       h("span", { class: "muted" }, "Rows take from columns. Counted when SEE hands a record over, under the round of the record taken.")),
     caption, error, grid);
 
@@ -77,8 +59,7 @@ export function transfersView(root, { runId, policies, live }) {
 
   async function load() {
     clearTimeout(timer);
-    const a = lo.value === "" ? null : Number(lo.value);
-    const b = hi.value === "" ? null : Number(hi.value);
+    const [a, b] = win.get();
     try {
       const r = await get(`/v1/runs/${enc(runId)}/transfers`, { round_min: a, round_max: b });
       if (stopped) return;

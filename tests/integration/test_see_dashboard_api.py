@@ -5,6 +5,7 @@ and the OpenAPI schema."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import tempfile
 from collections.abc import AsyncIterator
@@ -208,7 +209,7 @@ def _check_tiles(text: str, chunks: list[dict[str, Any]], n_src: int, n_dst: int
     assert chunks[0]["char_start"] == 0 and chunks[-1]["char_end"] == len(text)
     assert chunks[0]["source_start"] == 0 and chunks[-1]["source_end"] == n_src
     assert chunks[0]["target_start"] == 0 and chunks[-1]["target_end"] == n_dst
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         assert a["char_end"] == b["char_start"]
         assert a["source_end"] == b["source_start"] and a["target_end"] == b["target_start"]
 

@@ -282,10 +282,10 @@ async def test_auth_health_reflection_metrics_and_sync_client(redis_url: str,
         alloc, table = await asyncio.to_thread(sync_flow)
         assert (alloc.units, alloc.threads, alloc.rollout_budget) == (3, 3, 5)
         assert table.workers[0].worker.capacity.cpu_slots == 3
-        assert srv.running.metrics_port is not None
+        assert srv.grpc.metrics_port is not None
         body = await asyncio.to_thread(
             lambda: urllib.request.urlopen(
-                f"http://127.0.0.1:{srv.running.metrics_port}/metrics", timeout=5).read().decode())
+                f"http://127.0.0.1:{srv.grpc.metrics_port}/metrics", timeout=5).read().decode())
         assert f'mutualrl_mwra_allocated_units{{policy="solo",run="{run_id}"}} 3.0' in body
         assert f'mutualrl_mwra_idle_units{{run="{run_id}"}} 0.0' in body
         assert f'mutualrl_mwra_rebalances_total{{run="{run_id}"}} 1.0' in body
@@ -307,7 +307,7 @@ async def test_two_replicas_one_leads_the_other_takes_over(redis_url: str, run_i
             assert first.units == 2
             await asyncio.sleep(0.3)  # several ticks: B sees the run and tries the lock
             assert a.service.is_leader(run_id) and not b.service.is_leader(run_id)
-            assert r.get(f"mwra:{{{run_id}}}:leader") == f"A-{run_id}"
+            assert r.get(f"mrl:mwra:{{{run_id}}}:leader") == f"A-{run_id}"
             # a follower serves reads from Redis, and forwards a new round to the leader
             same = await cb.get_allocation(run_id, "p", 0)
             assert same == first
@@ -316,15 +316,15 @@ async def test_two_replicas_one_leads_the_other_takes_over(redis_url: str, run_i
             assert not b.service.is_leader(run_id)
             # A dies without releasing its lock (stop serving and kill its loop)
             await a.service.stop_background()
-            await a.running.stop(0)
-            assert r.get(f"mwra:{{{run_id}}}:leader") == f"A-{run_id}"  # not released
+            await a.grpc.server.stop(0)  # no graceful stop: its close hooks would release the lock
+            assert r.get(f"mrl:mwra:{{{run_id}}}:leader") == f"A-{run_id}"  # not released
             t0 = time.monotonic()
             while not b.service.is_leader(run_id):
                 assert time.monotonic() - t0 < 3.0, "B never took over"
                 await asyncio.sleep(0.05)
             took = time.monotonic() - t0
             print(f"B took over {took:.2f}s after A died (lock TTL 1.0s)")
-            assert r.get(f"mwra:{{{run_id}}}:leader") == f"B-{run_id}"
+            assert r.get(f"mrl:mwra:{{{run_id}}}:leader") == f"B-{run_id}"
             await cb.report_step_cost(run_id, "p", 1, 3.0, units=2)
             await cb.report_step_cost(run_id, "q", 1, 1.0, units=2)
             after = await cb.get_allocation(run_id, "p", 2)  # B plans round 2
@@ -332,8 +332,7 @@ async def test_two_replicas_one_leads_the_other_takes_over(redis_url: str, run_i
     finally:
         r.close()
         await b.stop(0)
-        await a.service.close()
-        await a.store.close()
+        await a.stop(0)
 
 
 async def test_inspect_allocation_cli(server: MwraServer, run_id: str,

@@ -153,6 +153,8 @@ def test_bad_requests_on_every_rpc(c: SeeClient, run_id: str) -> None:
     expect(nf, "run_id", lambda: c.round_stats("no-such-run", 0, ["p"]))
     expect(nf, "run_id", lambda: c.successes("no-such-run", "a", ["p"]))
     expect(INVALID, "run_id", lambda: c.get_run("bad run id!"))
+    expect(nf, "run_id", lambda: c.delete_run("no-such-run"))
+    expect(INVALID, "run_id", lambda: c.delete_run("bad run id!"))
     expect(INVALID, "config.policies", lambda: c.create_run("fresh-" + run_id, [], tau=1.0))
     expect(INVALID, "config.policies[1]", lambda: c.create_run("fresh-" + run_id, ["a", "a"]))
     expect(INVALID, "config.tau", lambda: c.create_run("fresh-" + run_id, ["a"], tau=math.nan))
@@ -169,10 +171,10 @@ def test_bad_requests_on_every_rpc(c: SeeClient, run_id: str) -> None:
     expect(INVALID, "prompt_ids[0]", lambda: c.successes(run_id, "a", [""]))
     expect(INVALID, "after_id", lambda: next(iter(c.subscribe(run_id, after_id="x"))))
     expect(INVALID, "records", lambda: c._call(
-        "Publish", pb.PublishRequest(run_id=run_id, records=[rollout("a", 0, "p", i)
+        c.stub.Publish, pb.PublishRequest(run_id=run_id, records=[rollout("a", 0, "p", i)
                                                              for i in range(4097)])))
     # Bytes that are not a PublishRequest at all.
-    raw = c._channel.unary_unary("/mutualrl.v1.ExperienceExchange/Publish")
+    raw = c.channel.unary_unary("/mutualrl.v1.ExperienceExchange/Publish")
     expect(INVALID, "records", lambda: raw(b"\x12\xff\xff\xff\x0f", timeout=5))
     head = pb.PublishRequest(run_id=run_id).SerializeToString()
     expect(INVALID, "records[0]", lambda: raw(head + b"\x12\x03\xff\xff\xff", timeout=5))

@@ -43,7 +43,7 @@ def paths() -> dict[str, str]:
 
 def _cfg(redis_url: str, run_id: str, **kw: object) -> ThlConfig:
     fields: dict[str, object] = {"port": 0, "metrics_port": None, "redis_url": redis_url,
-                                 "key_prefix": f"test:{run_id}:thl:", **kw}
+                                 "key_prefix": run_id, **kw}
     return ThlConfig.model_validate(fields)
 
 
@@ -217,7 +217,7 @@ async def test_registrations_persist_in_redis_and_are_shared(redis_url: str, run
     finally:
         await first.stop(0)
         await replica.stop(0)
-    key = f"test:{run_id}:thl:tokenizers"
+    key = f"{run_id}:thl:tokenizers"
     client = redis.Redis.from_url(redis_url)
     try:
         assert client.hexists(key, "wp")
@@ -286,8 +286,8 @@ async def test_redis_down_is_unavailable_not_internal(paths: dict[str, str]) -> 
     srv = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=dead))
     try:
         async with AsyncThlClient(ClientOptions(address=srv.address, retries=0)) as thl:
-            await _expect(grpc.StatusCode.UNAVAILABLE, "Redis", thl.register("a",
+            await _expect(grpc.StatusCode.UNAVAILABLE, "redis", thl.register("a",
                                                                              paths["char"]))
-            await _expect(grpc.StatusCode.UNAVAILABLE, "Redis", thl.list())
+            await _expect(grpc.StatusCode.UNAVAILABLE, "redis", thl.list())
     finally:
         await srv.stop(0)

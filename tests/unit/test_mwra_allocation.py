@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutualrl.mwra.allocation import (
-    Plan,
     PolicySpec,
+    PoolAssignment,
     PoolWorker,
     Settings,
     apportion,
@@ -165,7 +165,7 @@ def test_time_share_gives_every_policy_turns_round_robin(n_policies: int,
     ids = _ids(n_policies)
     pols = [PolicySpec(p, cost=1.0 + i) for i, p in enumerate(ids)]
     workers = [PoolWorker("w", total, cpu_slots=total)]
-    plan: Plan | None = None
+    plan: PoolAssignment | None = None
     turns = dict.fromkeys(ids, 0)
     per_cycle = math.ceil(n_policies / total)
     for k in range(3 * per_cycle * n_policies):
@@ -189,7 +189,7 @@ def test_time_share_with_uneven_minimums_gives_everyone_a_turn_every_p_rounds(
     ids = _ids(len(mins))
     pols = [PolicySpec(p, min_units=m) for p, m in zip(ids, mins, strict=True)]
     workers = [PoolWorker("w", total, cpu_slots=total)]
-    plan: Plan | None = None
+    plan: PoolAssignment | None = None
     history: list[list[str]] = []
     for k in range(3 * len(ids)):
         plan = plan_round(plan, pols, workers, Settings(strategy="time-share"), k)
@@ -278,7 +278,7 @@ def test_empty_pool_plan_is_empty_and_json_round_trips() -> None:
     plan = plan_round(None, [PolicySpec("a")], [], Settings(), 3)
     assert plan.empty and plan.units == {"a": 0} and plan.active == []
     full = plan_round(plan, [PolicySpec("a")], [PoolWorker("w", 2, 2)], Settings(), 3)
-    assert Plan.from_json(full.to_json()) == full
+    assert PoolAssignment.from_json(full.to_json()) == full
 
 
 def test_ema() -> None:

@@ -57,8 +57,8 @@ def test_header_round_trip_and_keys() -> None:
         "a/1", "a", "p0", 3, True, 7)
     k = RunKeys("mrl", "run-1")
     # Every key of a run shares one hash tag: one cluster slot.
-    assert all(key.startswith("mrl:{run-1}:") for key in k.fixed())
-    assert k.round_stats(4) == "mrl:{run-1}:rs:4"
+    assert all(key.startswith("mrl:see:{run-1}:") for key in k.fixed())
+    assert k.round_stats(4) == "mrl:see:{run-1}:rs:4"
 
 
 def test_text_normalisation() -> None:

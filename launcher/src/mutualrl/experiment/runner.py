@@ -2,8 +2,8 @@
 supervised processes, then every run of the grid as two single-threaded trainer processes, with
 a live progress display; at the end results.json, results.md and curves.png.
 
-Process management is `mutualrl.launch` (Supervisor, ProcessSpec, make_plan for the services);
-the statistics are `mutualrl.experiment.analysis`.
+Process management is `mutualrl.launch` (Supervisor, ProcessSpec, make_launch_plan for the
+services); the statistics are `mutualrl.experiment.analysis`.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ class Services:
 def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first: RunSpec,
                    redis_url: str | None, token: str | None, console: Any) -> Services:
     """Redis (private unless REDIS_URL), SEE, THL and MWRA as supervised processes, through
-    `mutualrl.launch.up.make_plan` (free ports, effective YAML, health checks). Redis is waited
-    for here; the services start in the background (`wait_services` waits for them), so their
-    start-up overlaps the warm starts."""
-    from mutualrl.launch.up import make_plan
+    `mutualrl.launch.up.make_launch_plan` (free ports, effective YAML, health checks). Redis is
+    waited for here; the services start in the background (`wait_services` waits for them), so
+    their start-up overlaps the warm starts."""
+    from mutualrl.launch.up import make_launch_plan
 
     svc_dir = out / "services"
     svc_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first:
     doc["trainer"] = {**first.trainer, "run_id": "services", "output_dir": str(svc_dir)}
     yml = svc_dir / "services-input.yaml"
     yml.write_text(yaml.safe_dump(doc, sort_keys=False))
-    plan, pre = make_plan(yml, redis_url, token)
+    plan, pre = make_launch_plan(yml, redis_url, token)
     sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
     for spec in pre:
         sup.start(spec)

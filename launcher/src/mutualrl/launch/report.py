@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from mutualrl.launch.up import Plan
+    from mutualrl.launch.up import LaunchPlan
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def _last_with(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     return {}
 
 
-def status_table(plan: Plan, done: set[str]) -> Table:
+def status_table(plan: LaunchPlan, done: set[str]) -> Table:
     table = Table(title=f"mutualrl up - run {plan.run_id}", expand=False)
     for col in ("policy", "round", "reward", "pass", "held-out", "rescued", "step s", "state"):
         table.add_column(col, justify="left" if col in ("policy", "state") else "right")
@@ -54,7 +54,7 @@ def status_table(plan: Plan, done: set[str]) -> Table:
     return table
 
 
-def _warm_start_accuracy(plan: Plan, policy: str) -> dict[str, float] | None:
+def _warm_start_accuracy(plan: LaunchPlan, policy: str) -> dict[str, float] | None:
     """Held-out accuracy `mutualrl sft` measured for the policy's warm start, if it has one."""
     import yaml
 
@@ -67,7 +67,7 @@ def _warm_start_accuracy(plan: Plan, policy: str) -> dict[str, float] | None:
     return None
 
 
-def results(plan: Plan) -> dict[str, Any]:
+def results(plan: LaunchPlan) -> dict[str, Any]:
     """Per policy: held-out reward@1 per skill at the start (the warm start's SFT evaluation, or
     the first RL evaluation) and at the end, rounds, rescues, mean step time."""
     out: dict[str, Any] = {}
@@ -128,7 +128,7 @@ def results_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(plan: Plan, path: Path) -> None:
+def plot_curves(plan: LaunchPlan, path: Path) -> None:
     """One panel per policy: held-out reward@1 per skill (markers) and train reward (faint)."""
     import matplotlib
 
@@ -159,7 +159,7 @@ def plot_curves(plan: Plan, path: Path) -> None:
     plt.close(fig)
 
 
-def see_stats(plan: Plan) -> dict[str, Any] | None:
+def see_stats(plan: LaunchPlan) -> dict[str, Any] | None:
     """SEE's per-run statistics through its REST API (None when it does not answer)."""
     import os
 
@@ -185,7 +185,7 @@ def transfer_table(stats: dict[str, Any]) -> Table:
     return table
 
 
-def final_report(plan: Plan, console: Any) -> dict[str, Any]:
+def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
     res = results(plan)
     console.print(results_table(res))
     plot = plan.run_dir / "curves.png"

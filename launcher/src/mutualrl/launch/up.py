@@ -39,7 +39,7 @@ CLI = [sys.executable, "-m", "mutualrl.cli"]
 
 
 @dataclass
-class Plan:
+class LaunchPlan:
     """Everything `up` starts, derived from the run YAML."""
 
     run_dir: Path
@@ -62,8 +62,8 @@ def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_resta
                        restart=restart, max_restarts=max_restarts, stop_group=1)
 
 
-def make_plan(config: Path, redis_url: str | None,
-              token: str | None) -> tuple[Plan, list[ProcessSpec]]:
+def make_launch_plan(config: Path, redis_url: str | None,
+              token: str | None) -> tuple[LaunchPlan, list[ProcessSpec]]:
     """Read the run YAML, choose ports, write the effective YAML, list the processes."""
     from mutualrl.trainer.config import TrainerConfig
 
@@ -124,7 +124,7 @@ def make_plan(config: Path, redis_url: str | None,
     eff_path = run_dir / "run.yaml"
     eff_path.write_text(yaml.safe_dump(eff, sort_keys=False))
     env = {"MUTUALRL_AUTH_TOKEN": token} if token else {}
-    plan = Plan(run_dir=run_dir, config_path=eff_path, up=up, run_id=trainer.run_id,
+    plan = LaunchPlan(run_dir=run_dir, config_path=eff_path, up=up, run_id=trainer.run_id,
                 policies=[p.name for p in trainer.policies],
                 metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
                                for p in trainer.policies},
@@ -161,7 +161,7 @@ def make_plan(config: Path, redis_url: str | None,
 def run_up(config: Path, console: Any) -> int:
     token = os.environ.get("MUTUALRL_AUTH_TOKEN") or None
     try:
-        plan, pre = make_plan(config, os.environ.get("REDIS_URL") or None, token)
+        plan, pre = make_launch_plan(config, os.environ.get("REDIS_URL") or None, token)
     except RedisMissing as err:
         console.print(f"[red]{err}[/]")
         return EXIT_CONFIG
@@ -181,7 +181,7 @@ def run_up(config: Path, console: Any) -> int:
     return code
 
 
-def _write_state(plan: Plan, sup: Supervisor, stopped: bool = False) -> None:
+def _write_state(plan: LaunchPlan, sup: Supervisor, stopped: bool = False) -> None:
     """run_dir/up.json: endpoints and pids, for people, tests and `mutualrl inspect`."""
     state = {"run_id": plan.run_id, "endpoints": plan.endpoints, "stopped": stopped,
              "pids": {name: c.pid for name, c in sup.children.items()},
@@ -191,7 +191,7 @@ def _write_state(plan: Plan, sup: Supervisor, stopped: bool = False) -> None:
     tmp.replace(plan.run_dir / "up.json")
 
 
-def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: StopSignals,
+def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signals: StopSignals,
                console: Any) -> int:
     try:
         for spec in pre:
@@ -217,7 +217,7 @@ def _supervise(plan: Plan, pre: list[ProcessSpec], sup: Supervisor, signals: Sto
 
 
 @contextlib.contextmanager
-def _local_worker(plan: Plan) -> Iterator[None]:
+def _local_worker(plan: LaunchPlan) -> Iterator[None]:
     """Offer this machine's CPU threads to MWRA as the run's worker for as long as it trains."""
     from mutualrl.client.mwra import MwraClient
 
@@ -233,7 +233,7 @@ def _local_worker(plan: Plan) -> Iterator[None]:
         client.close()
 
 
-def _train(plan: Plan, sup: Supervisor, signals: StopSignals, console: Any) -> int:
+def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any) -> int:
     from rich.live import Live
 
     _write_state(plan, sup)

@@ -22,45 +22,46 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from mutualrl.v1 import runs_pb2 as mutualrl_dot_v1_dot_runs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmutualrl/v1/alignment.proto\x12\x0bmutualrl.v1\"Q\n\x18RegisterTokenizerRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\toverwrite\x18\x03 \x01(\x08\"\x83\x01\n\rTokenizerInfo\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nmodel_type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x12\n\nbyte_level\x18\x05 \x01(\x08\x12\x12\n\nnormalizer\x18\x06 \x01(\t\"\x17\n\x15ListTokenizersRequest\"H\n\x16ListTokenizersResponse\x12.\n\ntokenizers\x18\x01 \x03(\x0b\x32\x1a.mutualrl.v1.TokenizerInfo\"q\n\x11RetokenizeRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x12\x1b\n\x13\x61pply_chat_template\x18\x04 \x01(\x08\"\x88\x01\n\x08Residual\x12 \n\x18roundtrip_mismatch_chars\x18\x01 \x01(\x03\x12\x1f\n\x17multi_token_chunk_share\x18\x02 \x01(\x01\x12\x17\n\x0funcovered_bytes\x18\x03 \x01(\x03\x12 \n\x18normalized_changed_chars\x18\x04 \x01(\x03\"\x85\x01\n\rTokenizedText\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\roffset_starts\x18\x02 \x03(\x05\x12\x13\n\x0boffset_ends\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\'\n\x08residual\x18\x05 \x01(\x0b\x32\x15.mutualrl.v1.Residual\"A\n\x12RetokenizeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.mutualrl.v1.TokenizedText\"}\n\tTraceItem\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10source_token_ids\x18\x02 \x03(\x05\x12\x1c\n\x14source_offset_starts\x18\x03 \x03(\x05\x12\x1a\n\x12source_offset_ends\x18\x04 \x03(\x05\x12\x0e\n\x06values\x18\x05 \x03(\x02\"\xc5\x01\n\x11\x41lignTraceRequest\x12\x1b\n\x13source_tokenizer_id\x18\x01 \x01(\t\x12\x1b\n\x13target_tokenizer_id\x18\x02 \x01(\t\x12%\n\x05items\x18\x03 \x03(\x0b\x32\x16.mutualrl.v1.TraceItem\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.mutualrl.v1.AlignMode\x12)\n\tplacement\x18\x05 \x01(\x0e\x32\x16.mutualrl.v1.Placement\"\xa4\x01\n\x05\x43hunk\x12\x12\n\nchar_start\x18\x01 \x01(\x05\x12\x10\n\x08\x63har_end\x18\x02 \x01(\x05\x12\x14\n\x0csource_start\x18\x03 \x01(\x05\x12\x12\n\nsource_end\x18\x04 \x01(\x05\x12\x14\n\x0ctarget_start\x18\x05 \x01(\x05\x12\x12\n\ntarget_end\x18\x06 \x01(\x05\x12\r\n\x05value\x18\x07 \x01(\x01\x12\x12\n\none_to_one\x18\x08 \x01(\x08\"\xf2\x01\n\x0c\x41lignedTrace\x12\x18\n\x10target_token_ids\x18\x01 \x03(\x05\x12\x1c\n\x14target_offset_starts\x18\x02 \x03(\x05\x12\x1a\n\x12target_offset_ends\x18\x03 \x03(\x05\x12\x15\n\rtarget_values\x18\x04 \x03(\x01\x12\"\n\x06\x63hunks\x18\x05 \x03(\x0b\x32\x12.mutualrl.v1.Chunk\x12\x16\n\x0esequence_value\x18\x06 \x01(\x01\x12\'\n\x08residual\x18\x07 \x01(\x0b\x32\x15.mutualrl.v1.Residual\x12\x12\n\nmass_error\x18\x08 \x01(\x01\"i\n\x12\x41lignTraceResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.mutualrl.v1.AlignedTrace\x12\'\n\x08residual\x18\x02 \x01(\x0b\x32\x15.mutualrl.v1.Residual*V\n\tAlignMode\x12\x1a\n\x16\x41LIGN_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41LIGN_MODE_CHUNK\x10\x01\x12\x17\n\x13\x41LIGN_MODE_SEQUENCE\x10\x02*P\n\tPlacement\x12\x19\n\x15PLACEMENT_UNSPECIFIED\x10\x00\x12\x12\n\x0ePLACEMENT_LAST\x10\x01\x12\x14\n\x10PLACEMENT_SPREAD\x10\x02\x32\xdc\x02\n\tAlignment\x12V\n\x11RegisterTokenizer\x12%.mutualrl.v1.RegisterTokenizerRequest\x1a\x1a.mutualrl.v1.TokenizerInfo\x12Y\n\x0eListTokenizers\x12\".mutualrl.v1.ListTokenizersRequest\x1a#.mutualrl.v1.ListTokenizersResponse\x12M\n\nRetokenize\x12\x1e.mutualrl.v1.RetokenizeRequest\x1a\x1f.mutualrl.v1.RetokenizeResponse\x12M\n\nAlignTrace\x12\x1e.mutualrl.v1.AlignTraceRequest\x1a\x1f.mutualrl.v1.AlignTraceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmutualrl/v1/alignment.proto\x12\x0bmutualrl.v1\x1a\x16mutualrl/v1/runs.proto\"a\n\x18RegisterTokenizerRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\toverwrite\x18\x03 \x01(\x08\x12\x0e\n\x06run_id\x18\x04 \x01(\t\"\x83\x01\n\rTokenizerInfo\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nmodel_type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x12\n\nbyte_level\x18\x05 \x01(\x08\x12\x12\n\nnormalizer\x18\x06 \x01(\t\"\x17\n\x15ListTokenizersRequest\"H\n\x16ListTokenizersResponse\x12.\n\ntokenizers\x18\x01 \x03(\x0b\x32\x1a.mutualrl.v1.TokenizerInfo\"q\n\x11RetokenizeRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x12\x1b\n\x13\x61pply_chat_template\x18\x04 \x01(\x08\"\x88\x01\n\x08Residual\x12 \n\x18roundtrip_mismatch_chars\x18\x01 \x01(\x03\x12\x1f\n\x17multi_token_chunk_share\x18\x02 \x01(\x01\x12\x17\n\x0funcovered_bytes\x18\x03 \x01(\x03\x12 \n\x18normalized_changed_chars\x18\x04 \x01(\x03\"\x85\x01\n\rTokenizedText\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\roffset_starts\x18\x02 \x03(\x05\x12\x13\n\x0boffset_ends\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\'\n\x08residual\x18\x05 \x01(\x0b\x32\x15.mutualrl.v1.Residual\"A\n\x12RetokenizeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.mutualrl.v1.TokenizedText\"}\n\tTraceItem\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10source_token_ids\x18\x02 \x03(\x05\x12\x1c\n\x14source_offset_starts\x18\x03 \x03(\x05\x12\x1a\n\x12source_offset_ends\x18\x04 \x03(\x05\x12\x0e\n\x06values\x18\x05 \x03(\x02\"\xc5\x01\n\x11\x41lignTraceRequest\x12\x1b\n\x13source_tokenizer_id\x18\x01 \x01(\t\x12\x1b\n\x13target_tokenizer_id\x18\x02 \x01(\t\x12%\n\x05items\x18\x03 \x03(\x0b\x32\x16.mutualrl.v1.TraceItem\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.mutualrl.v1.AlignMode\x12)\n\tplacement\x18\x05 \x01(\x0e\x32\x16.mutualrl.v1.Placement\"\xa4\x01\n\x05\x43hunk\x12\x12\n\nchar_start\x18\x01 \x01(\x05\x12\x10\n\x08\x63har_end\x18\x02 \x01(\x05\x12\x14\n\x0csource_start\x18\x03 \x01(\x05\x12\x12\n\nsource_end\x18\x04 \x01(\x05\x12\x14\n\x0ctarget_start\x18\x05 \x01(\x05\x12\x12\n\ntarget_end\x18\x06 \x01(\x05\x12\r\n\x05value\x18\x07 \x01(\x01\x12\x12\n\none_to_one\x18\x08 \x01(\x08\"\xf2\x01\n\x0c\x41lignedTrace\x12\x18\n\x10target_token_ids\x18\x01 \x03(\x05\x12\x1c\n\x14target_offset_starts\x18\x02 \x03(\x05\x12\x1a\n\x12target_offset_ends\x18\x03 \x03(\x05\x12\x15\n\rtarget_values\x18\x04 \x03(\x01\x12\"\n\x06\x63hunks\x18\x05 \x03(\x0b\x32\x12.mutualrl.v1.Chunk\x12\x16\n\x0esequence_value\x18\x06 \x01(\x01\x12\'\n\x08residual\x18\x07 \x01(\x0b\x32\x15.mutualrl.v1.Residual\x12\x12\n\nmass_error\x18\x08 \x01(\x01\"i\n\x12\x41lignTraceResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.mutualrl.v1.AlignedTrace\x12\'\n\x08residual\x18\x02 \x01(\x0b\x32\x15.mutualrl.v1.Residual*V\n\tAlignMode\x12\x1a\n\x16\x41LIGN_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41LIGN_MODE_CHUNK\x10\x01\x12\x17\n\x13\x41LIGN_MODE_SEQUENCE\x10\x02*P\n\tPlacement\x12\x19\n\x15PLACEMENT_UNSPECIFIED\x10\x00\x12\x12\n\x0ePLACEMENT_LAST\x10\x01\x12\x14\n\x10PLACEMENT_SPREAD\x10\x02\x32\xa8\x03\n\tAlignment\x12V\n\x11RegisterTokenizer\x12%.mutualrl.v1.RegisterTokenizerRequest\x1a\x1a.mutualrl.v1.TokenizerInfo\x12Y\n\x0eListTokenizers\x12\".mutualrl.v1.ListTokenizersRequest\x1a#.mutualrl.v1.ListTokenizersResponse\x12M\n\nRetokenize\x12\x1e.mutualrl.v1.RetokenizeRequest\x1a\x1f.mutualrl.v1.RetokenizeResponse\x12M\n\nAlignTrace\x12\x1e.mutualrl.v1.AlignTraceRequest\x1a\x1f.mutualrl.v1.AlignTraceResponse\x12J\n\tDeleteRun\x12\x1d.mutualrl.v1.DeleteRunRequest\x1a\x1e.mutualrl.v1.DeleteRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mutualrl.v1.alignment_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ALIGNMODE']._serialized_start=1663
-  _globals['_ALIGNMODE']._serialized_end=1749
-  _globals['_PLACEMENT']._serialized_start=1751
-  _globals['_PLACEMENT']._serialized_end=1831
-  _globals['_REGISTERTOKENIZERREQUEST']._serialized_start=44
-  _globals['_REGISTERTOKENIZERREQUEST']._serialized_end=125
-  _globals['_TOKENIZERINFO']._serialized_start=128
-  _globals['_TOKENIZERINFO']._serialized_end=259
-  _globals['_LISTTOKENIZERSREQUEST']._serialized_start=261
-  _globals['_LISTTOKENIZERSREQUEST']._serialized_end=284
-  _globals['_LISTTOKENIZERSRESPONSE']._serialized_start=286
-  _globals['_LISTTOKENIZERSRESPONSE']._serialized_end=358
-  _globals['_RETOKENIZEREQUEST']._serialized_start=360
-  _globals['_RETOKENIZEREQUEST']._serialized_end=473
-  _globals['_RESIDUAL']._serialized_start=476
-  _globals['_RESIDUAL']._serialized_end=612
-  _globals['_TOKENIZEDTEXT']._serialized_start=615
-  _globals['_TOKENIZEDTEXT']._serialized_end=748
-  _globals['_RETOKENIZERESPONSE']._serialized_start=750
-  _globals['_RETOKENIZERESPONSE']._serialized_end=815
-  _globals['_TRACEITEM']._serialized_start=817
-  _globals['_TRACEITEM']._serialized_end=942
-  _globals['_ALIGNTRACEREQUEST']._serialized_start=945
-  _globals['_ALIGNTRACEREQUEST']._serialized_end=1142
-  _globals['_CHUNK']._serialized_start=1145
-  _globals['_CHUNK']._serialized_end=1309
-  _globals['_ALIGNEDTRACE']._serialized_start=1312
-  _globals['_ALIGNEDTRACE']._serialized_end=1554
-  _globals['_ALIGNTRACERESPONSE']._serialized_start=1556
-  _globals['_ALIGNTRACERESPONSE']._serialized_end=1661
-  _globals['_ALIGNMENT']._serialized_start=1834
-  _globals['_ALIGNMENT']._serialized_end=2182
+  _globals['_ALIGNMODE']._serialized_start=1703
+  _globals['_ALIGNMODE']._serialized_end=1789
+  _globals['_PLACEMENT']._serialized_start=1791
+  _globals['_PLACEMENT']._serialized_end=1871
+  _globals['_REGISTERTOKENIZERREQUEST']._serialized_start=68
+  _globals['_REGISTERTOKENIZERREQUEST']._serialized_end=165
+  _globals['_TOKENIZERINFO']._serialized_start=168
+  _globals['_TOKENIZERINFO']._serialized_end=299
+  _globals['_LISTTOKENIZERSREQUEST']._serialized_start=301
+  _globals['_LISTTOKENIZERSREQUEST']._serialized_end=324
+  _globals['_LISTTOKENIZERSRESPONSE']._serialized_start=326
+  _globals['_LISTTOKENIZERSRESPONSE']._serialized_end=398
+  _globals['_RETOKENIZEREQUEST']._serialized_start=400
+  _globals['_RETOKENIZEREQUEST']._serialized_end=513
+  _globals['_RESIDUAL']._serialized_start=516
+  _globals['_RESIDUAL']._serialized_end=652
+  _globals['_TOKENIZEDTEXT']._serialized_start=655
+  _globals['_TOKENIZEDTEXT']._serialized_end=788
+  _globals['_RETOKENIZERESPONSE']._serialized_start=790
+  _globals['_RETOKENIZERESPONSE']._serialized_end=855
+  _globals['_TRACEITEM']._serialized_start=857
+  _globals['_TRACEITEM']._serialized_end=982
+  _globals['_ALIGNTRACEREQUEST']._serialized_start=985
+  _globals['_ALIGNTRACEREQUEST']._serialized_end=1182
+  _globals['_CHUNK']._serialized_start=1185
+  _globals['_CHUNK']._serialized_end=1349
+  _globals['_ALIGNEDTRACE']._serialized_start=1352
+  _globals['_ALIGNEDTRACE']._serialized_end=1594
+  _globals['_ALIGNTRACERESPONSE']._serialized_start=1596
+  _globals['_ALIGNTRACERESPONSE']._serialized_end=1701
+  _globals['_ALIGNMENT']._serialized_start=1874
+  _globals['_ALIGNMENT']._serialized_end=2298
 # @@protoc_insertion_point(module_scope)

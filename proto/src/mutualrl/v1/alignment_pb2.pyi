@@ -1,3 +1,4 @@
+from mutualrl.v1 import runs_pb2 as _runs_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -26,14 +27,16 @@ PLACEMENT_LAST: Placement
 PLACEMENT_SPREAD: Placement
 
 class RegisterTokenizerRequest(_message.Message):
-    __slots__ = ("tokenizer_id", "path", "overwrite")
+    __slots__ = ("tokenizer_id", "path", "overwrite", "run_id")
     TOKENIZER_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     tokenizer_id: str
     path: str
     overwrite: bool
-    def __init__(self, tokenizer_id: _Optional[str] = ..., path: _Optional[str] = ..., overwrite: _Optional[bool] = ...) -> None: ...
+    run_id: str
+    def __init__(self, tokenizer_id: _Optional[str] = ..., path: _Optional[str] = ..., overwrite: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("tokenizer_id", "path", "model_type", "vocab_size", "byte_level", "normalizer")

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from mutualrl.v1 import alignment_pb2 as mutualrl_dot_v1_dot_alignment__pb2
+from mutualrl.v1 import runs_pb2 as mutualrl_dot_v1_dot_runs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -54,6 +55,11 @@ class AlignmentStub:
                 request_serializer=mutualrl_dot_v1_dot_alignment__pb2.AlignTraceRequest.SerializeToString,
                 response_deserializer=mutualrl_dot_v1_dot_alignment__pb2.AlignTraceResponse.FromString,
                 _registered_method=True)
+        self.DeleteRun = channel.unary_unary(
+                '/mutualrl.v1.Alignment/DeleteRun',
+                request_serializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.FromString,
+                _registered_method=True)
 
 
 class AlignmentServicer:
@@ -83,6 +89,13 @@ class AlignmentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRun(self, request, context):
+        """Release the tokenizer registrations made for the run (RegisterTokenizerRequest.run_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AlignmentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +118,11 @@ def add_AlignmentServicer_to_server(servicer, server):
                     servicer.AlignTrace,
                     request_deserializer=mutualrl_dot_v1_dot_alignment__pb2.AlignTraceRequest.FromString,
                     response_serializer=mutualrl_dot_v1_dot_alignment__pb2.AlignTraceResponse.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.FromString,
+                    response_serializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +233,33 @@ class Alignment:
             '/mutualrl.v1.Alignment/AlignTrace',
             mutualrl_dot_v1_dot_alignment__pb2.AlignTraceRequest.SerializeToString,
             mutualrl_dot_v1_dot_alignment__pb2.AlignTraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mutualrl.v1.Alignment/DeleteRun',
+            mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.SerializeToString,
+            mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from mutualrl.v1 import allocation_pb2 as mutualrl_dot_v1_dot_allocation__pb2
+from mutualrl.v1 import runs_pb2 as mutualrl_dot_v1_dot_runs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -84,6 +85,11 @@ class AllocatorStub:
                 request_serializer=mutualrl_dot_v1_dot_allocation__pb2.ListAllocationsRequest.SerializeToString,
                 response_deserializer=mutualrl_dot_v1_dot_allocation__pb2.AllocationTable.FromString,
                 _registered_method=True)
+        self.DeleteRun = channel.unary_unary(
+                '/mutualrl.v1.Allocator/DeleteRun',
+                request_serializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
@@ -149,6 +155,13 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRun(self, request, context):
+        """The run's workers, leases, policies, costs, plan and leader lock.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +214,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.ListAllocations,
                     request_deserializer=mutualrl_dot_v1_dot_allocation__pb2.ListAllocationsRequest.FromString,
                     response_serializer=mutualrl_dot_v1_dot_allocation__pb2.AllocationTable.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.FromString,
+                    response_serializer=mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +491,33 @@ class Allocator:
             '/mutualrl.v1.Allocator/ListAllocations',
             mutualrl_dot_v1_dot_allocation__pb2.ListAllocationsRequest.SerializeToString,
             mutualrl_dot_v1_dot_allocation__pb2.AllocationTable.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mutualrl.v1.Allocator/DeleteRun',
+            mutualrl_dot_v1_dot_runs__pb2.DeleteRunRequest.SerializeToString,
+            mutualrl_dot_v1_dot_runs__pb2.DeleteRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,7 +6,7 @@ Replies are the protobuf messages of `mutualrl.v1.allocation_pb2`.
 
 A trainer's round::
 
-    mwra = MwraClient("mwra:50053")
+    mwra = MwraClient("mwra:50053", token=token)
     mwra.register_policy(run, "qwen", trainer_id=pod, rollout_budget=64)
     alloc = mwra.get_allocation(run, "qwen", round=k)
     budget = mutualrl.trainer.allocator.apply_allocation(alloc)      # threads + rollout budget
@@ -25,23 +25,12 @@ from typing import Any
 
 import grpc
 
-from mutualrl.common.channel import (
-    ClientOptions,
-    acall_with_retry,
-    aio_channel,
-    call_with_retry,
-    sync_channel,
-)
+from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
+from mutualrl.v1 import runs_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50053"
-
-
-def _options(target: ClientOptions | str | None, **kw: Any) -> ClientOptions:
-    if isinstance(target, ClientOptions):
-        return target
-    return ClientOptions(address=target or DEFAULT_ADDRESS, **kw)
 
 
 def _worker(worker_id: str, cpu_slots: int, gpu_count: int, gpu_kind: str,
@@ -52,27 +41,18 @@ def _worker(worker_id: str, cpu_slots: int, gpu_count: int, gpu_kind: str,
                                                 gpu_kind=gpu_kind))
 
 
-class MwraClient:
-    """Blocking client; `MwraClient("host:port")` or `MwraClient(ClientOptions(...))`."""
+class MwraClient(Client):
+    """Blocking client (constructor: `mutualrl.client.base`): `MwraClient("host:port")` or
+    `MwraClient(ClientOptions(...))`."""
 
-    def __init__(self, target: ClientOptions | str | None = None, **options: Any) -> None:
-        self.opts = _options(target, **options)
-        self._channel = sync_channel(self.opts)
-        self._stub = pb_grpc.AllocatorStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    def close(self) -> None:
-        self._channel.close()
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.AllocatorStub(self.channel)
 
-    def __enter__(self) -> MwraClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        fn = getattr(self._stub, method)
-        return call_with_retry(self.opts, lambda: fn(request, timeout=timeout or self.opts.timeout,
-                                                     metadata=self.opts.metadata()))
+    def _rpc(self, method: str, request: Any) -> Any:
+        return self._call(getattr(self.stub, method), request)
 
     # workers
     def register_worker(self, run_id: str, worker_id: str, *, cpu_slots: int = 0,
@@ -80,14 +60,14 @@ class MwraClient:
                         labels: Mapping[str, str] | None = None,
                         rollout_address: str = "") -> pb.Lease:
         worker = _worker(worker_id, cpu_slots, gpu_count, gpu_kind, labels, rollout_address)
-        return self._call("RegisterWorker", pb.RegisterWorkerRequest(run_id=run_id,
+        return self._rpc("RegisterWorker", pb.RegisterWorkerRequest(run_id=run_id,
                                                                      worker=worker))
 
     def heartbeat(self, run_id: str, worker_id: str) -> pb.Lease:
-        return self._call("Heartbeat", pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
+        return self._rpc("Heartbeat", pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
 
     def deregister_worker(self, run_id: str, worker_id: str) -> bool:
-        reply = self._call("DeregisterWorker",
+        reply = self._rpc("DeregisterWorker",
                            pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
         return bool(reply.removed)
 
@@ -100,12 +80,12 @@ class MwraClient:
     def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
                         min_units: int = 1, weight: float = 1.0,
                         rollout_budget: int = 0) -> pb.PolicyInfo:
-        return self._call("RegisterPolicy", pb.RegisterPolicyRequest(
+        return self._rpc("RegisterPolicy", pb.RegisterPolicyRequest(
             run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
             weight=weight, rollout_budget=rollout_budget))
 
     def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
-        return self._call("PolicyHeartbeat",
+        return self._rpc("PolicyHeartbeat",
                           pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
 
     def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> Keepalive:
@@ -114,20 +94,20 @@ class MwraClient:
         return Keepalive(lambda: self.policy_heartbeat(run_id, policy_id), interval)
 
     def deregister_policy(self, run_id: str, policy_id: str) -> bool:
-        reply = self._call("DeregisterPolicy",
+        reply = self._rpc("DeregisterPolicy",
                            pb.DeregisterPolicyRequest(run_id=run_id, policy_id=policy_id))
         return bool(reply.removed)
 
     def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
                          tokens: int = 0, samples: int = 0, units: int = 1) -> pb.PolicyInfo:
-        reply = self._call("ReportStepCost", pb.StepCostReport(
+        reply = self._rpc("ReportStepCost", pb.StepCostReport(
             run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
             samples=samples, units=units))
         return reply.policy
 
     def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
         # A follower replica may wait for the leader to plan a new round: allow for it.
-        return self._call("GetAllocation", pb.GetAllocationRequest(
+        return self._rpc("GetAllocation", pb.GetAllocationRequest(
             run_id=run_id, policy_id=policy_id, round=round))
 
     def watch_allocation(self, run_id: str, policy_id: str) -> Iterator[pb.Allocation]:
@@ -136,18 +116,23 @@ class MwraClient:
         attempt = 0
         while True:
             try:
-                for msg in self._stub.WatchAllocation(request, metadata=self.opts.metadata()):
+                for msg in self.stub.WatchAllocation(request, metadata=self.options.metadata()):
                     attempt = 0
                     yield msg
                 return
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.opts.retries:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.options.retries:
                     raise
-                threading.Event().wait(self.opts.backoff(attempt))
+                threading.Event().wait(self.options.backoff(attempt))
                 attempt += 1
 
     def list_allocations(self, run_id: str) -> pb.AllocationTable:
-        return self._call("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+        return self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+
+    def delete_run(self, run_id: str) -> int:
+        """Delete everything MWRA holds of the run (workers, leases, policies, costs, plan,
+        lock); returns the keys deleted (NOT_FOUND when there is nothing)."""
+        return int(self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id)).deleted)
 
     def register_local_worker(self, run_id: str, worker_id: str | None = None,
                               slots: int | None = None) -> tuple[str, pb.Lease]:
@@ -189,42 +174,32 @@ class Keepalive:
         self.stop()
 
 
-class AsyncMwraClient:
+class AsyncMwraClient(AsyncClient):
     """asyncio twin of `MwraClient` (same methods, awaitable; watch is an async iterator)."""
 
-    def __init__(self, target: ClientOptions | str | None = None, **options: Any) -> None:
-        self.opts = _options(target, **options)
-        self._channel = aio_channel(self.opts)
-        self._stub = pb_grpc.AllocatorStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    async def close(self) -> None:
-        await self._channel.close()
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.AllocatorStub(self.channel)
 
-    async def __aenter__(self) -> AsyncMwraClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _call(self, method: str, request: Any) -> Any:
-        fn = getattr(self._stub, method)
-        return await acall_with_retry(self.opts, lambda: fn(request, timeout=self.opts.timeout,
-                                                            metadata=self.opts.metadata()))
+    async def _rpc(self, method: str, request: Any) -> Any:
+        return await self._call(getattr(self.stub, method), request)
 
     async def register_worker(self, run_id: str, worker_id: str, *, cpu_slots: int = 0,
                               gpu_count: int = 0, gpu_kind: str = "",
                               labels: Mapping[str, str] | None = None,
                               rollout_address: str = "") -> pb.Lease:
         worker = _worker(worker_id, cpu_slots, gpu_count, gpu_kind, labels, rollout_address)
-        return await self._call("RegisterWorker",
+        return await self._rpc("RegisterWorker",
                                 pb.RegisterWorkerRequest(run_id=run_id, worker=worker))
 
     async def heartbeat(self, run_id: str, worker_id: str) -> pb.Lease:
-        return await self._call("Heartbeat",
+        return await self._rpc("Heartbeat",
                                 pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
 
     async def deregister_worker(self, run_id: str, worker_id: str) -> bool:
-        reply = await self._call("DeregisterWorker",
+        reply = await self._rpc("DeregisterWorker",
                                  pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
         return bool(reply.removed)
 
@@ -239,12 +214,12 @@ class AsyncMwraClient:
     async def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
                               min_units: int = 1, weight: float = 1.0,
                               rollout_budget: int = 0) -> pb.PolicyInfo:
-        return await self._call("RegisterPolicy", pb.RegisterPolicyRequest(
+        return await self._rpc("RegisterPolicy", pb.RegisterPolicyRequest(
             run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
             weight=weight, rollout_budget=rollout_budget))
 
     async def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
-        return await self._call("PolicyHeartbeat",
+        return await self._rpc("PolicyHeartbeat",
                                 pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
 
     async def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> None:
@@ -255,20 +230,20 @@ class AsyncMwraClient:
                 await self.policy_heartbeat(run_id, policy_id)
 
     async def deregister_policy(self, run_id: str, policy_id: str) -> bool:
-        reply = await self._call("DeregisterPolicy",
+        reply = await self._rpc("DeregisterPolicy",
                                  pb.DeregisterPolicyRequest(run_id=run_id, policy_id=policy_id))
         return bool(reply.removed)
 
     async def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
                                tokens: int = 0, samples: int = 0,
                                units: int = 1) -> pb.PolicyInfo:
-        reply = await self._call("ReportStepCost", pb.StepCostReport(
+        reply = await self._rpc("ReportStepCost", pb.StepCostReport(
             run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
             samples=samples, units=units))
         return reply.policy
 
     async def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
-        return await self._call("GetAllocation", pb.GetAllocationRequest(
+        return await self._rpc("GetAllocation", pb.GetAllocationRequest(
             run_id=run_id, policy_id=policy_id, round=round))
 
     async def watch_allocation(self, run_id: str, policy_id: str) -> AsyncIterator[pb.Allocation]:
@@ -276,19 +251,24 @@ class AsyncMwraClient:
         attempt = 0
         while True:
             try:
-                async for msg in self._stub.WatchAllocation(request,
-                                                            metadata=self.opts.metadata()):
+                async for msg in self.stub.WatchAllocation(request,
+                                                            metadata=self.options.metadata()):
                     attempt = 0
                     yield msg
                 return
             except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.opts.retries:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.options.retries:
                     raise
-                await asyncio.sleep(self.opts.backoff(attempt))
+                await asyncio.sleep(self.options.backoff(attempt))
                 attempt += 1
 
     async def list_allocations(self, run_id: str) -> pb.AllocationTable:
-        return await self._call("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+        return await self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
+
+    async def delete_run(self, run_id: str) -> int:
+        """`MwraClient.delete_run`."""
+        resp = await self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(resp.deleted)
 
     async def register_local_worker(self, run_id: str, worker_id: str | None = None,
                                     slots: int | None = None) -> tuple[str, pb.Lease]:

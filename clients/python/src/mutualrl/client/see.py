@@ -4,7 +4,7 @@ Every RPC is retried with exponential backoff on UNAVAILABLE (a restarting SEE o
 costs a delay, not a crash). Retrying Publish is safe: records are idempotent by record_id, so a
 batch whose answer was lost stores nothing twice (the retry reports DUPLICATE for those).
 
-    with SeeClient(ClientOptions(address="127.0.0.1:50051")) as see:
+    with SeeClient("127.0.0.1:50051") as see:
         see.create_run("run1", ["a", "b"], tau=1.0, exist_ok=True)
         see.publish("run1", records)
         records = see.take_peer_rollouts("run1", "a", consumer="trainer-a", current_round=3,
@@ -18,20 +18,17 @@ from typing import Any
 
 import grpc
 
-from mutualrl.common.channel import (
-    ClientOptions,
-    acall_with_retry,
-    aio_channel,
-    call_with_retry,
-    sync_channel,
-)
+from mutualrl.client.base import AsyncClient, Client, Target
+from mutualrl.common.channel import ClientOptions
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import run_metrics_pb2 as mpb
 from mutualrl.v1 import run_metrics_pb2_grpc as mpb_grpc
+from mutualrl.v1 import runs_pb2
 
 MAX_BATCH = 4096
 MAX_METRIC_ROWS = 1024
+DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 __all__ = ["AsyncSeeClient", "ClientOptions", "SeeClient", "metric_row", "pb"]
 
@@ -71,41 +68,32 @@ def _fetch_request(run_id: str, policy_id: str, consumer: str, max_records: int,
         min_policy_version=min_policy_version, claim_idle_ms=claim_idle_ms)
 
 
-class SeeClient:
-    """Blocking client; one channel, closed by `close()` or the context manager."""
+class SeeClient(Client):
+    """Blocking client (constructor: `mutualrl.client.base`); one channel, closed by `close()`
+    or the context manager."""
 
-    def __init__(self, options: ClientOptions | None = None, **overrides: Any) -> None:
-        self.options = (options or ClientOptions()).model_copy(update=overrides)
-        self._channel = sync_channel(self.options)
-        self.stub = pb_grpc.ExperienceExchangeStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    def close(self) -> None:
-        self._channel.close()
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
 
-    def __enter__(self) -> SeeClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
-        fn = getattr(self.stub, method)
-        opts = self.options
-        return call_with_retry(opts, lambda: fn(request, timeout=opts.timeout + extra_timeout,
-                                                metadata=opts.metadata()))
+    def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+        return self._call(getattr(self.stub, method), request,
+                          self.options.timeout + extra_timeout)
 
     # runs
     def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
                    exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
                    max_rounds: int = 0) -> pb.Run:
         cfg = _run_config(run_id, policies, tau, max_stream_len, ttl_seconds, max_rounds)
-        return self._call("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
+        return self._rpc("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
 
     def get_run(self, run_id: str) -> pb.Run:
-        return self._call("GetRun", pb.GetRunRequest(run_id=run_id))
+        return self._rpc("GetRun", pb.GetRunRequest(run_id=run_id))
 
     def list_runs(self) -> list[pb.Run]:
-        return list(self._call("ListRuns", pb.ListRunsRequest()).runs)
+        return list(self._rpc("ListRuns", pb.ListRunsRequest()).runs)
 
     # publish
     def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]) -> pb.PublishResponse:
@@ -113,7 +101,7 @@ class SeeClient:
         out = pb.PublishResponse()
         batch = list(records)
         for i in range(0, len(batch), MAX_BATCH):
-            part = self._call("Publish",
+            part = self._rpc("Publish",
                               pb.PublishRequest(run_id=run_id, records=batch[i:i + MAX_BATCH]))
             _merge(out, part)
         return out
@@ -125,12 +113,12 @@ class SeeClient:
                        claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
-        return self._call("FetchRollouts", req, extra_timeout=block_ms / 1000)
+        return self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000)
 
     def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
         if not delivery_ids:
             return 0
-        return int(self._call("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
+        return int(self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
                                                    delivery_ids=list(delivery_ids))).acked)
 
     def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
@@ -150,7 +138,7 @@ class SeeClient:
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        return self._call("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+        return self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000)
 
     def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
                   max_per_prompt: int = 0, min_round: int = 0
@@ -158,25 +146,23 @@ class SeeClient:
         """Peer verified successes per prompt (deduplicated by normalised text)."""
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = self._call("GetVerifiedSuccesses", req)
+        resp = self._rpc("GetVerifiedSuccesses", req)
         return {p.prompt_id: list(p.successes) for p in resp.prompts}
 
     def run_stats(self, run_id: str) -> pb.RunStats:
-        return self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+        return self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+
+    def delete_run(self, run_id: str) -> int:
+        """Delete everything SEE holds of the run; returns the keys deleted (NOT_FOUND when
+        there is nothing)."""
+        return int(self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id)).deleted)
 
     def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
         """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);
         returns the rows stored. Split into calls of at most 1024 rows."""
-        stub: Any = mpb_grpc.RunMetricsStub(self._channel)  # type: ignore[no-untyped-call]
-        opts = self.options
-        stored = 0
-        for req in _metric_requests(run_id, rows):
-            def call(req: mpb.ReportMetricsRequest = req) -> mpb.ReportMetricsResponse:
-                resp: mpb.ReportMetricsResponse = stub.ReportMetrics(
-                    req, timeout=opts.timeout, metadata=opts.metadata())
-                return resp
-            stored += call_with_retry(opts, call).stored
-        return stored
+        stub = mpb_grpc.RunMetricsStub(self.channel)
+        return sum(int(self._call(stub.ReportMetrics, req).stored)
+                   for req in _metric_requests(run_id, rows))
 
     def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
                   ) -> Iterator[pb.ExperienceEvent]:
@@ -185,55 +171,44 @@ class SeeClient:
         return self.stub.Subscribe(req, metadata=self.options.metadata())
 
 
-class AsyncSeeClient:
+class AsyncSeeClient(AsyncClient):
     """asyncio twin of SeeClient (grpc.aio channel); `async with` or `await close()`."""
 
-    def __init__(self, options: ClientOptions | None = None, **overrides: Any) -> None:
-        self.options = (options or ClientOptions()).model_copy(update=overrides)
-        self._channel = aio_channel(self.options)
-        self.stub = pb_grpc.ExperienceExchangeStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    async def close(self) -> None:
-        await self._channel.close()
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
 
-    async def __aenter__(self) -> AsyncSeeClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _call(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
-        fn = getattr(self.stub, method)
-        opts = self.options
-        return await acall_with_retry(
-            opts, lambda: fn(request, timeout=opts.timeout + extra_timeout,
-                             metadata=opts.metadata()))
+    async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+        return await self._call(getattr(self.stub, method), request,
+                                self.options.timeout + extra_timeout)
 
     async def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
                          exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
                          max_rounds: int = 0) -> pb.Run:
         cfg = _run_config(run_id, policies, tau, max_stream_len, ttl_seconds, max_rounds)
-        return await self._call("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
+        return await self._rpc("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
 
     async def get_run(self, run_id: str) -> pb.Run:
-        return await self._call("GetRun", pb.GetRunRequest(run_id=run_id))
+        return await self._rpc("GetRun", pb.GetRunRequest(run_id=run_id))
 
     async def list_runs(self) -> list[pb.Run]:
-        return list((await self._call("ListRuns", pb.ListRunsRequest())).runs)
+        return list((await self._rpc("ListRuns", pb.ListRunsRequest())).runs)
 
     async def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]
                       ) -> pb.PublishResponse:
         out = pb.PublishResponse()
         batch = list(records)
         for i in range(0, len(batch), MAX_BATCH):
-            part = await self._call(
+            part = await self._rpc(
                 "Publish", pb.PublishRequest(run_id=run_id, records=batch[i:i + MAX_BATCH]))
             _merge(out, part)
         return out
 
     async def publish_request(self, request: pb.PublishRequest) -> pb.PublishResponse:
         """Publish a prepared request as is (the benchmark builds requests once)."""
-        return await self._call("Publish", request)
+        return await self._rpc("Publish", request)
 
     async def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
                              max_records: int = 256, block_ms: int = 0, current_round: int = -1,
@@ -241,12 +216,12 @@ class AsyncSeeClient:
                              claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
-        return await self._call("FetchRollouts", req, extra_timeout=block_ms / 1000)
+        return await self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000)
 
     async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
         if not delivery_ids:
             return 0
-        resp = await self._call("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
+        resp = await self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
                                                      delivery_ids=list(delivery_ids)))
         return int(resp.acked)
 
@@ -262,28 +237,30 @@ class AsyncSeeClient:
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        return await self._call("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+        return await self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000)
 
     async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
                         max_per_prompt: int = 0, min_round: int = 0
                         ) -> dict[str, list[pb.ExperienceRecord]]:
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = await self._call("GetVerifiedSuccesses", req)
+        resp = await self._rpc("GetVerifiedSuccesses", req)
         return {p.prompt_id: list(p.successes) for p in resp.prompts}
 
     async def run_stats(self, run_id: str) -> pb.RunStats:
-        return await self._call("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+        return await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+
+    async def delete_run(self, run_id: str) -> int:
+        """`SeeClient.delete_run`."""
+        resp = await self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(resp.deleted)
 
     async def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
-        stub: Any = mpb_grpc.RunMetricsStub(self._channel)  # type: ignore[no-untyped-call]
-        opts = self.options
+        """`SeeClient.report_metrics`."""
+        stub = mpb_grpc.RunMetricsStub(self.channel)
         stored = 0
         for req in _metric_requests(run_id, rows):
-            def call(req: mpb.ReportMetricsRequest = req) -> Any:
-                return stub.ReportMetrics(req, timeout=opts.timeout, metadata=opts.metadata())
-            resp: mpb.ReportMetricsResponse = await acall_with_retry(opts, call)
-            stored += resp.stored
+            stored += int((await self._call(stub.ReportMetrics, req)).stored)
         return stored
 
     async def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""

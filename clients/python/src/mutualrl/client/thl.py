@@ -6,8 +6,8 @@ swap one for the other. Calls carry the bearer token from `ClientOptions` (or
 MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE with exponential backoff; other errors surface as
 `grpc.RpcError` with INVALID_ARGUMENT / NOT_FOUND / ... and a message naming the field.
 
-    with ThlClient(ClientOptions(address="127.0.0.1:50052")) as thl:
-        thl.register("policy-a", "/ckpt/policy-a")
+    with ThlClient("127.0.0.1:50052") as thl:
+        thl.register("policy-a", "/ckpt/policy-a", run_id="run1")
         out = thl.align_trace("policy-a", "policy-b", [TraceItem(text, ids, logps, offsets)])
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.alignment_types import (
     AlignTraceResult,
@@ -25,26 +26,14 @@ from mutualrl.common.alignment_types import (
     TokenizerInfo,
     TraceItem,
 )
-from mutualrl.common.channel import (
-    ClientOptions,
-    acall_with_retry,
-    aio_channel,
-    call_with_retry,
-    sync_channel,
-)
+from mutualrl.common.channel import ClientOptions
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
+from mutualrl.v1 import runs_pb2
 
 __all__ = ["AsyncThlClient", "ClientOptions", "ThlClient", "TraceItem"]
 
 DEFAULT_ADDRESS = "127.0.0.1:50052"
-
-
-def _options(options: ClientOptions | None, address: str | None) -> ClientOptions:
-    opts = options or ClientOptions(address=address or DEFAULT_ADDRESS)
-    if address is not None and options is not None:
-        opts = opts.model_copy(update={"address": address})
-    return opts
 
 
 def _align_request(source_tokenizer_id: str, target_tokenizer_id: str,
@@ -62,35 +51,39 @@ def _align_request(source_tokenizer_id: str, target_tokenizer_id: str,
                                 placement=wire.PLACEMENT_TO_PB[placement])
 
 
-class ThlClient:
-    """Blocking THL client; use as a context manager or call `close()`."""
+class ThlClient(Client):
+    """Blocking THL client (constructor: `mutualrl.client.base`); use as a context manager or
+    call `close()`."""
 
-    def __init__(self, options: ClientOptions | None = None, *, address: str | None = None
-                 ) -> None:
-        self.options = _options(options, address)
-        self._channel = sync_channel(self.options)
-        self._stub = pb_grpc.AlignmentStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    def _call(self, method: Any, request: Any) -> Any:
-        md = self.options.metadata()
-        return call_with_retry(self.options, lambda: method(request, timeout=self.options.timeout,
-                                                            metadata=md))
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.AlignmentStub(self.channel)
 
-    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
-        """Register a fast tokenizer at a path on the THL host."""
-        msg = self._call(self._stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
-            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite))
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
+                 run_id: str = "") -> TokenizerInfo:
+        """Register a fast tokenizer at a path on the THL host, for `run_id` when given
+        (`delete_run` releases it)."""
+        msg = self._call(self.stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
+            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
         return wire.info_from_pb(msg)
+
+    def delete_run(self, run_id: str) -> int:
+        """Release the registrations made for the run; returns how many it held (NOT_FOUND
+        when none)."""
+        msg = self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(msg.deleted)
 
     def list(self) -> list[TokenizerInfo]:
         """Every registered tokenizer, sorted by id."""
-        msg = self._call(self._stub.ListTokenizers, pb.ListTokenizersRequest())
+        msg = self._call(self.stub.ListTokenizers, pb.ListTokenizersRequest())
         return [wire.info_from_pb(t) for t in msg.tokenizers]
 
     def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
                    apply_chat_template: bool = False) -> list[TokenizedText]:
         """Encode texts with a registered tokenizer (ids, char offsets, residual)."""
-        msg = self._call(self._stub.Retokenize, pb.RetokenizeRequest(
+        msg = self._call(self.stub.Retokenize, pb.RetokenizeRequest(
             tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
             apply_chat_template=apply_chat_template))
         return [wire.tokenized_from_pb(r) for r in msg.results]
@@ -100,46 +93,37 @@ class ThlClient:
                     placement: Placement = "last") -> AlignTraceResult:
         """Move source token traces onto the target tokenizer's tokens."""
         req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
-        return wire.result_from_pb(self._call(self._stub.AlignTrace, req))
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> ThlClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return wire.result_from_pb(self._call(self.stub.AlignTrace, req))
 
 
-class AsyncThlClient:
+
+class AsyncThlClient(AsyncClient):
     """asyncio THL client; use as an async context manager or await `close()`."""
 
-    def __init__(self, options: ClientOptions | None = None, *, address: str | None = None
-                 ) -> None:
-        self.options = _options(options, address)
-        self._channel = aio_channel(self.options)
-        self._stub = pb_grpc.AlignmentStub(self._channel)
+    default_address = DEFAULT_ADDRESS
 
-    async def _call(self, method: Any, request: Any) -> Any:
-        md = self.options.metadata()
-        return await acall_with_retry(
-            self.options, lambda: method(request, timeout=self.options.timeout, metadata=md))
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        super().__init__(target, **overrides)
+        self.stub = pb_grpc.AlignmentStub(self.channel)
 
-    async def register(self, tokenizer_id: str, path: str,
-                       overwrite: bool = False) -> TokenizerInfo:
-        msg = await self._call(self._stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
-            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite))
+    async def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
+                       run_id: str = "") -> TokenizerInfo:
+        msg = await self._call(self.stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
+            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
         return wire.info_from_pb(msg)
 
+    async def delete_run(self, run_id: str) -> int:
+        msg = await self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(msg.deleted)
+
     async def list(self) -> list[TokenizerInfo]:
-        msg = await self._call(self._stub.ListTokenizers, pb.ListTokenizersRequest())
+        msg = await self._call(self.stub.ListTokenizers, pb.ListTokenizersRequest())
         return [wire.info_from_pb(t) for t in msg.tokenizers]
 
     async def retokenize(self, tokenizer_id: str, texts: Sequence[str],
                          add_special_tokens: bool = False,
                          apply_chat_template: bool = False) -> list[TokenizedText]:
-        msg = await self._call(self._stub.Retokenize, pb.RetokenizeRequest(
+        msg = await self._call(self.stub.Retokenize, pb.RetokenizeRequest(
             tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
             apply_chat_template=apply_chat_template))
         return [wire.tokenized_from_pb(r) for r in msg.results]
@@ -148,13 +132,5 @@ class AsyncThlClient:
                           items: Sequence[TraceItem], mode: Mode = "chunk",
                           placement: Placement = "last") -> AlignTraceResult:
         req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
-        return wire.result_from_pb(await self._call(self._stub.AlignTrace, req))
+        return wire.result_from_pb(await self._call(self.stub.AlignTrace, req))
 
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> AsyncThlClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

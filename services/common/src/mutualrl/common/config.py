@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from mutualrl.common import ids, keys
+from mutualrl.common.errors import InvalidArgument
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _follows(rule: ids.IdRule) -> AfterValidator:
+    def check(value: str) -> str:
+        try:
+            return rule.check(value, "")
+        except InvalidArgument as err:  # pydantic reports ValueErrors with the field's path
+            raise ValueError(err.message) from None
+
+    return AfterValidator(check)
+
+
+RunId = Annotated[str, _follows(ids.RUN_ID)]
+"""A config field holding a run id (`mutualrl.common.ids.RUN_ID`)."""
+Name = Annotated[str, _follows(ids.NAME)]
+"""A config field holding a policy, worker or trainer id (`mutualrl.common.ids.NAME`)."""
+TokenizerId = Annotated[str, _follows(ids.TOKENIZER_ID)]
+"""A config field holding a THL tokenizer id (`mutualrl.common.ids.TOKENIZER_ID`)."""
 
 
 class Config(BaseModel):
@@ -42,6 +63,10 @@ class ServiceConfig(Config):
     """On SIGTERM, in-flight calls get this long to finish before the server stops."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Largest gRPC message accepted or sent."""
+    key_prefix: str = Field(default=keys.DEFAULT_PREFIX, pattern=keys.PREFIX_PATTERN)
+    """First segment of every Redis key the service writes: `<prefix>:<service>:{<run_id>}:...`
+    for a run's keys, `<prefix>:<service>:<name>` for indexes (`mutualrl.common.keys`).
+    Deployments (or test sessions) sharing one Redis keep apart with different prefixes."""
 
     def resolved_token(self) -> str | None:
         """The configured token, else MUTUALRL_AUTH_TOKEN, else None (auth off)."""

@@ -50,6 +50,13 @@ class FailedPrecondition(ServiceError):
     http_status = 409
 
 
+class ResourceExhausted(ServiceError):
+    """A backing store is full (Redis OOM): retrying will not help until space is freed."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 507
+
+
 class Unavailable(ServiceError):
     """A backing store (Redis) does not answer: retryable, clients back off and try again."""
 

@@ -1,5 +1,7 @@
-"""Build, start and stop a grpc.aio server with what every MutualRL service needs:
-bearer auth, grpc.health.v1, reflection, Prometheus metrics per method, optional TLS."""
+"""The lifecycle every MutualRL service shares: build and start a grpc.aio server with bearer
+auth, grpc.health.v1, reflection, Prometheus metrics per method and optional TLS
+(`start_server`); serve until SIGINT/SIGTERM (`serve_until_signalled`); stop gracefully, once
+(`RunningServer.stop`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -86,22 +88,76 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler  # client-streaming RPCs are not used by MutualRL
 
 
+Hook = Callable[[], Awaitable[None]]
+
+
 @dataclass
 class RunningServer:
-    """A started server and what a caller needs to address and stop it."""
+    """A started server, what a caller needs to address it, and its one way to stop.
+
+    Every service stops the same way (`stop`): health turns NOT_SERVING (watchers and load
+    balancers stop sending), the `on_drain` hooks end long-lived work (streams, waits), calls in
+    flight get `grace` seconds, then the `on_close` hooks release what the service holds
+    (stores, locks), in order. Stopping twice, or from two tasks at once, does it once."""
 
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
     metrics_port: int | None = None
+    on_drain: list[Hook] = field(default_factory=list)
+    """Run once health says NOT_SERVING, before the drain (end streams and waits)."""
+    on_close: list[Hook] = field(default_factory=list)
+    """Run after the server has stopped, in order (close stores, release locks)."""
+    _stopping: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def stopped(self) -> bool:
+        """True once a stop has completed."""
+        return self._stopping is not None and self._stopping.done()
+
     async def stop(self, grace: float | None = None) -> None:
+        """Stop gracefully (see the class docstring); later calls wait for the first one."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
         await self.health.enter_graceful_shutdown()
+        await _run_hooks(self.on_drain, "drain")
         await self.server.stop(grace)
+        await _run_hooks(self.on_close, "close")
+
+
+@dataclass
+class ServiceServer:
+    """What `start_see`, `start_thl` and `start_mwra` return: the gRPC server with its lifecycle
+    (`grpc`), plus each service's own parts (fields of the subclasses)."""
+
+    grpc: RunningServer
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """`RunningServer.stop`: graceful, done once however often it is called."""
+        await self.grpc.stop(grace)
+
+
+async def _run_hooks(hooks: list[Hook], stage: str) -> None:
+    for hook in hooks:
+        try:
+            await hook()
+        except Exception:  # one failing hook must not keep the others from releasing theirs
+            log.exception("%s hook %s failed", stage, getattr(hook, "__qualname__", hook))
 
 
 def _server_credentials(cfg: ServiceConfig) -> grpc.ServerCredentials | None:
@@ -163,19 +219,38 @@ async def start_server(
                          metrics_port=metrics_port)
 
 
-async def serve_until_signalled(running: RunningServer, grace: float,
-                                on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Block until SIGINT/SIGTERM, then drain in-flight calls for `grace` seconds and stop."""
-    stop = asyncio.Event()
+async def wait_for_signal(*also: asyncio.Future[Any]) -> int | None:
+    """Block until SIGINT or SIGTERM (returns its number) or until one of the futures `also`
+    is done (returns None; they are left running). The handlers are removed before returning."""
     loop = asyncio.get_running_loop()
+    stop: asyncio.Future[int] = loop.create_future()
+
+    def received(sig: int) -> None:
+        if not stop.done():
+            stop.set_result(sig)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.ensure_future(running.server.wait_for_termination())
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    log.info("stopping (grace %.1fs)", grace)
+        loop.add_signal_handler(sig, received, sig)
+    try:
+        await asyncio.wait({stop, *also}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return stop.result() if stop.done() else None
+
+
+async def serve_until_signalled(running: RunningServer, grace: float,
+                                ready: str | None = None) -> None:
+    """The serving loop of every `mutualrl <service> serve`: print `ready` (the line people and
+    supervisors wait for), block until SIGINT/SIGTERM or until the server terminates, then
+    `running.stop(grace)`."""
+    if ready is not None:
+        print(ready, flush=True)
+    # Cancelled only after the stop: cancelling grpc's wait_for_termination earlier would
+    # cancel the shutdown it shares.
+    terminated = asyncio.ensure_future(running.server.wait_for_termination())
+    sig = await wait_for_signal(terminated)
+    log.info("%s: stopping (grace %.1fs)",
+             signal.Signals(sig).name if sig is not None else "server terminated", grace)
     await running.stop(grace)
-    if on_stop is not None:
-        await on_stop()
-    stopper.cancel()
-    waiter.cancel()
+    terminated.cancel()

@@ -32,7 +32,7 @@ Policies (``Settings.strategy``)
                policy taken, so every policy gets a turn within ceil(P / A) rounds for A active
                per round. ``static``/``balanced`` fall back to it when the pool is too small.
 
-Rounds: a ``Plan`` is made for one round and fixed once any policy asked for that round;
+Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
 ``plan_round`` is called only when a policy asks for a later round (between rounds).
 """
 
@@ -86,7 +86,7 @@ class Settings:
 
 
 @dataclass
-class Plan:
+class PoolAssignment:
     """The allocation of a run for one round: who holds which units of which worker."""
 
     round: int
@@ -127,7 +127,7 @@ class Plan:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Plan:
+    def from_json(cls, text: str | bytes) -> PoolAssignment:
         return cls(**json.loads(text))
 
 
@@ -310,8 +310,8 @@ def effective_costs(policies: Sequence[PolicySpec]) -> dict[str, float]:
             for p in policies}
 
 
-def plan_round(previous: Plan | None, policies: Sequence[PolicySpec],
-               workers: Sequence[PoolWorker], settings: Settings, round_: int) -> Plan:
+def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
+               workers: Sequence[PoolWorker], settings: Settings, round_: int) -> PoolAssignment:
     """The plan for `round_` given the live policies, the live workers and the previous plan.
 
     The epoch moves on only when who-holds-what changes; the round always becomes `round_`.
@@ -324,7 +324,7 @@ def plan_round(previous: Plan | None, policies: Sequence[PolicySpec],
     prev_epoch = previous.epoch if previous else 0
     cursor = previous.next_turn if previous else None
     if total == 0 or not pols:
-        plan = Plan(round=round_, epoch=prev_epoch, strategy=settings.strategy,
+        plan = PoolAssignment(round=round_, epoch=prev_epoch, strategy=settings.strategy,
                     units={p: 0 for p in ids}, placement={p: {} for p in ids}, active=[],
                     pool_units=total, workers=[w.worker_id for w in pool], policies=ids,
                     next_turn=cursor, costs=costs)
@@ -348,7 +348,7 @@ def plan_round(previous: Plan | None, policies: Sequence[PolicySpec],
             shares = kept
     units = {p: shares.get(p, 0) for p in ids}
     placement = place(units, pool, previous.placement if previous else None)
-    plan = Plan(round=round_, epoch=prev_epoch, strategy=strategy, units=units,
+    plan = PoolAssignment(round=round_, epoch=prev_epoch, strategy=strategy, units=units,
                 placement=placement, active=sorted(active), pool_units=total,
                 workers=[w.worker_id for w in pool], policies=ids, next_turn=cursor, costs=costs,
                 threads=_threads(placement, pool),
@@ -367,8 +367,8 @@ def _threads(placement: Mapping[str, Mapping[str, int]],
     return threads
 
 
-def _kept_by_hysteresis(previous: Plan | None, active: Sequence[str], costs: Mapping[str, float],
-                        mins: Mapping[str, int], total: int,
+def _kept_by_hysteresis(previous: PoolAssignment | None, active: Sequence[str],
+                        costs: Mapping[str, float], mins: Mapping[str, int], total: int,
                         settings: Settings) -> dict[str, int] | None:
     """The previous split when it is still valid and within (1 + h) of the optimal makespan."""
     if previous is None or sorted(previous.active) != sorted(active):
@@ -382,7 +382,7 @@ def _kept_by_hysteresis(previous: Plan | None, active: Sequence[str], costs: Map
     return None
 
 
-def _bump(previous: Plan | None, plan: Plan) -> Plan:
+def _bump(previous: PoolAssignment | None, plan: PoolAssignment) -> PoolAssignment:
     if previous is None:
         plan.epoch = 1
     elif (previous.placement != plan.placement or previous.active != plan.active

@@ -24,7 +24,8 @@ class MwraConfig(ServiceConfig):
     metrics_port: int | None = Field(default=9103, ge=0, le=65535)
     """Prometheus /metrics port; None serves none (0 picks a free one)."""
     redis_url: str = Field(default_factory=_redis_url_from_env)
-    """Redis holding workers, leases, policies, costs and allocations (keys `mwra:{<run>}:...`).
+    """Redis holding workers, leases, policies, costs and allocations (keys
+    `<key_prefix>:mwra:{<run>}:...`).
     Defaults to the REDIS_URL environment variable, else redis://127.0.0.1:6379/0."""
     redis_timeout_seconds: float = Field(default=5.0, gt=0)
     """Connect and per-command timeout towards Redis; calls fail with UNAVAILABLE past it."""

@@ -16,80 +16,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 import math
 import re
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
 import grpc
-from prometheus_client import Counter, Gauge
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from mutualrl.common.errors import InvalidArgument, NotFound, Unavailable, grpc_errors
-from mutualrl.mwra.allocation import Plan, PolicySpec, PoolWorker, Settings, plan_round
+from mutualrl.common import ids
+from mutualrl.common.errors import InvalidArgument, NotFound, grpc_errors
+from mutualrl.common.redis_errors import redis_errors
+from mutualrl.mwra.allocation import PolicySpec, PoolAssignment, PoolWorker, Settings, plan_round
 from mutualrl.mwra.config import MwraConfig
+from mutualrl.mwra.metrics import ALLOCATED, COST, IDLE, LEADER, LOST, POOL, REBALANCES, forget_run
 from mutualrl.mwra.store import MwraStore, PolicyRecord, RunState, WorkerRecord, now_ms
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
+from mutualrl.v1 import runs_pb2 as runs_pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
-ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ADDRESS_RE = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
-
-ALLOCATED = Gauge("mutualrl_mwra_allocated_units", "Units allocated to a policy in the current "
-                  "plan.", ["run", "policy"])
-IDLE = Gauge("mutualrl_mwra_idle_units", "Units of the live pool no policy holds.", ["run"])
-POOL = Gauge("mutualrl_mwra_pool_units", "Units of the live pool.", ["run"])
-REBALANCES = Counter("mutualrl_mwra_rebalances", "Plans that changed who holds what.", ["run"])
-LOST = Counter("mutualrl_mwra_lost_workers", "Workers whose lease lapsed.", ["run"])
-LEADER = Gauge("mutualrl_mwra_leader", "1 while this replica holds the run's leader lock.",
-               ["run"])
-COST = Gauge("mutualrl_mwra_policy_cost_unit_seconds", "Smoothed step cost (unit-seconds per "
-             "round).", ["run", "policy"])
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def redis_unavailable(method: F) -> F:
-    """Turn Redis connection errors and timeouts into UNAVAILABLE (below `grpc_errors`)."""
-    if inspect.isasyncgenfunction(method):
-
-        @functools.wraps(method)
-        async def stream(*args: Any, **kwargs: Any) -> Any:
-            try:
-                async for item in method(*args, **kwargs):
-                    yield item
-            except (RedisConnectionError, RedisTimeoutError) as err:
-                raise Unavailable("redis", f"state store unreachable: {err}") from err
-
-        return stream  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    async def unary(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await method(*args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError) as err:
-            raise Unavailable("redis", f"state store unreachable: {err}") from err
-
-    return unary  # type: ignore[return-value]
 
 
 def _check_id(field: str, value: str) -> str:
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if not ID_RE.match(value):
-        raise InvalidArgument(field, f"{value[:64]!r} must match [A-Za-z0-9._-]{{1,128}}")
-    return value
+    """Worker, policy and trainer ids follow `ids.NAME` (run ids: `ids.RUN_ID`)."""
+    return ids.check_name(value, field)
 
 
 def _finite(field: str, value: float, *, positive: bool = False) -> float:
@@ -150,9 +106,14 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._leading.get(run_id, 0.0) > time.monotonic()
 
     async def _lead(self, run_id: str) -> bool:
-        """Take or renew the run's lock; True while this replica holds it."""
+        """Take or renew the run's lock; True while this replica holds it. A run with neither
+        workers nor policies (deleted) is forgotten: nothing to lead, no lock made."""
         start = time.monotonic()
-        ok = await self.store.acquire_or_renew(run_id, self.replica, self.cfg.lock_ttl_seconds)
+        held = await self.store.acquire_or_renew(run_id, self.replica, self.cfg.lock_ttl_seconds)
+        if held < 0:
+            self._forget(run_id)
+            return False
+        ok = held == 1
         if ok:
             if not self.is_leader(run_id):
                 log.info("replica %s leads run %s", self.replica, run_id)
@@ -162,6 +123,12 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             self._leading.pop(run_id, None)
         LEADER.labels(run_id).set(1 if ok else 0)
         return ok
+
+    def _forget(self, run_id: str) -> None:
+        self._runs.discard(run_id)
+        self._leading.pop(run_id, None)
+        self._locks.pop(run_id, None)
+        forget_run(run_id)
 
     def _lock(self, run_id: str) -> asyncio.Lock:
         return self._locks.setdefault(run_id, asyncio.Lock())
@@ -219,7 +186,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                                   cost=cost.smoothed if cost else None))
         return out
 
-    async def _rebalance(self, run_id: str, round_: int) -> Plan | None:
+    async def _rebalance(self, run_id: str, round_: int) -> PoolAssignment | None:
         """Make the plan for `round_` (leader only); returns the plan in force afterwards."""
         async with self._lock(run_id):
             state = await self.store.load(run_id)
@@ -242,7 +209,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             self._export(run_id, new, state)
             return new
 
-    def _export(self, run_id: str, plan: Plan, state: RunState) -> None:
+    def _export(self, run_id: str, plan: PoolAssignment, state: RunState) -> None:
         for pid in state.policies:
             ALLOCATED.labels(run_id, pid).set(plan.units.get(pid, 0))
             cost = state.costs.get(pid)
@@ -251,7 +218,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         IDLE.labels(run_id).set(plan.idle_units)
         POOL.labels(run_id).set(plan.pool_units)
 
-    async def _plan_for(self, run_id: str, round_: int) -> Plan | None:
+    async def _plan_for(self, run_id: str, round_: int) -> PoolAssignment | None:
         """The plan in force for a policy that asks for `round_`, rebalancing when it is new."""
         plan, _ = await self.store.load_plan(run_id)
         if plan is not None and (plan.round > round_ or (plan.round == round_ and not plan.empty)):
@@ -272,7 +239,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     # conversions -------------------------------------------------------------------------
     @staticmethod
-    def _allocation(run_id: str, policy_id: str, plan: Plan | None,
+    def _allocation(run_id: str, policy_id: str, plan: PoolAssignment | None,
                     budget: int) -> pb.Allocation:
         if plan is None:
             return pb.Allocation(run_id=run_id, policy_id=policy_id, round=-1)
@@ -304,7 +271,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return info
 
     def _seen_run(self, run_id: str) -> str:
-        _check_id("run_id", run_id)
+        ids.check_run_id(run_id)
         self._runs.add(run_id)
         return run_id
 
@@ -314,7 +281,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     # RPCs --------------------------------------------------------------------------------
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.Lease:
         run = self._seen_run(request.run_id)
@@ -345,7 +312,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._lease(wid, expires)
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def Heartbeat(self, request: pb.HeartbeatRequest,
                         context: grpc.aio.ServicerContext) -> pb.Lease:
         run = self._seen_run(request.run_id)
@@ -360,7 +327,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._lease(wid, expires)
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
         run = self._seen_run(request.run_id)
@@ -368,7 +335,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return pb.DeregisterWorkerResponse(removed=await self.store.delete_worker(run, wid))
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def RegisterPolicy(self, request: pb.RegisterPolicyRequest,
                              context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
         run = self._seen_run(request.run_id)
@@ -389,7 +356,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._policy_info(run, state, pid, now_ms())
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def PolicyHeartbeat(self, request: pb.PolicyHeartbeatRequest,
                               context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
         run = self._seen_run(request.run_id)
@@ -400,7 +367,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._policy_info(run, state, pid, now_ms())
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def DeregisterPolicy(self, request: pb.DeregisterPolicyRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterPolicyResponse:
         run = self._seen_run(request.run_id)
@@ -408,7 +375,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return pb.DeregisterPolicyResponse(removed=await self.store.delete_policy(run, pid))
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def ReportStepCost(self, request: pb.StepCostReport,
                              context: grpc.aio.ServicerContext) -> pb.StepCostAck:
         run = self._seen_run(request.run_id)
@@ -431,7 +398,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return pb.StepCostAck(policy=self._policy_info(run, state, pid, now_ms()))
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def GetAllocation(self, request: pb.GetAllocationRequest,
                             context: grpc.aio.ServicerContext) -> pb.Allocation:
         run = self._seen_run(request.run_id)
@@ -447,7 +414,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return self._allocation(run, pid, plan, rec.rollout_budget)
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def WatchAllocation(self, request: pb.WatchAllocationRequest,
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Allocation]:
         run = self._seen_run(request.run_id)
@@ -468,7 +435,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             await asyncio.sleep(self.cfg.watch_poll_seconds)
 
     @grpc_errors
-    @redis_unavailable
+    @redis_errors
     async def ListAllocations(self, request: pb.ListAllocationsRequest,
                               context: grpc.aio.ServicerContext) -> pb.AllocationTable:
         run = self._seen_run(request.run_id)
@@ -501,3 +468,18 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                 state="live" if expires > now else "lost", holder=",".join(sorted(held)),
                 units_by_policy=held, units=pool.get(wid, 0)))
         return table
+
+    @grpc_errors
+    @redis_errors
+    async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
+        """Every key of the run goes; replicas forget it at their next tick (no lock is made
+        for a run without workers and policies)."""
+        run = ids.check_run_id(request.run_id)
+        async with self._lock(run):
+            deleted = await self.store.delete_run(run)
+        self._forget(run)
+        if not deleted:
+            raise NotFound("run_id", f"run {run!r} has no state in MWRA")
+        log.info("run %s deleted (%d keys)", run, deleted)
+        return runs_pb.DeleteRunResponse(run_id=run, deleted=deleted)

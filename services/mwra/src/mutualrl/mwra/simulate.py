@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mutualrl.mwra.allocation import (
-    Plan,
     PolicySpec,
+    PoolAssignment,
     PoolWorker,
     Settings,
     Strategy,
@@ -44,7 +44,7 @@ def simulate(costs: Mapping[str, float], units: int, strategy: Strategy, *, roun
     settings = Settings(strategy=strategy, hysteresis=hysteresis, turn_policies=turn_policies)
     workers = [PoolWorker("sim-0", units, cpu_slots=units)]
     smoothed: dict[str, float | None] = dict.fromkeys(costs)
-    plan: Plan | None = None
+    plan: PoolAssignment | None = None
     total_span = 0.0
     busy = 0.0
     available = 0.0

@@ -1,17 +1,19 @@
 """MWRA state in Redis: workers, leases, policies, costs, the current plan and the leader lock.
 
-Every key of a run shares the hash tag ``{<run_id>}`` so a Redis Cluster keeps a run in one slot
-(the Lua scripts below touch several keys of one run):
+Keys follow the common scheme (`mutualrl.common.keys`): every key of a run is
+``<prefix>:mwra:{<run_id>}:<name>``, the run id a hash tag so a Redis Cluster keeps a run in one
+slot (the Lua scripts below touch several keys of one run). With the default prefix "mrl":
 
-    mwra:{run}:workers   hash  worker_id -> JSON (capacity, labels, rollout_address)
-    mwra:{run}:leases    hash  worker_id -> lease expiry (Unix ms)
-    mwra:{run}:lost      set   workers whose lease lapsed (marked by the leader's reaper)
-    mwra:{run}:policies  hash  policy_id -> JSON (trainer_id, min_units, weight, rollout_budget)
-    mwra:{run}:seen      hash  policy_id -> last sign of life (Unix ms)
-    mwra:{run}:costs     hash  policy_id -> JSON (smoothed cost, last report, report count)
-    mwra:{run}:plan      hash  version -> n (bumped by every write), json -> the current Plan
-    mwra:{run}:want      str   highest round a follower was asked for (served by the leader)
-    mwra:{run}:leader    str   replica id of the leader, with a TTL (the lock)
+    mrl:mwra:{run}:workers   hash  worker_id -> JSON (capacity, labels, rollout_address)
+    mrl:mwra:{run}:leases    hash  worker_id -> lease expiry (Unix ms)
+    mrl:mwra:{run}:lost      set   workers whose lease lapsed (marked by the leader's reaper)
+    mrl:mwra:{run}:policies  hash  policy_id -> JSON (trainer_id, min_units, weight, budget)
+    mrl:mwra:{run}:seen      hash  policy_id -> last sign of life (Unix ms)
+    mrl:mwra:{run}:costs     hash  policy_id -> JSON (smoothed cost, last report, report count)
+    mrl:mwra:{run}:plan      hash  version -> n (bumped by every write), json -> the current
+                                   PoolAssignment (who holds which units this round)
+    mrl:mwra:{run}:want      str   highest round a follower was asked for (served by the leader)
+    mrl:mwra:{run}:leader    str   replica id of the leader, with a TTL (the lock)
 
 Only the lock holder writes the plan, and the write is fenced (the script checks the lock and the
 version it read), so a paused ex-leader cannot overwrite its successor's plan.
@@ -27,7 +29,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from mutualrl.mwra.allocation import Plan, ema
+from mutualrl.common.keys import DEFAULT_PREFIX, KeySpace
+from mutualrl.mwra.allocation import PoolAssignment, ema
 
 
 def now_ms() -> int:
@@ -37,17 +40,17 @@ def now_ms() -> int:
 class Keys:
     """Key names of one run."""
 
-    def __init__(self, run_id: str) -> None:
-        base = f"mwra:{{{run_id}}}"
-        self.workers = f"{base}:workers"
-        self.leases = f"{base}:leases"
-        self.lost = f"{base}:lost"
-        self.policies = f"{base}:policies"
-        self.seen = f"{base}:seen"
-        self.costs = f"{base}:costs"
-        self.plan = f"{base}:plan"
-        self.want = f"{base}:want"
-        self.leader = f"{base}:leader"
+    def __init__(self, run_id: str, prefix: str = DEFAULT_PREFIX) -> None:
+        base = KeySpace(prefix, "mwra").run_base(run_id)
+        self.workers = f"{base}workers"
+        self.leases = f"{base}leases"
+        self.lost = f"{base}lost"
+        self.policies = f"{base}policies"
+        self.seen = f"{base}seen"
+        self.costs = f"{base}costs"
+        self.plan = f"{base}plan"
+        self.want = f"{base}want"
+        self.leader = f"{base}leader"
 
     def all(self) -> list[str]:
         return [self.workers, self.leases, self.lost, self.policies, self.seen, self.costs,
@@ -96,12 +99,16 @@ class RunState:
     policies: dict[str, PolicyRecord]
     seen: dict[str, int]
     costs: dict[str, CostRecord]
-    plan: Plan | None
+    plan: PoolAssignment | None
     version: int
     leader: str | None
 
 
+# KEYS: leader, workers, policies. ARGV: replica id, TTL ms. Returns 1 (held), 0 (another
+# replica holds it) or -1: the run has neither workers nor policies (deleted, or never made), so
+# there is nothing to lead and no lock key is (re)created.
 _ACQUIRE = """
+if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then return -1 end
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -146,25 +153,29 @@ def _dump(obj: Any) -> str:
 class MwraStore:
     """Async access to the Redis state of every run this replica serves."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
         self.r = redis
+        self.prefix = prefix
         self._acquire = redis.register_script(_ACQUIRE)
         self._release = redis.register_script(_RELEASE)
         self._commit = redis.register_script(_COMMIT)
         self._want = redis.register_script(_WANT)
 
     @classmethod
-    def from_url(cls, url: str, timeout: float = 5.0) -> MwraStore:
+    def from_url(cls, url: str, timeout: float = 5.0, prefix: str = DEFAULT_PREFIX) -> MwraStore:
         # Timeouts: a Redis that hangs must fail calls (UNAVAILABLE), never hang them.
         return cls(aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
-                                           socket_connect_timeout=timeout))
+                                           socket_connect_timeout=timeout), prefix)
+
+    def keys(self, run_id: str) -> Keys:
+        return Keys(run_id, self.prefix)
 
     async def close(self) -> None:
         await self.r.aclose()
 
     # workers -----------------------------------------------------------------------------
     async def put_worker(self, run_id: str, rec: WorkerRecord, lease_seconds: float) -> int:
-        k = Keys(run_id)
+        k = self.keys(run_id)
         expires = now_ms() + int(lease_seconds * 1000)
         async with self.r.pipeline(transaction=True) as p:
             p.hset(k.workers, rec.worker_id, _dump(rec))
@@ -176,7 +187,7 @@ class MwraStore:
     async def renew_lease(self, run_id: str, worker_id: str,
                           lease_seconds: float) -> tuple[int, bool] | None:
         """New expiry and whether the worker was lost before; None when it is not registered."""
-        k = Keys(run_id)
+        k = self.keys(run_id)
         if not await self.r.hexists(k.workers, worker_id):
             return None
         expires = now_ms() + int(lease_seconds * 1000)
@@ -187,7 +198,7 @@ class MwraStore:
         return expires, bool(revived)
 
     async def delete_worker(self, run_id: str, worker_id: str) -> bool:
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             p.hdel(k.workers, worker_id)
             p.hdel(k.leases, worker_id)
@@ -199,7 +210,7 @@ class MwraStore:
         """Add workers to the lost set; returns those that were not there yet (counted once)."""
         if not worker_ids:
             return []
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=False) as p:
             for wid in worker_ids:
                 p.sadd(k.lost, wid)
@@ -208,7 +219,7 @@ class MwraStore:
 
     # policies ----------------------------------------------------------------------------
     async def put_policy(self, run_id: str, rec: PolicyRecord) -> None:
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             p.hset(k.policies, rec.policy_id, _dump(rec))
             p.hset(k.seen, rec.policy_id, now_ms())
@@ -216,14 +227,14 @@ class MwraStore:
 
     async def touch_policy(self, run_id: str, policy_id: str) -> bool:
         """Record a sign of life; False when the policy is not registered."""
-        k = Keys(run_id)
+        k = self.keys(run_id)
         if not await self.r.hexists(k.policies, policy_id):
             return False
         await self.r.hset(k.seen, policy_id, now_ms())
         return True
 
     async def delete_policy(self, run_id: str, policy_id: str) -> bool:
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             p.hdel(k.policies, policy_id)
             p.hdel(k.seen, policy_id)
@@ -235,7 +246,7 @@ class MwraStore:
                           tokens: int, samples: int, units: int, alpha: float) -> CostRecord:
         """Fold one step into the policy's EMA (optimistic transaction: concurrent reports of the
         run retry instead of losing an update)."""
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
                 try:
@@ -256,7 +267,7 @@ class MwraStore:
 
     # whole run ---------------------------------------------------------------------------
     async def load(self, run_id: str) -> RunState:
-        k = Keys(run_id)
+        k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             p.hgetall(k.workers)
             p.hgetall(k.leases)
@@ -274,36 +285,44 @@ class MwraStore:
             policies={p_: PolicyRecord(**json.loads(v)) for p_, v in policies.items()},
             seen={p_: int(v) for p_, v in seen.items()},
             costs={p_: CostRecord(**json.loads(v)) for p_, v in costs.items()},
-            plan=Plan.from_json(plan["json"]) if plan.get("json") else None,
+            plan=PoolAssignment.from_json(plan["json"]) if plan.get("json") else None,
             version=int(plan.get("version", 0)),
             leader=leader,
         )
 
-    async def load_plan(self, run_id: str) -> tuple[Plan | None, int]:
-        raw = await self.r.hgetall(Keys(run_id).plan)
+    async def load_plan(self, run_id: str) -> tuple[PoolAssignment | None, int]:
+        raw = await self.r.hgetall(self.keys(run_id).plan)
         if not raw.get("json"):
             return None, 0
-        return Plan.from_json(raw["json"]), int(raw.get("version", 0))
+        return PoolAssignment.from_json(raw["json"]), int(raw.get("version", 0))
 
-    async def commit_plan(self, run_id: str, replica: str, version: int, plan: Plan) -> int:
-        k = Keys(run_id)
+    async def commit_plan(self, run_id: str, replica: str, version: int,
+                          plan: PoolAssignment) -> int:
+        k = self.keys(run_id)
         return int(await self._commit(keys=[k.leader, k.plan],
                                       args=[replica, version, plan.to_json()]))
 
     async def want_round(self, run_id: str, round_: int) -> None:
-        await self._want(keys=[Keys(run_id).want], args=[round_])
+        await self._want(keys=[self.keys(run_id).want], args=[round_])
 
     async def wanted_round(self, run_id: str) -> int:
-        raw = await self.r.get(Keys(run_id).want)
+        raw = await self.r.get(self.keys(run_id).want)
         return int(raw) if raw is not None else -1
 
     # leader lock -------------------------------------------------------------------------
-    async def acquire_or_renew(self, run_id: str, replica: str, ttl_seconds: float) -> bool:
-        return bool(await self._acquire(keys=[Keys(run_id).leader],
-                                        args=[replica, int(ttl_seconds * 1000)]))
+    async def acquire_or_renew(self, run_id: str, replica: str, ttl_seconds: float) -> int:
+        """1: this replica holds the run's lock; 0: another one does; -1: the run has no
+        workers and no policies (deleted), so nobody leads it."""
+        k = self.keys(run_id)
+        return int(await self._acquire(keys=[k.leader, k.workers, k.policies],
+                                       args=[replica, int(ttl_seconds * 1000)]))
 
     async def release(self, run_id: str, replica: str) -> bool:
-        return bool(await self._release(keys=[Keys(run_id).leader], args=[replica]))
+        return bool(await self._release(keys=[self.keys(run_id).leader], args=[replica]))
+
+    async def delete_run(self, run_id: str) -> int:
+        """Delete every key of the run; returns how many existed."""
+        return int(await self.r.delete(*self.keys(run_id).all()))
 
     async def leader(self, run_id: str) -> str | None:
-        return await self.r.get(Keys(run_id).leader)
+        return await self.r.get(self.keys(run_id).leader)

@@ -27,8 +27,6 @@ class SeeLimits(Config):
     """Longest `text` / `prompt_text` in characters."""
     max_tokens: int = Field(default=65_536, ge=1)
     """Longest token array (token_ids, offsets, logprobs)."""
-    max_id_chars: int = Field(default=256, ge=8)
-    """Longest record_id, policy_id, prompt_id, tokenizer_id."""
     max_meta_entries: int = Field(default=32, ge=0)
     """Most `meta` entries per record."""
     max_meta_chars: int = Field(default=1024, ge=1)
@@ -57,8 +55,6 @@ class SeeConfig(ServiceConfig):
     redis_url: str = Field(default_factory=_default_redis_url)
     """Redis holding every run (redis://host:port/db or rediss://...); defaults to the REDIS_URL
     environment variable, else redis://127.0.0.1:6379/0."""
-    key_prefix: str = Field(default="mrl", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
-    """First segment of every Redis key (`<prefix>:{<run_id>}:...`); tests use a private one."""
     rest_host: str | None = None
     """Interface the REST app binds to; None uses `host`."""
     rest_port: int | None = Field(default=8080, ge=0, le=65535)

@@ -22,6 +22,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numba import njit
 
+from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeLimits
 from mutualrl.see.validate import validate_record
@@ -93,9 +94,22 @@ def _count_small_varints(buf: np.ndarray, a: int, b: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, max_tokens: int,
-                 max_meta: int, max_meta_chars: int, scratch: np.ndarray,
-                 row: np.ndarray) -> bool:
+def _tokenizer_id_ok(buf: np.ndarray, a: int, e: int, max_len: int) -> bool:
+    """buf[a:e] is empty or follows ids.TOKENIZER_ID: [A-Za-z0-9._/-], first a letter or digit."""
+    if e - a > max_len:
+        return False
+    for k in range(a, e):
+        c = buf[k]
+        alnum = (0x30 <= c <= 0x39) or (0x41 <= c <= 0x5A) or (0x61 <= c <= 0x7A)
+        if not alnum and (k == a or (c != 0x2E and c != 0x5F and c != 0x2F and c != 0x2D)):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_tokenizer_id: int,
+                 max_text: int, max_tokens: int, max_meta: int, max_meta_chars: int,
+                 scratch: np.ndarray, row: np.ndarray) -> bool:
     """Fill `row` from the record in buf[s:e]; True when the fast path accepts it."""
     seen = 0
     kind = 0
@@ -131,13 +145,15 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, ma
             if field <= 10 and field != 4 and field != 5 and field != 7:
                 if _any_high_bit(buf, a, pos):  # ASCII only: then characters == bytes
                     return False
-                if field == 1 or field == 6 or field == 10:  # ids
+                if field == 1 or field == 6:  # record / prompt id: ids.RECORD_KEY
                     if n > max_id:
                         return False
                     for k in range(a, pos):
                         c = buf[k]
                         if c < 0x20 or c == 0x7F or c == 0x7C:  # control characters, "|"
                             return False
+                elif field == 10 and not _tokenizer_id_ok(buf, a, pos, max_tokenizer_id):
+                    return False
                 if field == 1:
                     row[C_RID_S], row[C_RID_E] = a, pos
                 elif field == 2:
@@ -238,9 +254,9 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_text: int, ma
 
 
 @njit(cache=True, nogil=True)
-def _scan(buf: np.ndarray, max_records: int, max_record_bytes: int, max_id: int, max_text: int,
-          max_tokens: int, max_meta: int, max_meta_chars: int,
-          scratch: np.ndarray) -> tuple[int, int, int, np.ndarray]:
+def _scan(buf: np.ndarray, max_records: int, max_record_bytes: int, max_id: int,
+          max_tokenizer_id: int, max_text: int, max_tokens: int, max_meta: int,
+          max_meta_chars: int, scratch: np.ndarray) -> tuple[int, int, int, np.ndarray]:
     """(status, run_id start, run_id end, table); status 0 ok, 1 malformed request, 2 more
     records than `max_records` (the table is then empty)."""
     end = buf.size
@@ -285,8 +301,8 @@ def _scan(buf: np.ndarray, max_records: int, max_record_bytes: int, max_id: int,
                 row = table[i]
                 row[C_START], row[C_END] = pos, pos + n
                 ok = n <= max_record_bytes and _scan_record(
-                    buf, pos, pos + n, max_id, max_text, max_tokens, max_meta, max_meta_chars,
-                    scratch, row)
+                    buf, pos, pos + n, max_id, max_tokenizer_id, max_text, max_tokens, max_meta,
+                    max_meta_chars, scratch, row)
                 row[C_FALLBACK] = not ok
                 i += 1
             pos += n
@@ -319,8 +335,8 @@ def scan_request(body: bytes, limits: SeeLimits) -> RequestScan:
     buf = np.frombuffer(body, dtype=np.uint8)
     scratch = np.empty(min(limits.max_tokens, limits.max_record_bytes), dtype=np.int64)
     status, rs, re_, table = _scan(
-        buf, limits.max_batch_records, limits.max_record_bytes, limits.max_id_chars,
-        limits.max_text_chars, limits.max_tokens, limits.max_meta_entries,
+        buf, limits.max_batch_records, limits.max_record_bytes, ids.RECORD_KEY.max_len,
+        ids.TOKENIZER_ID.max_len, limits.max_text_chars, limits.max_tokens, limits.max_meta_entries,
         limits.max_meta_chars, scratch)
     if status == 1:
         raise MalformedRequest("truncated or invalid protobuf framing")

@@ -1,8 +1,8 @@
-"""Redis key layout of SEE (pure).
+"""Redis key layout of SEE (pure), in the common scheme (`mutualrl.common.keys`).
 
-Every key of a run carries the run id as a hash tag (`<prefix>:{<run_id>}:...`) so a run lives
-in one Redis Cluster slot and one Lua script may touch all of its keys. Only the registry of run
-ids (`<prefix>:runs`) is global.
+Every key of a run carries the run id as a hash tag (`<prefix>:see:{<run_id>}:...`) so a run
+lives in one Redis Cluster slot and one Lua script may touch all of its keys. Only the registry
+of run ids (`<prefix>:see:runs`) spans runs.
 
 | key | type | holds |
 |---|---|---|
@@ -26,13 +26,19 @@ ids (`<prefix>:runs`) is global.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mutualrl.common.keys import KeySpace
 from mutualrl.v1 import experience_pb2 as pb
 
-KINDS: tuple[int, ...] = (pb.ROLLOUT, pb.REWARD_STATS, pb.VERIFIED_SUCCESS)
-STREAM_NAMES: dict[int, str] = {pb.ROLLOUT: "ROLLOUT", pb.REWARD_STATS: "REWARD_STATS",
-                                pb.VERIFIED_SUCCESS: "VERIFIED_SUCCESS"}
+KINDS: tuple[int, ...] = tuple(v for v in pb.RecordKind.values()
+                               if v != pb.RECORD_KIND_UNSPECIFIED)
+"""The record kinds, in enum order (one stream each)."""
+
+
+def kind_name(kind: int) -> str:
+    """The proto enum's name of a record kind ("ROLLOUT"); the number as text when unknown."""
+    return pb.RecordKind.Name(kind) if kind in KINDS else str(kind)
 
 
 @dataclass(frozen=True)
@@ -41,17 +47,23 @@ class RunKeys:
 
     prefix: str
     run_id: str
+    base: str = field(init=False)
+    """`<prefix>:see:{<run_id>}:`, the start of every key of the run."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", KeySpace(self.prefix, "see").run_base(self.run_id))
 
     @property
-    def base(self) -> str:
-        return f"{self.prefix}:{{{self.run_id}}}:"
+    def pattern(self) -> str:
+        """SCAN MATCH pattern of exactly this run's keys."""
+        return self.base + "*"
 
     @property
     def config(self) -> str:
         return self.base + "config"
 
     def stream(self, kind: int) -> str:
-        return self.base + "s:" + STREAM_NAMES[kind]
+        return self.base + "s:" + kind_name(kind)
 
     @property
     def rec_prefix(self) -> str:
@@ -101,4 +113,5 @@ class RunKeys:
 
 
 def registry_key(prefix: str) -> str:
-    return f"{prefix}:runs"
+    """The set of every run id (`<prefix>:see:runs`)."""
+    return KeySpace(prefix, "see").index("runs")

@@ -35,3 +35,16 @@ ROUND_STATS_WAIT = Histogram(
     "mutualrl_see_round_stats_wait_seconds",
     "How long GetRoundStats waited for peers (ends at completeness or the deadline).",
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+
+
+class _RedisMetrics:
+    """The `mutualrl.common.redis_errors.RedisMetrics` hooks SEE's store passes to `redis_op`."""
+
+    def failed(self, op: str, error: BaseException) -> None:
+        REDIS_ERRORS.labels(op, type(error).__name__).inc()
+
+    def timed(self, op: str, seconds: float) -> None:
+        REDIS_SECONDS.labels(op).observe(seconds)
+
+
+REDIS = _RedisMetrics()

@@ -24,9 +24,8 @@ from pydantic import BaseModel, Field
 from mutualrl.common.auth import token_matches
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
-from mutualrl.see.keys import KINDS, STREAM_NAMES
+from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.store import SeeStore
-from mutualrl.see.validate import KIND_BY_NAME, KIND_NAMES
 from mutualrl.v1 import experience_pb2 as pb
 
 RunId = Annotated[str, Path(description="Run id.")]
@@ -131,7 +130,7 @@ class ErrorOut(BaseModel):
 
 
 def _summary(cursor: str, rec: pb.ExperienceRecord) -> dict[str, object]:
-    return dict(cursor=cursor, record_id=rec.record_id, kind=KIND_NAMES.get(rec.kind, "?"),
+    return dict(cursor=cursor, record_id=rec.record_id, kind=kind_name(rec.kind),
                 policy_id=rec.policy_id, policy_version=rec.policy_version, round=rec.round,
                 prompt_id=rec.prompt_id, reward=rec.reward, verified=rec.verified,
                 finish_reason=FINISH_NAMES.get(rec.finish_reason, str(rec.finish_reason)),
@@ -242,9 +241,10 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     ) -> RecordsOut:
         kinds: tuple[int, ...] = KINDS
         if kind is not None:
-            if kind.upper() not in KIND_BY_NAME:
-                raise InvalidArgument("kind", f"must be one of {', '.join(STREAM_NAMES.values())}")
-            kinds = (KIND_BY_NAME[kind.upper()],)
+            names = {kind_name(k): k for k in KINDS}
+            if kind.upper() not in names:
+                raise InvalidArgument("kind", f"must be one of {', '.join(names)}")
+            kinds = (names[kind.upper()],)
         page = await store.list_records(run_id, kinds=kinds, policy=policy, prompt=prompt,
                                         round_min=round_min, round_max=round_max,
                                         verified=verified, cursor=cursor, limit=limit)
@@ -274,7 +274,7 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
         matrix: dict[str, dict[str, dict[str, int]]] = {}
         transfers = []
         for t in st.transfers:
-            kname = KIND_NAMES.get(t.kind, str(t.kind))
+            kname = kind_name(t.kind)
             transfers.append(TransferOut(taker_policy=t.taker_policy,
                                          source_policy=t.source_policy, kind=kname,
                                          count=t.count))

@@ -1,4 +1,8 @@
-"""Run SEE: the gRPC server and the REST app in one process and one event loop."""
+"""Run SEE: the gRPC server and the REST app in one process and one event loop.
+
+The lifecycle is the common one (`mutualrl.common.grpc_server`): on stop, health turns
+NOT_SERVING, Subscribe streams and round-stats waits end (drain hook), calls in flight get the
+grace period, then the REST app stops and the Redis pool closes (close hooks)."""
 
 from __future__ import annotations
 
@@ -7,17 +11,14 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import uvicorn
 
-from mutualrl.common.grpc_server import (
-    RunningServer,
-    start_server,
-)
+from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
 from mutualrl.see import hotpath
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
-    """uvicorn inside our loop: signals belong to serve_until_signalled, not to uvicorn."""
+    """uvicorn inside our loop: signals belong to `serve_until_signalled`, not to uvicorn."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -42,19 +43,12 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 
 @dataclass
-class SeeServer:
+class SeeServer(ServiceServer):
     """A running SEE: gRPC (`grpc`), REST (`rest_port`, None when disabled) and the store."""
 
     cfg: SeeConfig
     store: SeeStore
-    grpc: RunningServer
     rest_port: int | None
-    _rest: _EmbeddedUvicorn | None
-    _rest_task: asyncio.Task[None] | None
-
-    @property
-    def address(self) -> str:
-        return self.grpc.address
 
     @property
     def rest_url(self) -> str | None:
@@ -62,18 +56,6 @@ class SeeServer:
             return None
         scheme = "https" if self.cfg.tls_cert else "http"
         return f"{scheme}://127.0.0.1:{self.rest_port}"
-
-    async def stop(self, grace: float | None = None) -> None:
-        if self.store.stopping.is_set():
-            return  # already stopped
-        # Ends Subscribe streams and round-stats waits before the gRPC server drains.
-        self.store.stopping.set()
-        await self.grpc.stop(grace)
-        if self._rest is not None and self._rest_task is not None:
-            self._rest.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._rest_task, timeout=max(grace or 0, 1.0) + 2)
-        await self.store.close()
 
 
 async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
@@ -96,7 +78,9 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
 
     running = await start_server(cfg, add, [SERVICE_NAME, METRICS_SERVICE_NAME],
                                  reuse_port=shared_port)
-    rest, task, rest_port = None, None, None
+    # Ends Subscribe streams and round-stats waits before the gRPC server drains.
+    running.on_drain.append(store.begin_stop)
+    rest_port: int | None = None
     if cfg.rest_port is not None:
         host = cfg.rest_host or cfg.host
         # Bind the socket ourselves so port 0 works and the real port is known at once.
@@ -120,16 +104,19 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
         if task.done():
             task.result()
         log.info("SEE REST on %s:%d", host, rest_port)
-    return SeeServer(cfg=cfg, store=store, grpc=running, rest_port=rest_port, _rest=rest,
-                     _rest_task=task)
+        running.on_close.append(_rest_stopper(rest, task, cfg.grace_seconds))
+    running.on_close.append(store.close)
+    return SeeServer(grpc=running, cfg=cfg, store=store, rest_port=rest_port)
 
 
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+def _rest_stopper(rest: _EmbeddedUvicorn, task: asyncio.Task[None], grace: float
+                  ) -> Callable[[], Awaitable[None]]:
+    async def stop_rest() -> None:
+        rest.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, timeout=max(grace, 1.0) + 2)
+
+    return stop_rest
 
 
 def _die_with_parent() -> None:
@@ -147,8 +134,7 @@ def _worker_main(cfg_json: str) -> None:
 
     async def run() -> None:
         see = await start_see(cfg, shared_port=True)
-        await _wait_for_signal()
-        await see.stop(cfg.grace_seconds)
+        await serve_until_signalled(see.grpc, cfg.grace_seconds)
 
     asyncio.run(run())
 
@@ -170,14 +156,21 @@ async def serve(cfg: SeeConfig) -> None:
             proc = ctx.Process(target=_worker_main, args=(wcfg.model_dump_json(),))
             proc.start()
             procs.append(proc)
-    print(f"SEE gRPC on {cfg.host}:{see.grpc.port} ({cfg.workers} worker(s)), REST on "
-          f"{cfg.rest_host or cfg.host}:{see.rest_port}", flush=True)
-    await _wait_for_signal()
-    log.info("stopping (grace %.1fs)", cfg.grace_seconds)
-    for proc in procs:
-        proc.terminate()  # SIGTERM: each drains like this one
-    await see.stop(cfg.grace_seconds)
-    for proc in procs:
-        await asyncio.get_running_loop().run_in_executor(None, proc.join, cfg.grace_seconds + 5)
-        if proc.is_alive():
-            proc.kill()
+    if procs:
+        async def stop_workers() -> None:
+            for proc in procs:
+                proc.terminate()  # SIGTERM: each drains like this one
+
+        async def join_workers() -> None:
+            loop = asyncio.get_running_loop()
+            for proc in procs:
+                await loop.run_in_executor(None, proc.join, cfg.grace_seconds + 5)
+                if proc.is_alive():
+                    proc.kill()
+
+        see.grpc.on_drain.append(stop_workers)
+        see.grpc.on_close.append(join_workers)
+    await serve_until_signalled(
+        see.grpc, cfg.grace_seconds,
+        ready=f"SEE listening on {cfg.host}:{see.grpc.port} ({cfg.workers} worker(s)), REST on "
+              f"{cfg.rest_host or cfg.host}:{see.rest_port}")

@@ -7,12 +7,14 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message_factory import GetMessageClass
 
 from mutualrl.common.errors import InvalidArgument, NotFound, ServiceError, grpc_errors
 from mutualrl.see import metrics as m
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+from mutualrl.v1 import runs_pb2 as runs_pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
 # Leave this much of the client's deadline to send the answer back.
@@ -104,6 +106,13 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
         with _count_refusals("GetRunStats"):
             return await self.store.run_stats(request.run_id)
 
+    @grpc_errors
+    async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
+        with _count_refusals("DeleteRun"):
+            deleted = await self.store.delete_run(request.run_id)
+        return runs_pb.DeleteRunResponse(run_id=request.run_id, deleted=deleted)
+
 
 __all__ = ["SERVICE_NAME", "ExperienceExchangeServicer", "ServiceError"]
 
@@ -115,8 +124,8 @@ def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server)
     sym = pb.DESCRIPTOR.services_by_name["ExperienceExchange"]
     for method in sym.methods:
         fn = getattr(servicer, method.name)
-        req = getattr(pb, method.input_type.name)
-        resp = getattr(pb, method.output_type.name)
+        req = GetMessageClass(method.input_type)
+        resp = GetMessageClass(method.output_type)
         if method.name == "Publish":
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(fn)
         elif method.server_streaming:

@@ -20,25 +20,16 @@ from redis import exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from mutualrl.common.errors import (
-    AlreadyExists,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
+from mutualrl.common import ids
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
+from mutualrl.common.redis_errors import redis_op as _redis_op
 from mutualrl.see import metrics as m
 from mutualrl.see import transfers, wire
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.hotpath import MalformedRequest, TooManyRecords, accept_records, scan_request
-from mutualrl.see.keys import KINDS, STREAM_NAMES, RunKeys, registry_key
+from mutualrl.see.keys import KINDS, RunKeys, kind_name, registry_key
 from mutualrl.see.lua import PUBLISH_LUA
-from mutualrl.see.validate import (
-    KIND_NAMES,
-    check_run_id,
-    normalise_text,
-    text_digest,
-    validate_run_config,
-)
+from mutualrl.see.validate import normalise_text, text_digest, validate_run_config
 from mutualrl.see.wire import (
     publish_response,
     stamp_suffix,
@@ -74,20 +65,10 @@ def check_stream_id(value: str, field: str) -> str:
     return value
 
 
-@contextlib.asynccontextmanager
-async def redis_op(op: str) -> AsyncIterator[None]:
-    """Time a store operation and turn Redis failures into Unavailable/internal errors."""
-    start = time.perf_counter()
-    try:
-        yield
-    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as err:
-        m.REDIS_ERRORS.labels(op, type(err).__name__).inc()
-        raise Unavailable("", f"redis unavailable during {op}: {err}") from err
-    except rexc.RedisError as err:
-        m.REDIS_ERRORS.labels(op, type(err).__name__).inc()
-        raise
-    finally:
-        m.REDIS_SECONDS.labels(op).observe(time.perf_counter() - start)
+def redis_op(op: str) -> contextlib.AbstractAsyncContextManager[None]:
+    """A block of Redis calls: failures mapped by `mutualrl.common.redis_errors`, time and
+    failures counted in SEE's metrics."""
+    return _redis_op(op, m.REDIS)
 
 
 @dataclass
@@ -195,6 +176,10 @@ class SeeStore:
         self._runs: dict[str, tuple[float, pb.Run]] = {}
         self.stopping = asyncio.Event()
 
+    async def begin_stop(self) -> None:
+        """End Subscribe streams and round-stats waits (the server is draining)."""
+        self.stopping.set()
+
     async def close(self) -> None:
         self.stopping.set()
         await self.r.aclose()
@@ -244,7 +229,7 @@ class SeeStore:
 
     async def get_run(self, run_id: str, *, use_cache: bool = True,
                       field: str = "run_id") -> pb.Run:
-        check_run_id(run_id, field)
+        ids.check_run_id(run_id, field)
         if use_cache:
             hit = self._runs.get(run_id)
             if hit is not None and time.monotonic() - hit[0] < _RUN_CACHE_SECONDS:
@@ -261,17 +246,37 @@ class SeeStore:
     async def list_runs(self) -> list[pb.Run]:
         reg = registry_key(self.cfg.key_prefix)
         async with redis_op("list_runs"):
-            ids = sorted(_s(x) for x in await self.r.smembers(reg))
-            if not ids:
+            run_ids = sorted(_s(x) for x in await self.r.smembers(reg))
+            if not run_ids:
                 return []
             async with self.r.pipeline(transaction=False) as pipe:
-                for rid in ids:
+                for rid in run_ids:
                     pipe.get(self.keys(rid).config)
                 raws = await pipe.execute()
-            gone = [rid for rid, raw in zip(ids, raws, strict=True) if raw is None]
+            gone = [rid for rid, raw in zip(run_ids, raws, strict=True) if raw is None]
             if gone:  # expired runs leave the registry lazily
                 await self.r.srem(reg, *gone)
         return [pb.Run.FromString(raw) for raw in raws if raw is not None]
+
+    async def delete_run(self, run_id: str) -> int:
+        """Delete every key of the run and its registry entry; returns the keys deleted.
+        NotFound when nothing of the run exists."""
+        rk = self.keys(ids.check_run_id(run_id))
+        deleted = 0
+        async with redis_op("delete_run"):
+            batch: list[bytes | str] = []
+            async for key in self.r.scan_iter(match=rk.pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 512:
+                    deleted += int(await self.r.unlink(*batch))
+                    batch.clear()
+            if batch:
+                deleted += int(await self.r.unlink(*batch))
+            registered = int(await self.r.srem(registry_key(self.cfg.key_prefix), run_id))
+        self._runs.pop(run_id, None)
+        if not deleted and not registered:
+            raise NotFound("run_id", f"run {run_id!r} not found")
+        return deleted
 
     async def _check_policy(self, run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
         if policy_id not in run.config.policies:
@@ -356,12 +361,13 @@ class SeeStore:
             t[0] += 1
             t[1] += r.end - r.start + len(suffix)
         for (kind, stored), (count, nbytes) in tally.items():
-            m.RECORDS_IN.labels(KIND_NAMES[kind], "stored" if stored else "duplicate").inc(count)
+            name = kind_name(kind)
+            m.RECORDS_IN.labels(name, "stored" if stored else "duplicate").inc(count)
             if stored:
-                m.BYTES_IN.labels(KIND_NAMES[kind]).inc(nbytes)
+                m.BYTES_IN.labels(name).inc(nbytes)
         for kind, tr in zip(KINDS, reply[1:4], strict=True):
             if int(tr):
-                m.TRIMMED.labels(STREAM_NAMES[kind]).inc(int(tr))
+                m.TRIMMED.labels(kind_name(kind)).inc(int(tr))
         if int(reply[4]):
             m.TRIMMED.labels("round_stats").inc(int(reply[4]))
         m.PUBLISH_BATCH.observe(len(recs))
@@ -414,10 +420,7 @@ class SeeStore:
         dead consumers, then new ones; own and stale entries are acknowledged and skipped."""
         run = await self.get_run(req.run_id)
         await self._check_policy(run, req.policy_id)
-        if not req.consumer:
-            raise InvalidArgument("consumer", "required (e.g. the trainer's pod name)")
-        if len(req.consumer) > self.cfg.limits.max_id_chars:
-            raise InvalidArgument("consumer", "too long")
+        ids.check_name(req.consumer, "consumer")  # e.g. the trainer's pod name
         if not 1 <= req.max_records <= _MAX_FETCH:
             raise InvalidArgument("max_records", f"must lie in [1, {_MAX_FETCH}]")
         if not 0 <= req.block_ms <= _MAX_BLOCK_MS:
@@ -463,11 +466,11 @@ class SeeStore:
                 reply = []
             pending = reply[0][1] if reply else []
             if pending:
-                ids = [_s(e[0]) for e in pending]
-                info = await self.r.xpending_range(stream, group, min=ids[0], max=ids[-1],
-                                                   count=len(ids), consumername=consumer)
+                eids = [_s(e[0]) for e in pending]
+                info = await self.r.xpending_range(stream, group, min=eids[0], max=eids[-1],
+                                                   count=len(eids), consumername=consumer)
                 counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
-                for eid, (_, fields) in zip(ids, pending, strict=True):
+                for eid, (_, fields) in zip(eids, pending, strict=True):
                     keep(eid, fields or None, counts.get(eid, 1), False)
             # 2. Entries of consumers that went away (same policy, idle past claim_idle_ms).
             room = req.max_records - len(chosen)
@@ -476,12 +479,12 @@ class SeeStore:
                                                   start_id="0-0", count=room)
                 entries = claimed[1] if claimed else []
                 if entries:
-                    ids = [_s(e[0]) for e in entries]
-                    info = await self.r.xpending_range(stream, group, min=min(ids), max=max(ids),
-                                                       count=len(ids) * 4,
+                    eids = [_s(e[0]) for e in entries]
+                    info = await self.r.xpending_range(stream, group, min=min(eids),
+                                                       max=max(eids), count=len(eids) * 4,
                                                        consumername=consumer)
                     counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
-                    for eid, (_, fields) in zip(ids, entries, strict=True):
+                    for eid, (_, fields) in zip(eids, entries, strict=True):
                         keep(eid, fields or None, counts.get(eid, 2), False)
             # 3. New entries; skipped ones do not count, so read on while they fill the page.
             block_ms = req.block_ms
@@ -692,7 +695,7 @@ class SeeStore:
         await self.get_run(req.run_id)
         kinds = list(dict.fromkeys(req.kinds)) or list(KINDS)
         for i, k in enumerate(kinds):
-            if k not in STREAM_NAMES:
+            if k not in KINDS:
                 raise InvalidArgument(f"kinds[{i}]", f"unknown record kind {k}")
         rk = self.keys(req.run_id)
         if req.after_id:
@@ -730,7 +733,7 @@ class SeeStore:
                     continue
                 ev = pb.ExperienceEvent(event_id=sid)
                 ev.record.ParseFromString(payload)
-                m.RECORDS_OUT.labels(KIND_NAMES.get(ev.record.kind, "?"), "subscribe").inc()
+                m.RECORDS_OUT.labels(kind_name(ev.record.kind), "subscribe").inc()
                 yield ev
 
     # ----------------------------------------------------------------------------- inspection
@@ -753,11 +756,11 @@ class SeeStore:
                 out.duplicates = int(val)
                 continue
             policy, _, kind = name.rpartition("|")
-            per_policy.setdefault(policy, {})[KIND_NAMES.get(int(kind), kind)] = int(val)
+            per_policy.setdefault(policy, {})[kind_name(int(kind))] = int(val)
         for policy, kinds in per_policy.items():
             pc = out.policies.add(policy_id=policy)
             for k in KINDS:
-                pc.published[KIND_NAMES[k]] = kinds.get(KIND_NAMES[k], 0)
+                pc.published[kind_name(k)] = kinds.get(kind_name(k), 0)
         for fld, val in sorted(xfer.items()):
             taker, source, kind = _s(fld).split("|")
             out.transfers.add(taker_policy=taker, source_policy=source, kind=int(kind),
@@ -765,7 +768,7 @@ class SeeStore:
         for fld, val in trimmed.items():
             out.trimmed[_s(fld)] = int(val)
         for k, n in zip(KINDS, lens, strict=True):
-            out.stream_lengths[STREAM_NAMES[k]] = int(n)
+            out.stream_lengths[kind_name(k)] = int(n)
         return out
 
     async def get_record(self, run_id: str, record_id: str) -> tuple[str, pb.ExperienceRecord]:

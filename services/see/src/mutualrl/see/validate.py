@@ -12,22 +12,14 @@ import re
 
 import numpy as np
 
+from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeLimits
+from mutualrl.see.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-# Ids end up inside Redis hash fields joined with "|": control characters and the separator
-# would make them ambiguous.
-_BAD_ID_CHARS = re.compile(r"[\x00-\x1f\x7f|]")
 _WS = re.compile(r"\s+")
 
-KIND_NAMES: dict[int, str] = {
-    pb.ROLLOUT: "ROLLOUT",
-    pb.REWARD_STATS: "REWARD_STATS",
-    pb.VERIFIED_SUCCESS: "VERIFIED_SUCCESS",
-}
-KIND_BY_NAME: dict[str, int] = {v: k for k, v in KIND_NAMES.items()}
 VERIFIABLE_FINISH = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_EOS)
 FINISH_VALUES = frozenset(pb.FinishReason.values())
 
@@ -42,33 +34,16 @@ def text_digest(text: str) -> str:
     return hashlib.blake2b(normalise_text(text).encode(), digest_size=12).hexdigest()
 
 
-def check_run_id(run_id: str, field: str = "run_id") -> str:
-    if not RUN_ID_RE.match(run_id):
-        raise InvalidArgument(field, f"must match [A-Za-z0-9._-]{{1,64}}, got {run_id!r}")
-    return run_id
-
-
-def _check_id(value: str, field: str, limits: SeeLimits, *, required: bool = True) -> None:
-    if not value:
-        if required:
-            raise InvalidArgument(field, "required")
-        return
-    if len(value) > limits.max_id_chars:
-        raise InvalidArgument(field, f"longer than {limits.max_id_chars} characters")
-    if _BAD_ID_CHARS.search(value):
-        raise InvalidArgument(field, "must not contain control characters or '|'")
-
-
 def validate_run_config(cfg: pb.RunConfig, limits: SeeLimits) -> None:
     """A run needs an id, at least one distinct policy, a finite tau and non-negative caps."""
-    check_run_id(cfg.run_id, "config.run_id")
+    ids.check_run_id(cfg.run_id, "config.run_id")
     if not cfg.policies:
         raise InvalidArgument("config.policies", "at least one policy is required")
     if len(cfg.policies) > 256:
         raise InvalidArgument("config.policies", "at most 256 policies")
     seen: set[str] = set()
     for i, policy in enumerate(cfg.policies):
-        _check_id(policy, f"config.policies[{i}]", limits)
+        ids.check_name(policy, f"config.policies[{i}]")
         if policy in seen:
             raise InvalidArgument(f"config.policies[{i}]", f"duplicate policy {policy!r}")
         seen.add(policy)
@@ -90,18 +65,14 @@ def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
 
     The reference validator: every rule, on a fully parsed record, with the offending field
     named. `policies` is the run's policy set; `size` the record's serialized size when the
-    caller has its bytes. Publish runs it when the fast path (`hotpath.scan_batch`) does not
-    accept a batch.
+    caller has its bytes. Publish runs it for every record the compiled scan
+    (`hotpath.scan_request`) does not accept.
     """
-    rid, prompt, tok = rec.record_id, rec.prompt_id, rec.tokenizer_id
-    max_id = limits.max_id_chars
-    # One regex pass over the three ids; the slow path below names the culprit.
-    if (not rid or not prompt or len(rid) > max_id or len(prompt) > max_id or len(tok) > max_id
-            or _BAD_ID_CHARS.search(f"{rid}{prompt}{tok}")):
-        f = f"records[{idx}]"
-        _check_id(rid, f"{f}.record_id", limits)
-        _check_id(prompt, f"{f}.prompt_id", limits)
-        _check_id(tok, f"{f}.tokenizer_id", limits, required=False)
+    f = f"records[{idx}]"
+    ids.check_record_key(rec.record_id, f"{f}.record_id")
+    ids.check_record_key(rec.prompt_id, f"{f}.prompt_id")
+    if rec.tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
+        ids.check_tokenizer_id(rec.tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
         raise InvalidArgument(f"records[{idx}].run_id",
                               f"{rec.run_id!r} differs from the request's run_id")
@@ -109,7 +80,7 @@ def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
         raise InvalidArgument(f"records[{idx}].policy_id",
                               f"{rec.policy_id!r} is not a policy of run {run.run_id!r}")
     kind = rec.kind
-    if kind not in KIND_NAMES:
+    if kind not in KINDS:
         raise InvalidArgument(f"records[{idx}].kind",
                               f"must be ROLLOUT, REWARD_STATS or VERIFIED_SUCCESS, got {kind}")
     if rec.round < 0:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from mutualrl.common.config import ServiceConfig
+from mutualrl.common.config import ServiceConfig, TokenizerId
 
 
 class ThlConfig(ServiceConfig):
@@ -17,10 +17,9 @@ class ThlConfig(ServiceConfig):
     metrics_port: int | None = Field(default=9102, ge=0, le=65535)
     """Prometheus /metrics port; None serves none (0 picks a free one)."""
     redis_url: str | None = None
-    """Redis that persists tokenizer registrations (shared by replicas). None: use `state_dir`
-    if set, else keep registrations in memory only."""
-    key_prefix: str = "mutualrl:thl:"
-    """Prefix of THL's Redis keys (registrations live in the hash `<prefix>tokenizers`)."""
+    """Redis that persists tokenizer registrations (shared by replicas), in the hash
+    `<key_prefix>:thl:tokenizers`. None: use `state_dir` if set, else keep registrations in
+    memory only."""
     state_dir: Path | None = None
     """Directory for `tokenizers.json` when there is no Redis (single-replica deployments)."""
     cache_size: int = Field(default=16, ge=1)
@@ -31,7 +30,7 @@ class ThlConfig(ServiceConfig):
     """Largest text per entry, in UTF-8 bytes."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
-    tokenizers: dict[str, str] = Field(default_factory=dict)
+    tokenizers: dict[TokenizerId, str] = Field(default_factory=dict)
     """Tokenizers to register at start-up: id -> local path (directory or tokenizer.json);
     an id already registered with another path is overwritten."""
 

@@ -67,9 +67,15 @@ class AlignmentEngine:
         self.limits = limits or EngineLimits()
 
     # -- registry -------------------------------------------------------------------------
-    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
-        """Register (or confirm) a fast tokenizer at a local path under `tokenizer_id`."""
-        return self.registry.register(tokenizer_id, path, overwrite)
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
+                 run_id: str = "") -> TokenizerInfo:
+        """Register (or confirm) a fast tokenizer at a local path under `tokenizer_id`; for
+        `run_id` when given (`delete_run` releases it)."""
+        return self.registry.register(tokenizer_id, path, overwrite, run_id)
+
+    def delete_run(self, run_id: str) -> int:
+        """Release the registrations made for `run_id`; returns how many it held."""
+        return self.registry.delete_run(run_id)
 
     def list(self) -> list[TokenizerInfo]:
         """Every registered tokenizer, sorted by id."""

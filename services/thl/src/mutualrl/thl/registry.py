@@ -1,49 +1,59 @@
 """Tokenizer registry: ids -> local paths, persisted, with an LRU cache of loaded tokenizers.
 
-Registrations are persisted (Redis hash `<prefix>tokenizers`, a JSON file in a state dir, or
-memory only) so a restarted THL — or another replica sharing the Redis — knows every tokenizer
-again; tokenizers themselves are loaded lazily from their paths and kept in an LRU cache.
-Only fast (Rust-backed) tokenizers are accepted: alignment needs character offsets.
+Registrations are persisted (Redis hash `<prefix>:thl:tokenizers`, a JSON file in a state dir,
+or memory only) so a restarted THL — or another replica sharing the Redis — knows every
+tokenizer again; tokenizers themselves are loaded lazily from their paths and kept in an LRU
+cache. Only fast (Rust-backed) tokenizers are accepted: alignment needs character offsets.
+
+A registration may be made for a run (`run_id`): its record lists the runs that hold it, and
+`delete_run` releases the run's hold, dropping the registration once no run holds it and it was
+never made without a run ("pinned": start-up config, `mutualrl thl register`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from mutualrl.common import ids
 from mutualrl.common.alignment_types import TokenizerInfo
-from mutualrl.common.errors import (
-    AlreadyExists,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
+from mutualrl.common.keys import DEFAULT_PREFIX, KeySpace
+from mutualrl.common.redis_errors import sync_redis_op
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9._/-]{1,128}")
+Record = dict[str, Any]
+Update = Callable[[Record | None], Record | None]
+"""Turns the current record (None: absent) into the new one (None: delete it)."""
 
 
 class RegistryStore(Protocol):
     """Where registrations live: id -> record (a JSON-able dict)."""
 
-    def load_all(self) -> dict[str, dict[str, Any]]: ...
+    def load_all(self) -> dict[str, Record]: ...
 
-    def get(self, tokenizer_id: str) -> dict[str, Any] | None: ...
+    def get(self, tokenizer_id: str) -> Record | None: ...
 
-    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None: ...
+    def put(self, tokenizer_id: str, record: Record) -> None: ...
+
+    def update(self, tokenizer_id: str, change: Update) -> Record | None:
+        """Apply `change` to one record atomically (against other writers of the store);
+        returns the new record."""
+        ...
 
 
 class MemoryStore:
     """Process-local registrations (trainers running THL in-process, tests)."""
 
     def __init__(self) -> None:
-        self._data: dict[str, dict[str, Any]] = {}
+        self._data: dict[str, Record] = {}
+        self._lock = threading.Lock()
 
     def load_all(self) -> dict[str, dict[str, Any]]:
         return dict(self._data)
@@ -51,8 +61,18 @@ class MemoryStore:
     def get(self, tokenizer_id: str) -> dict[str, Any] | None:
         return self._data.get(tokenizer_id)
 
-    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
-        self._data[tokenizer_id] = record
+    def put(self, tokenizer_id: str, record: Record) -> None:
+        with self._lock:
+            self._data[tokenizer_id] = record
+
+    def update(self, tokenizer_id: str, change: Update) -> Record | None:
+        with self._lock:
+            new = change(self._data.get(tokenizer_id))
+            if new is None:
+                self._data.pop(tokenizer_id, None)
+            else:
+                self._data[tokenizer_id] = new
+            return new
 
 
 class JsonFileStore:
@@ -71,47 +91,78 @@ class JsonFileStore:
     def get(self, tokenizer_id: str) -> dict[str, Any] | None:
         return self.load_all().get(tokenizer_id)
 
-    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
+    def put(self, tokenizer_id: str, record: Record) -> None:
+        self.update(tokenizer_id, lambda _: record)
+
+    def update(self, tokenizer_id: str, change: Update) -> Record | None:
         with self._lock:
             data = self.load_all()
-            data[tokenizer_id] = record
+            new = change(data.get(tokenizer_id))
+            if new is None:
+                data.pop(tokenizer_id, None)
+            else:
+                data[tokenizer_id] = new
             self._path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
             tmp.replace(self._path)
+            return new
 
 
 class RedisStore:
-    """Registrations in the Redis hash `<prefix>tokenizers`, shared by every THL replica."""
+    """Registrations in the Redis hash `<prefix>:thl:tokenizers`, shared by every THL replica.
 
-    def __init__(self, url: str, prefix: str = "mutualrl:thl:") -> None:
+    Redis failures become UNAVAILABLE / RESOURCE_EXHAUSTED (`mutualrl.common.redis_errors`)."""
+
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
         import redis
 
         self._client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0,
                                             socket_connect_timeout=5.0)
-        self._errors = (redis.ConnectionError, redis.TimeoutError)
-        self.key = f"{prefix}tokenizers"
+        self.key = KeySpace(prefix, "thl").index("tokenizers")
 
-    def _do(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except self._errors as err:
-            raise Unavailable("", f"tokenizer registry store (Redis) unavailable: {err}"
-                                   ) from err
-
-    def load_all(self) -> dict[str, dict[str, Any]]:
-        raw = self._do(self._client.hgetall, self.key)
+    def load_all(self) -> dict[str, Record]:
+        with sync_redis_op("the tokenizer registry's load"):
+            raw = self._client.hgetall(self.key)
         return {k: json.loads(v) for k, v in raw.items()}
 
-    def get(self, tokenizer_id: str) -> dict[str, Any] | None:
-        raw = self._do(self._client.hget, self.key, tokenizer_id)
+    def get(self, tokenizer_id: str) -> Record | None:
+        with sync_redis_op("the tokenizer registry's get"):
+            raw = self._client.hget(self.key, tokenizer_id)
         return json.loads(raw) if raw else None
 
-    def put(self, tokenizer_id: str, record: dict[str, Any]) -> None:
-        self._do(self._client.hset, self.key, tokenizer_id, json.dumps(record, sort_keys=True))
+    def put(self, tokenizer_id: str, record: Record) -> None:
+        with sync_redis_op("the tokenizer registry's put"):
+            self._client.hset(self.key, tokenizer_id, json.dumps(record, sort_keys=True))
+
+    def update(self, tokenizer_id: str, change: Update) -> Record | None:
+        """WATCH / MULTI on the hash: a concurrent write by another replica retries `change`."""
+        import redis
+
+        with sync_redis_op("the tokenizer registry's update"), \
+                self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self.key)
+                    raw = pipe.hget(self.key, tokenizer_id)
+                    new = change(json.loads(raw) if raw else None)
+                    pipe.multi()
+                    if new is None:
+                        pipe.hdel(self.key, tokenizer_id)
+                    else:
+                        pipe.hset(self.key, tokenizer_id, json.dumps(new, sort_keys=True))
+                    pipe.execute()
+                    return new
+                except redis.WatchError:
+                    continue
 
     def close(self) -> None:
         self._client.close()
+
+
+def _pinned(record: Record) -> bool:
+    """Registered at least once without a run (records written before runs existed count)."""
+    return bool(record.get("pinned", "runs" not in record))
 
 
 @dataclass
@@ -191,28 +242,75 @@ class TokenizerRegistry:
 
     @staticmethod
     def check_id(tokenizer_id: str, field: str = "tokenizer_id") -> None:
-        if not ID_PATTERN.fullmatch(tokenizer_id or ""):
-            raise InvalidArgument(field, f"{tokenizer_id!r} does not match "
-                                  f"{ID_PATTERN.pattern}")
+        ids.check_tokenizer_id(tokenizer_id, field)
 
-    def register(self, tokenizer_id: str, path: str, overwrite: bool = False) -> TokenizerInfo:
+    def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
+                 run_id: str = "") -> TokenizerInfo:
+        """Register (or confirm) `tokenizer_id` at `path`; for `run_id` when given (released by
+        `delete_run`), else pinned. An id registered with another path is ALREADY_EXISTS
+        unless `overwrite` (which keeps the runs that hold it)."""
         self.check_id(tokenizer_id)
+        if run_id:
+            ids.check_run_id(run_id)
         if not path:
             raise InvalidArgument("path", "must be a local tokenizer directory or tokenizer.json")
         path = str(Path(path).resolve())
         existing = self._store.get(tokenizer_id)
-        if existing is not None and not overwrite:
-            if existing.get("path") == path:
-                return TokenizerInfo(**existing["info"])
+        if existing is not None and not overwrite and existing.get("path") != path:
             raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} is registered with path "
                                 f"{existing.get('path')!r}; set overwrite to replace it")
-        tok = load_fast_tokenizer(path)
-        info = describe(tokenizer_id, path, tok)
-        with self._lock:
-            self._store.put(tokenizer_id, {"path": path, "info": asdict(info),
-                                           "registered_at": time.time()})
-            self._remember(tokenizer_id, LoadedTokenizer(info, tok))
+        loaded: LoadedTokenizer | None = None
+        if overwrite or existing is None or existing.get("path") != path:
+            tok = load_fast_tokenizer(path)  # slow: outside the store's critical section
+            loaded = LoadedTokenizer(describe(tokenizer_id, path, tok), tok)
+
+        def hold(current: Record | None) -> Record:
+            if loaded is not None:
+                record: Record = {"path": path, "info": asdict(loaded.info),
+                                  "registered_at": time.time(), "runs": [], "pinned": False}
+                if current is not None:  # overwrite: the runs that held the id still do
+                    record["runs"] = list(current.get("runs", []))
+                    record["pinned"] = _pinned(current)
+            elif current is None or current.get("path") != path:
+                raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} was changed concurrently "
+                                    "by another registration; retry")
+            else:
+                record = dict(current, runs=list(current.get("runs", [])),
+                              pinned=_pinned(current))
+            if run_id:
+                record["runs"] = sorted({*record["runs"], run_id})
+            else:
+                record["pinned"] = True
+            return record
+
+        record = self._store.update(tokenizer_id, hold)
+        assert record is not None
+        info = TokenizerInfo(**record["info"])
+        if loaded is not None:
+            with self._lock:
+                self._remember(tokenizer_id, loaded)
         return info
+
+    def delete_run(self, run_id: str) -> int:
+        """Release every registration `run_id` holds; those no other run holds (and that are
+        not pinned) are dropped. Returns how many the run held (NOT_FOUND when none)."""
+        ids.check_run_id(run_id)
+        held = [tid for tid, rec in self._store.load_all().items()
+                if run_id in rec.get("runs", [])]
+
+        def release(current: Record | None) -> Record | None:
+            if current is None:
+                return None
+            record = dict(current, runs=[r for r in current.get("runs", []) if r != run_id])
+            return record if record["runs"] or _pinned(current) else None
+
+        for tid in held:
+            if self._store.update(tid, release) is None:
+                with self._lock:
+                    self._cache.pop(tid, None)
+        if not held:
+            raise NotFound("run_id", f"no tokenizer is registered for run {run_id!r}")
+        return len(held)
 
     def list(self) -> list[TokenizerInfo]:
         records = self._store.load_all()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from mutualrl.common.grpc_server import RunningServer, serve_until_signalled, start_server
+from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits
 from mutualrl.thl.registry import (
@@ -45,20 +45,11 @@ def build_engine(cfg: ThlConfig) -> AlignmentEngine:
 
 
 @dataclass
-class ThlServer:
+class ThlServer(ServiceServer):
     """A running THL: the gRPC server and its engine."""
 
     cfg: ThlConfig
     engine: AlignmentEngine
-    grpc: RunningServer
-
-    @property
-    def address(self) -> str:
-        return self.grpc.address
-
-    async def stop(self, grace: float | None = None) -> None:
-        await self.grpc.stop(grace)
-        self.engine.registry.close()
 
 
 async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
@@ -70,10 +61,16 @@ async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> Th
         add_to_server(servicer, server)
 
     running = await start_server(cfg, add, [SERVICE_NAME])
-    return ThlServer(cfg, engine, running)
+
+    async def close_registry() -> None:
+        engine.registry.close()
+
+    running.on_close.append(close_registry)
+    return ThlServer(grpc=running, cfg=cfg, engine=engine)
 
 
 async def serve(cfg: ThlConfig) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """`mutualrl thl serve`: run until SIGINT/SIGTERM, then stop gracefully."""
     server = await start_thl(cfg)
-    await serve_until_signalled(server.grpc, cfg.grace_seconds)
+    await serve_until_signalled(server.grpc, cfg.grace_seconds,
+                                ready=f"THL listening on {cfg.host}:{server.port}")

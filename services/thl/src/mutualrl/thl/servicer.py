@@ -22,6 +22,7 @@ from mutualrl.common.errors import InvalidArgument, grpc_errors
 from mutualrl.thl import metrics
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.v1 import alignment_pb2 as pb
+from mutualrl.v1 import runs_pb2 as runs_pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
@@ -41,7 +42,7 @@ def _check_parsed(request: Any) -> None:
 
 
 class AlignmentServicer:
-    """Implements the four Alignment RPCs on an engine."""
+    """Implements the Alignment RPCs on an engine."""
 
     def __init__(self, engine: AlignmentEngine) -> None:
         self.engine = engine
@@ -51,8 +52,15 @@ class AlignmentServicer:
                                 context: grpc.aio.ServicerContext) -> pb.TokenizerInfo:
         _check_parsed(request)
         info = await asyncio.to_thread(self.engine.register, request.tokenizer_id, request.path,
-                                       request.overwrite)
+                                       request.overwrite, request.run_id)
         return wire.info_to_pb(info)
+
+    @grpc_errors
+    async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
+        _check_parsed(request)
+        deleted = await asyncio.to_thread(self.engine.delete_run, request.run_id)
+        return runs_pb.DeleteRunResponse(run_id=request.run_id, deleted=deleted)
 
     @grpc_errors
     async def ListTokenizers(self, request: pb.ListTokenizersRequest,
@@ -119,6 +127,7 @@ _METHODS = (
     ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse),
     ("Retokenize", pb.RetokenizeRequest, pb.RetokenizeResponse),
     ("AlignTrace", pb.AlignTraceRequest, pb.AlignTraceResponse),
+    ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse),
 )
 
 

@@ -19,7 +19,7 @@ from mutualrl.trainer.algos.grpo import grpo_loss, nonzero_variance_groups
 from mutualrl.trainer.algos.sgt import sgt_loss
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes.base import Plan, RoundData
+from mutualrl.trainer.probes.base import LossInputs, RoundData
 
 
 @dataclass
@@ -36,7 +36,7 @@ def _receiver_chunk_logp(logp: Tensor, token_chunk: Tensor, n_chunks: int) -> Te
 
 
 def _peer_weights(
-    logp: Tensor, mask: Tensor, plan: Plan, probe: ProbeSettings
+    logp: Tensor, mask: Tensor, plan: LossInputs, probe: ProbeSettings
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """[M, T] weights and [M, T] mask of peer rows after the weight mode, with statistics."""
     peers = plan.peers
@@ -78,7 +78,7 @@ def round_loss(
     ref_model: torch.nn.Module | None,
     prompt_ids: Sequence[Sequence[int]],
     data: RoundData,
-    plan: Plan,
+    plan: LossInputs,
     grpo: GRPOSettings,
     probe: ProbeSettings,
     pad_id: int,

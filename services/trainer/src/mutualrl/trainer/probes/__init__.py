@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
-from mutualrl.trainer.probes.base import Demos, PeerRows, Plan, Probe, RoundData
+from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
 from mutualrl.trainer.probes.none import NoneProbe
 from mutualrl.trainer.probes.prp import PRPProbe
 from mutualrl.trainer.probes.sgt import SGTProbe
@@ -19,4 +19,4 @@ def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | No
     return PROBES[settings.kind](settings, policy, exchange)
 
 
-__all__ = ["PROBES", "Demos", "PeerRows", "Plan", "Probe", "RoundData", "make_probe"]
+__all__ = ["PROBES", "Demos", "LossInputs", "PeerRows", "Probe", "RoundData", "make_probe"]

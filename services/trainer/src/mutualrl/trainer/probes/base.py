@@ -1,9 +1,9 @@
-"""What every probe shares: the round's data in, a Plan out, and the fall-back to GRPO.
+"""What every probe shares: the round's data in, the loss inputs out, and the fall-back to GRPO.
 
-A probe turns the round's own rewards (and whatever it reads from peers) into a Plan: the
+A probe turns the round's own rewards (and whatever it reads from peers) into `LossInputs`: the
 advantages of own samples, optionally peer rows to add to the policy-gradient batch (PRP) and
 demonstrations for an extra NLL term (SGT). With no exchange (local runs), no peer data, a
-missed deadline or a service error, the Plan is exactly plain GRPO.
+missed deadline or a service error, the inputs are exactly plain GRPO's.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ class Demos:
 
 
 @dataclass
-class Plan:
+class LossInputs:
+    """What `update.py` needs besides the samples to build a round's loss."""
+
     advantages: Tensor
     """[P, G] advantages of own samples."""
     peers: PeerRows | None = None
@@ -70,8 +72,8 @@ class Plan:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def grpo_plan(data: RoundData, **stats: float) -> Plan:
-    return Plan(advantages=group_advantages(data.rewards), stats=dict(stats))
+def grpo_inputs(data: RoundData, **stats: float) -> LossInputs:
+    return LossInputs(advantages=group_advantages(data.rewards), stats=dict(stats))
 
 
 class Probe:
@@ -89,10 +91,10 @@ class Probe:
         """Rounds that fell back to GRPO: a service error, or the deadline passed with no peer
         data at all."""
 
-    def plan(self, data: RoundData) -> Plan:
-        """The round's Plan; peers are read within `deadline_seconds`, else plain GRPO."""
+    def plan(self, data: RoundData) -> LossInputs:
+        """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO."""
         if self.exchange is None or self.kind == "none":
-            return grpo_plan(data, fallback=0.0)
+            return grpo_inputs(data, fallback=0.0)
         deadline = time.monotonic() + self.settings.deadline_seconds
         try:
             plan = self.gather(data, self.exchange, deadline)
@@ -100,14 +102,14 @@ class Probe:
             if not _is_transient(err):
                 raise
             log.warning("round %d: %s probe fell back to GRPO: %s", data.round, self.kind, err)
-            plan = grpo_plan(data, fallback=1.0)
+            plan = grpo_inputs(data, fallback=1.0)
         plan.stats.setdefault("fallback", 0.0)
         self.fallbacks += int(plan.stats["fallback"] > 0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
         return plan
 
-    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
-        return grpo_plan(data)
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
+        return grpo_inputs(data)
 
     def state_dict(self) -> dict[str, Any]:
         return {"fallbacks": self.fallbacks}

@@ -9,7 +9,7 @@ import torch
 
 from mutualrl.trainer.algos.prp import pooled_advantages
 from mutualrl.trainer.exchange import PeerExchange, PeerRollout
-from mutualrl.trainer.probes.base import PeerRows, Plan, Probe, RoundData, index_of
+from mutualrl.trainer.probes.base import LossInputs, PeerRows, Probe, RoundData, index_of
 
 
 class PRPProbe(Probe):
@@ -21,7 +21,7 @@ class PRPProbe(Probe):
         """Rollouts of rounds this policy has not reached yet (a faster peer is ahead): SEE
         hands a record out once, so they wait here for their round."""
 
-    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         s = self.settings
         where = index_of(data.prompts)
         # Bounded wait until peers have published this round, then read their rollouts.
@@ -49,7 +49,7 @@ class PRPProbe(Probe):
                  "peer_fetched": float(len(fetched)),
                  "fallback": float(not complete and not chosen)}
         if not chosen:
-            return Plan(advantages=own_adv, stats=stats)
+            return LossInputs(advantages=own_adv, stats=stats)
         chunk = s.prp_level == "chunk"
         aligned = ex.align(chosen, chunk_level=chunk)
         stats["thl_multi_token_chunk_share"] = sum(
@@ -62,7 +62,7 @@ class PRPProbe(Probe):
             token_chunk=[a.token_chunk for a in aligned] if chunk else None,
             chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
         )
-        return Plan(advantages=own_adv, peers=peers, stats=stats)
+        return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pending": self.pending}

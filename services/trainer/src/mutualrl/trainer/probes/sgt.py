@@ -4,17 +4,25 @@ from __future__ import annotations
 
 from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.exchange import PeerExchange
-from mutualrl.trainer.probes.base import Demos, Plan, Probe, RoundData, grpo_plan, index_of, own_max
+from mutualrl.trainer.probes.base import (
+    Demos,
+    LossInputs,
+    Probe,
+    RoundData,
+    grpo_inputs,
+    index_of,
+    own_max,
+)
 
 
 class SGTProbe(Probe):
     kind = "sgt"
 
-    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         s = self.settings
         mine = own_max(data)
         failed = [pid for pid, r in mine.items() if r < s.tau]
-        plan = grpo_plan(data)
+        plan = grpo_inputs(data)
         plan.stats = {"rescued_prompts": 0.0, "rescue_demos": 0.0, "candidates": 0.0}
         if not failed:
             return plan

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from mutualrl.trainer.algos.xgrpo import baseline_shift, xgrpo_advantages
 from mutualrl.trainer.exchange import PeerExchange
-from mutualrl.trainer.probes.base import Plan, Probe, RoundData
+from mutualrl.trainer.probes.base import LossInputs, Probe, RoundData
 
 
 class XGRPOProbe(Probe):
     kind = "xgrpo"
 
-    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> Plan:
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         # Peers answer the same prompts in the same round: wait (bounded) for their stats.
         pooled, _, complete = ex.peer_stats(data.round, [p.id for p in data.prompts], deadline)
         peer = [pooled.get(p.id) for p in data.prompts]
         used = sum(s is not None for s in peer)
-        return Plan(
+        return LossInputs(
             advantages=xgrpo_advantages(data.rewards, peer),
             stats={
                 "peer_prompts": float(used),

@@ -1,0 +1,99 @@
+"""What every MutualRL client shares: one constructor shape, the channel, retries, closing.
+
+    SeeClient()                                   # the service's default local address
+    SeeClient("see:50051")                        # an address
+    SeeClient("see:50051", token="...", timeout=5)
+    SeeClient(ClientOptions(address="see:50051", tls_ca=Path("ca.pem")), retries=0)
+
+`SeeClient`, `ThlClient` and `MwraClient` (and their asyncio twins `AsyncSeeClient`,
+`AsyncThlClient`, `AsyncMwraClient`) all take `(target, **overrides)`: `target` is a
+`ClientOptions`, an address or None, and keyword overrides are fields of `ClientOptions`.
+Each exposes `options` (the resolved `ClientOptions`) and `stub` (the generated gRPC stub, for
+calls that need their own per-call timeout or metadata). Unary calls retry UNAVAILABLE with
+exponential backoff (`ClientOptions.retries`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Self
+
+import grpc
+
+from mutualrl.common.channel import (
+    ClientOptions,
+    acall_with_retry,
+    aio_channel,
+    call_with_retry,
+    sync_channel,
+)
+
+Target = ClientOptions | str | None
+"""What a client constructor takes first: options, an address ("host:port"), or None."""
+
+
+def resolve_options(target: Target, default_address: str, overrides: dict[str, Any]
+                    ) -> ClientOptions:
+    """The `ClientOptions` a client uses (overrides validated like the fields themselves)."""
+    if isinstance(target, ClientOptions):
+        base = target.model_dump(exclude_unset=True)
+    elif isinstance(target, str):
+        base = {"address": target}
+    elif target is None:
+        base = {"address": default_address}
+    else:
+        raise TypeError(f"a client's target is ClientOptions, an address or None, "
+                        f"not {type(target).__name__}")
+    return ClientOptions.model_validate({**base, **overrides})
+
+
+class Client:
+    """Base of the blocking clients: a channel, `close()` and the context manager."""
+
+    default_address: ClassVar[str] = "127.0.0.1:50051"
+
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        self.options = resolve_options(target, self.default_address, overrides)
+        self.channel: grpc.Channel = sync_channel(self.options)
+
+    def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        """One unary RPC (`method` a stub attribute) with the options' deadline, token and
+        retries; `timeout` replaces the deadline (server-side waits add their wait to it)."""
+        opts = self.options
+        deadline = opts.timeout if timeout is None else timeout
+        return call_with_retry(opts, lambda: method(request, timeout=deadline,
+                                                    metadata=opts.metadata()))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """Base of the asyncio clients: a grpc.aio channel, `await close()`, `async with`."""
+
+    default_address: ClassVar[str] = "127.0.0.1:50051"
+
+    def __init__(self, target: Target = None, **overrides: Any) -> None:
+        self.options = resolve_options(target, self.default_address, overrides)
+        self.channel: grpc.aio.Channel = aio_channel(self.options)
+
+    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        """`Client._call` for asyncio."""
+        opts = self.options
+        deadline = opts.timeout if timeout is None else timeout
+        return await acall_with_retry(opts, lambda: method(request, timeout=deadline,
+                                                           metadata=opts.metadata()))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

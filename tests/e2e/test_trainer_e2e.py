@@ -76,24 +76,30 @@ def services() -> Iterator[_Services]:
     from mutualrl.thl.server import start_thl
 
     s = _Services()
-    common = dict(port=0, metrics_port=None, auth_token=None, grace_seconds=0.2)
-    see = s.call(start_see(SeeConfig(redis_url=REDIS_URL, key_prefix=s.prefix, rest_port=None,
-                                     **common)))
+    common = dict(port=0, metrics_port=None, auth_token=None, grace_seconds=0.2,
+                  key_prefix=s.prefix)
+    see = s.call(start_see(SeeConfig(redis_url=REDIS_URL, rest_port=None, **common)))
     thl = s.call(start_thl(ThlConfig(**common)))
     mwra = s.call(start_mwra(MwraConfig(redis_url=REDIS_URL, **common)))
     s.see, s.thl, s.mwra = see.address, thl.address, mwra.address
+    r = redis.Redis.from_url(REDIS_URL)
     try:
         yield s
+        # DeleteRun on every service removes every key the runs made, and nothing is left.
+        from mutualrl.client.runs import delete_run
+
+        for run_id in s.run_ids:
+            deleted = delete_run(run_id, see=s.see, thl=s.thl, mwra=s.mwra)
+            assert deleted["see"] > 0 and deleted["mwra"] > 0 and deleted["thl"] == 2, deleted
+        assert list(r.scan_iter(f"{s.prefix}:*")) == []
     finally:
         for server in (see, thl, mwra):
             s.call(server.stop(0.2))
         s.loop.call_soon_threadsafe(s.loop.stop)
-        r = redis.Redis.from_url(REDIS_URL)
         keys = list(r.scan_iter(f"{s.prefix}:*"))
-        for run_id in s.run_ids:
-            keys += list(r.scan_iter(f"mwra:{{{run_id}}}*"))
         if keys:
             r.delete(*keys)
+        r.close()
 
 
 def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], out: Path,

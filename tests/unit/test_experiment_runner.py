@@ -1,4 +1,5 @@
-"""Runner helpers that need no trainer: warm-start checks and the per-run Redis clean-up."""
+"""Runner helpers that need no trainer: warm-start checks (the per-run clean-up is DeleteRun,
+tests/integration/test_delete_run.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from pathlib import Path
 
 from mutualrl.experiment.plan import WarmStart
-from mutualrl.experiment.runner import clear_run_keys, warm_start_report
+from mutualrl.experiment.runner import warm_start_report
 
 
 def test_warm_start_report_flags_leaky_weak_and_unlearned_strong_skills(tmp_path: Path) -> None:
@@ -19,20 +20,3 @@ def test_warm_start_report_flags_leaky_weak_and_unlearned_strong_skills(tmp_path
     assert rep["heldout_accuracy"]["rev"] == 0.97
     assert rep["flags"] == ["strong add only 0.19 (< 0.5)", "weak sort starts at 0.27 (> 0.05)"]
     assert warm_start_report(w, weak_max=0.5, strong_min=0.1)["flags"] == []
-
-
-def test_clear_run_keys_removes_only_that_run(redis_url: str, run_id: str) -> None:
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    other = f"{run_id}-other"
-    r.set(f"mrl:{{{run_id}}}:runs", "1")
-    r.set(f"mwra:{{{run_id}}}:workers", "1")
-    r.set(f"mrl:{{{other}}}:runs", "1")
-    try:
-        assert clear_run_keys(redis_url, run_id) == 2
-        assert r.exists(f"mrl:{{{run_id}}}:runs") == 0
-        assert r.exists(f"mrl:{{{other}}}:runs") == 1
-    finally:
-        r.delete(f"mrl:{{{other}}}:runs")
-        r.close()

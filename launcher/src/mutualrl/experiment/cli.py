@@ -14,7 +14,8 @@ def _experiment(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from mutualrl.experiment.config import load_experiment
-    from mutualrl.experiment.runner import EXIT_CONFIG, run_experiment
+    from mutualrl.experiment.runner import run_experiment
+    from mutualrl.launch.exit_codes import EXIT_CONFIG
 
     console = Console(stderr=False, highlight=False)
     try:

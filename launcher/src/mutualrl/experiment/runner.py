@@ -25,11 +25,11 @@ import yaml
 from mutualrl.experiment.analysis import RunResult, render_markdown, summarize_regime
 from mutualrl.experiment.config import ExperimentConfig
 from mutualrl.experiment.plan import ExperimentPlan, RunSpec, WarmStart, build_plan, fmt_duration
+from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from mutualrl.launch.report import read_rows
 from mutualrl.launch.supervisor import ChildFailed, ProcessSpec, StopSignals, Supervisor, tail
 
 CHILD = [sys.executable, "-m", "mutualrl.experiment.child"]
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 # ---- warm starts -------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first:
     svc_dir.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in ("see", "thl", "mwra")}
     # THL persists registrations in Redis under its prefix: keep this experiment's apart.
-    doc["thl"].setdefault("key_prefix", f"mutualrl:thl:{cfg.run_prefix}:")
+    doc["thl"].setdefault("key_prefix", cfg.run_prefix)
     doc["trainer"] = {**first.trainer, "run_id": "services", "output_dir": str(svc_dir)}
     yml = svc_dir / "services-input.yaml"
     yml.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -155,19 +155,13 @@ def see_run_stats(svc: Services, run_id: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def clear_run_keys(redis_url: str, run_id: str) -> int:
-    """Delete what an earlier attempt of this run id left in Redis (SEE and MWRA keys carry the
-    run id in a hash tag), so a re-run starts from nothing like its paired runs did."""
-    import redis
+def clear_run(svc: Services, run_id: str) -> dict[str, int]:
+    """Delete what an earlier attempt of this run id left in SEE, THL and MWRA (their
+    DeleteRun), so a re-run starts from nothing like its paired runs did."""
+    from mutualrl.client.runs import delete_run
 
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(f"*{{{run_id}}}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        return len(keys)
-    finally:
-        client.close()
+    return delete_run(run_id, see=svc.endpoints["see_grpc"], thl=svc.endpoints["thl_grpc"],
+                      mwra=svc.endpoints["mwra_grpc"], token=svc.token)
 
 
 # ---- runs --------------------------------------------------------------------------------------
@@ -204,7 +198,7 @@ def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run: metrics files are appended to, never mixed
     run_dir.mkdir(parents=True)
-    clear_run_keys(svc.redis_url, spec.run_id)
+    clear_run(svc, spec.run_id)
     trainer = {**spec.trainer, "services": {
         "local": False, "see": svc.endpoints["see_grpc"], "thl": svc.endpoints["thl_grpc"],
         "mwra": svc.endpoints["mwra_grpc"]}}

@@ -22,6 +22,7 @@ import yaml
 
 from mutualrl.common.config import load_yaml
 from mutualrl.launch.config import UpConfig
+from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
 from mutualrl.launch.probes import free_port, grpc_serving, http_ok
 from mutualrl.launch.report import final_report, status_table
@@ -34,7 +35,6 @@ from mutualrl.launch.supervisor import (
     tail,
 )
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
 

@@ -9,8 +9,9 @@
 `AsyncThlClient`, `AsyncMwraClient`) all take `(target, **overrides)`: `target` is a
 `ClientOptions`, an address or None, and keyword overrides are fields of `ClientOptions`.
 Each exposes `options` (the resolved `ClientOptions`) and `stub` (the generated gRPC stub, for
-calls that need their own per-call timeout or metadata). Unary calls retry UNAVAILABLE with
-exponential backoff (`ClientOptions.retries`).
+calls that need their own per-call timeout or metadata), and has `delete_run(run_id)` (the
+DeleteRun every service answers, runs.proto). Unary calls retry UNAVAILABLE with exponential
+backoff (`ClientOptions.retries`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mutualrl.common.channel import (
     call_with_retry,
     sync_channel,
 )
+from mutualrl.v1 import runs_pb2
 
 Target = ClientOptions | str | None
 """What a client constructor takes first: options, an address ("host:port"), or None."""
@@ -54,6 +56,14 @@ class Client:
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         self.options = resolve_options(target, self.default_address, overrides)
         self.channel: grpc.Channel = sync_channel(self.options)
+        self.stub: Any = None
+        """The service's generated stub (set by the subclass)."""
+
+    def delete_run(self, run_id: str) -> int:
+        """Remove everything the service holds of the run; returns what it removed (Redis keys;
+        THL: registrations). NOT_FOUND when it holds nothing."""
+        reply = self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(reply.deleted)
 
     def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         """One unary RPC (`method` a stub attribute) with the options' deadline, token and
@@ -81,6 +91,13 @@ class AsyncClient:
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         self.options = resolve_options(target, self.default_address, overrides)
         self.channel: grpc.aio.Channel = aio_channel(self.options)
+        self.stub: Any = None
+        """The service's generated stub (set by the subclass)."""
+
+    async def delete_run(self, run_id: str) -> int:
+        """`Client.delete_run`."""
+        reply = await self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
+        return int(reply.deleted)
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         """`Client._call` for asyncio."""

@@ -28,7 +28,6 @@ import grpc
 from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
-from mutualrl.v1 import runs_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50053"
 
@@ -129,10 +128,6 @@ class MwraClient(Client):
     def list_allocations(self, run_id: str) -> pb.AllocationTable:
         return self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
 
-    def delete_run(self, run_id: str) -> int:
-        """Delete everything MWRA holds of the run (workers, leases, policies, costs, plan,
-        lock); returns the keys deleted (NOT_FOUND when there is nothing)."""
-        return int(self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id)).deleted)
 
     def register_local_worker(self, run_id: str, worker_id: str | None = None,
                               slots: int | None = None) -> tuple[str, pb.Lease]:
@@ -265,10 +260,6 @@ class AsyncMwraClient(AsyncClient):
     async def list_allocations(self, run_id: str) -> pb.AllocationTable:
         return await self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
 
-    async def delete_run(self, run_id: str) -> int:
-        """`MwraClient.delete_run`."""
-        resp = await self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id))
-        return int(resp.deleted)
 
     async def register_local_worker(self, run_id: str, worker_id: str | None = None,
                                     slots: int | None = None) -> tuple[str, pb.Lease]:

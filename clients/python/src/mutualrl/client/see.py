@@ -24,7 +24,6 @@ from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import run_metrics_pb2 as mpb
 from mutualrl.v1 import run_metrics_pb2_grpc as mpb_grpc
-from mutualrl.v1 import runs_pb2
 
 MAX_BATCH = 4096
 MAX_METRIC_ROWS = 1024
@@ -152,11 +151,6 @@ class SeeClient(Client):
     def run_stats(self, run_id: str) -> pb.RunStats:
         return self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
 
-    def delete_run(self, run_id: str) -> int:
-        """Delete everything SEE holds of the run; returns the keys deleted (NOT_FOUND when
-        there is nothing)."""
-        return int(self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id)).deleted)
-
     def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
         """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);
         returns the rows stored. Split into calls of at most 1024 rows."""
@@ -249,11 +243,6 @@ class AsyncSeeClient(AsyncClient):
 
     async def run_stats(self, run_id: str) -> pb.RunStats:
         return await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
-
-    async def delete_run(self, run_id: str) -> int:
-        """`SeeClient.delete_run`."""
-        resp = await self._rpc("DeleteRun", runs_pb2.DeleteRunRequest(run_id=run_id))
-        return int(resp.deleted)
 
     async def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
         """`SeeClient.report_metrics`."""

@@ -29,7 +29,6 @@ from mutualrl.common.alignment_types import (
 from mutualrl.common.channel import ClientOptions
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
-from mutualrl.v1 import runs_pb2
 
 __all__ = ["AsyncThlClient", "ClientOptions", "ThlClient", "TraceItem"]
 
@@ -69,11 +68,6 @@ class ThlClient(Client):
             tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
         return wire.info_from_pb(msg)
 
-    def delete_run(self, run_id: str) -> int:
-        """Release the registrations made for the run; returns how many it held (NOT_FOUND
-        when none)."""
-        msg = self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
-        return int(msg.deleted)
 
     def list(self) -> list[TokenizerInfo]:
         """Every registered tokenizer, sorted by id."""
@@ -112,9 +106,6 @@ class AsyncThlClient(AsyncClient):
             tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
         return wire.info_from_pb(msg)
 
-    async def delete_run(self, run_id: str) -> int:
-        msg = await self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
-        return int(msg.deleted)
 
     async def list(self) -> list[TokenizerInfo]:
         msg = await self._call(self.stub.ListTokenizers, pb.ListTokenizersRequest())

@@ -6,6 +6,7 @@ auth, grpc.health.v1, reflection, Prometheus metrics per method and optional TLS
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import time
@@ -73,6 +74,19 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
         if handler.unary_stream:
             inner_stream = handler.unary_stream
+            if not inspect.isasyncgenfunction(inner_stream):
+                # Writes through context.write (grpc.health.v1 Watch): wrap as a coroutine.
+
+                async def writer(request: Any, context: grpc.aio.ServicerContext) -> None:
+                    start, failed = time.perf_counter(), True
+                    try:
+                        await inner_stream(request, context)
+                        failed = False
+                    finally:
+                        GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
+                        GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
+
+                return grpc.unary_stream_rpc_method_handler(writer, **kwargs)
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 start, failed = time.perf_counter(), True

@@ -28,6 +28,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mutualrl.see.keys import RunKeys
+from mutualrl.v1 import experience_pb2 as pb
+
 BENCH_PREFIX = "mrlbench"
 
 
@@ -62,7 +65,6 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         import grpc
 
         from mutualrl.common.channel import ClientOptions
-        from mutualrl.v1 import experience_pb2 as pb
 
         opts = ClientOptions(address=target, retries=3)
         channel = grpc.insecure_channel(target)
@@ -98,7 +100,8 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         import redis
 
         r = redis.Redis.from_url(target)
-        stream = f"{BENCH_PREFIX}:{{{run_id}}}:raw"
+        # In the run's key space, so SEE's DeleteRun of the run removes it too.
+        stream = RunKeys(BENCH_PREFIX, run_id).base + "raw"
         r.ping()
         ready.put(worker)
         start.wait()
@@ -225,7 +228,6 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     import redis
 
     from mutualrl.client.see import SeeClient
-    from mutualrl.common.channel import ClientOptions
 
     per_client = max(batch, records // clients)
     proc, addr, cfg_dir = _start_server(redis_url, workers)
@@ -236,7 +238,7 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     try:
         for _ in range(repeats):
             run_id = f"bench-{uuid.uuid4().hex[:8]}"
-            with SeeClient(ClientOptions(address=addr, token=None)) as see:
+            with SeeClient(addr, token=None) as see:
                 see.create_run(run_id, ["p0", "p1", "p2", "p3"], tau=1.0,
                                max_stream_len=10 * clients * per_client, ttl_seconds=3600)
             try:
@@ -249,12 +251,10 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
                     res = _run_side(side, clients, per_client, batch, tokens, target, run_id,
                                     proc.pid, r)
                     (raw_runs if side == "raw" else see_runs).append(res)
-                used = r.memory_usage(f"{BENCH_PREFIX}:{{{run_id}}}:s:ROLLOUT") or 0
+                used = r.memory_usage(RunKeys(BENCH_PREFIX, run_id).stream(pb.ROLLOUT)) or 0
             finally:
-                keys = list(r.scan_iter(match=f"{BENCH_PREFIX}:{{{run_id}}}:*", count=1000))
-                if keys:
-                    r.delete(*keys)
-                r.srem(f"{BENCH_PREFIX}:runs", run_id)
+                with SeeClient(addr, token=None) as see:
+                    see.delete_run(run_id)
     finally:
         proc.terminate()
         try:

@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from mutualrl.common.config import Config, load_section
+from mutualrl.common import ids
+from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.datasets import JsonlTaskConfig
 from mutualrl.trainer.tasks import TaskConfig
 
@@ -144,8 +145,8 @@ class MetricsSettings(Config):
 class PolicySettings(Config):
     """One policy of the run."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    """Policy id, used in SEE records, MWRA and output paths."""
+    name: Name
+    """Policy id, used in SEE records, MWRA and output paths (`mutualrl.common.ids.NAME`)."""
     preset: str | None = None
     """Name of a tiny built-in preset (built offline on first use); or give `model_path`."""
     model_path: Path | None = None
@@ -188,8 +189,9 @@ class ServiceSettings(Config):
 class TrainerConfig(Config):
     """The `trainer:` section of a run YAML."""
 
-    run_id: str = Field("demo", pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    """Run namespace in SEE and MWRA; every policy of a run uses the same one."""
+    run_id: RunId = "demo"
+    """Run namespace in SEE, THL and MWRA; every policy of a run uses the same one
+    (`mutualrl.common.ids.RUN_ID`)."""
     seed: int = 0
     """Seed of the shared prompt order (same for all policies) and of sampling."""
     output_dir: Path = Path("runs")
@@ -212,6 +214,15 @@ class TrainerConfig(Config):
     """Service addresses."""
     policies: list[PolicySettings] = Field(min_length=1)
     """Every policy of the run (peers need each other's names and tokenizers)."""
+
+    @model_validator(mode="after")
+    def _tokenizer_ids_valid(self) -> TrainerConfig:
+        for i, p in enumerate(self.policies):
+            if not ids.TOKENIZER_ID.valid(self.tokenizer_id(p.name)):
+                raise ValueError(f"policies[{i}].name: tokenizer id "
+                                 f"{self.tokenizer_id(p.name)!r} (<run_id>/<name>) is not "
+                                 f"{ids.TOKENIZER_ID.described}; shorten the run id or name")
+        return self
 
     def policy(self, name: str | None) -> PolicySettings:
         """The policy this process trains (the only one when `name` is None)."""

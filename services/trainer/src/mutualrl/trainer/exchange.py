@@ -91,7 +91,7 @@ class PeerExchange:
         if thl_address is not None:
             from mutualrl.client.thl import ThlClient
 
-            self.thl = ThlClient(opts.model_copy(update={"address": thl_address}))
+            self.thl = ThlClient(opts, address=thl_address)
         else:
             from mutualrl.thl.engine import AlignmentEngine
 
@@ -105,10 +105,11 @@ class PeerExchange:
     def join(self, policies: Sequence[str], tokenizers: dict[str, str]) -> None:
         """Create the run (idempotent) and register tokenizers (id -> local path) with THL:
         this policy's own with a THL service (each trainer registers its own), every policy's
-        with the in-process engine (which knows only what this process registers)."""
+        with the in-process engine (which knows only what this process registers). They are
+        registered for this run: THL's DeleteRun of the run releases them."""
         self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
         for tid, path in tokenizers.items():
-            self.thl.register(tid, path, overwrite=True)
+            self.thl.register(tid, path, overwrite=True, run_id=self.run_id)
 
     def close(self) -> None:
         self.client.close()

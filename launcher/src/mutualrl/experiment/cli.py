@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import cast
 
 from mutualrl.common.commands import Commands
 
@@ -13,7 +14,7 @@ def _experiment(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from rich.console import Console
 
-    from mutualrl.experiment.config import load_experiment
+    from mutualrl.experiment.config import ProbeKind, load_experiment
     from mutualrl.experiment.runner import run_experiment
     from mutualrl.launch.exit_codes import EXIT_CONFIG
 
@@ -23,7 +24,8 @@ def _experiment(args: argparse.Namespace) -> int:
         if args.seeds:
             cfg.seeds = [int(s) for s in args.seeds.split(",")]
         if args.probes:
-            cfg.probes = args.probes.split(",")  # type: ignore[assignment]
+            # Any string passes here; the model_validate below refuses unknown probes.
+            cfg.probes = cast("list[ProbeKind]", args.probes.split(","))
         if args.regimes:
             cfg.only_regimes = args.regimes.split(",")
         if args.run_prefix:

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from mutualrl.common.config import Config, load_yaml
 
 ProbeKind = Literal["none", "prp", "xgrpo", "sgt"]
-PROBES: tuple[str, ...] = ("none", "prp", "xgrpo", "sgt")
+PROBES: tuple[ProbeKind, ...] = ("none", "prp", "xgrpo", "sgt")
 CONTROL = "none"
 
 

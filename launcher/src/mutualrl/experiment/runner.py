@@ -63,7 +63,8 @@ def make_warm_starts(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path, con
     cached = len(plan.warm_starts) - len(todo)
     console.print(f"warm starts: {len(plan.warm_starts)} ({cached} cached, {len(todo)} to train)")
     sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
-    pending, running = list(todo), {}
+    pending: list[WarmStart] = list(todo)
+    running: dict[str, WarmStart] = {}
     t0 = time.monotonic()
     try:
         while pending or running:
@@ -477,9 +478,9 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
     plan = build_plan(cfg, out)
     for spec in plan.runs:  # every run's trainer section must validate before anything starts
         TrainerConfig.model_validate({**spec.trainer, "services": {"local": True}})
-    (out / "experiment.yaml").write_text(yaml.safe_dump(
-        {"experiment": cfg.model_dump(mode="json"), "quick": quick,
-         **{k: raw[k] for k in ("see", "thl", "mwra") if k in raw}}, sort_keys=False))
+    record: dict[str, Any] = {"experiment": cfg.model_dump(mode="json"), "quick": quick,
+                              **{k: raw[k] for k in ("see", "thl", "mwra") if k in raw}}
+    (out / "experiment.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
     regimes = list(cfg.active_regimes())
     console.print(f"[bold]{cfg.name}[/]: regimes {regimes} x probes {cfg.probes} x seeds "
                   f"{cfg.seeds} = {len(plan.runs)} runs, {cfg.parallel_runs} at a time; "

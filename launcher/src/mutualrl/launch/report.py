@@ -81,7 +81,7 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
             start, start_label = warm, "warm start"
         else:
             first = evals[0] if evals else {}
-            start = {s: first.get(f"heldout/{s}") for s in skills}
+            start = {s: float(first[f"heldout/{s}"]) for s in skills if f"heldout/{s}" in first}
             start_label = f"round {first.get('round')}"
         out[name] = {
             "rounds": rows[-1]["round"] + 1 if rows else 0,

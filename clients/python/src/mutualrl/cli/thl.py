@@ -6,14 +6,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mutualrl.common.commands import Commands
 
+if TYPE_CHECKING:
+    from mutualrl.client.thl import ThlClient
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from mutualrl.client.thl import ClientOptions, ThlClient
 
-    return ThlClient(ClientOptions(address=args.addr, token=args.token))
+def _client(args: argparse.Namespace) -> ThlClient:
+    from mutualrl.client.thl import ThlClient
+
+    return ThlClient(args.addr, token=args.token)
 
 
 def _register(args: argparse.Namespace) -> int:

@@ -158,7 +158,7 @@ class SeeClient(Client):
         return sum(int(self._call(stub.ReportMetrics, req).stored)
                    for req in _metric_requests(run_id, rows))
 
-    def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
+    def subscribe(self, run_id: str, kinds: Sequence[pb.RecordKind] = (), after_id: str = ""
                   ) -> Iterator[pb.ExperienceEvent]:
         """Live events; cancel by closing the returned iterator (`.cancel()` on it)."""
         req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
@@ -252,7 +252,8 @@ class AsyncSeeClient(AsyncClient):
             stored += int((await self._call(stub.ReportMetrics, req)).stored)
         return stored
 
-    async def subscribe(self, run_id: str, kinds: Sequence[int] = (), after_id: str = ""
+    async def subscribe(self, run_id: str, kinds: Sequence[pb.RecordKind] = (),
+                        after_id: str = ""
                         ) -> AsyncIterator[pb.ExperienceEvent]:
         """Live events until the caller stops iterating (the call is cancelled then)."""
         req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)

@@ -13,6 +13,7 @@ MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE with exponential backoff; other error
 
 from __future__ import annotations
 
+import builtins  # the classes below define a `list` method
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ class ThlClient(Client):
         return [wire.info_from_pb(t) for t in msg.tokenizers]
 
     def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
-                   apply_chat_template: bool = False) -> list[TokenizedText]:
+                   apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
         """Encode texts with a registered tokenizer (ids, char offsets, residual)."""
         msg = self._call(self.stub.Retokenize, pb.RetokenizeRequest(
             tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
@@ -113,7 +114,7 @@ class AsyncThlClient(AsyncClient):
 
     async def retokenize(self, tokenizer_id: str, texts: Sequence[str],
                          add_special_tokens: bool = False,
-                         apply_chat_template: bool = False) -> list[TokenizedText]:
+                         apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
         msg = await self._call(self.stub.Retokenize, pb.RetokenizeRequest(
             tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
             apply_chat_template=apply_chat_template))

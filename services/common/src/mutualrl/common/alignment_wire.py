@@ -11,6 +11,8 @@ from mutualrl.common.alignment_types import (
     AlignedTrace,
     AlignTraceResult,
     Chunks,
+    Mode,
+    Placement,
     Residual,
     TokenizedText,
     TokenizerInfo,
@@ -20,10 +22,12 @@ from mutualrl.v1 import alignment_pb2 as pb
 
 MODE_TO_PB = {"chunk": pb.ALIGN_MODE_CHUNK, "sequence": pb.ALIGN_MODE_SEQUENCE}
 PLACEMENT_TO_PB = {"last": pb.PLACEMENT_LAST, "spread": pb.PLACEMENT_SPREAD}
-MODE_FROM_PB = {pb.ALIGN_MODE_UNSPECIFIED: "chunk", pb.ALIGN_MODE_CHUNK: "chunk",
-                pb.ALIGN_MODE_SEQUENCE: "sequence"}
-PLACEMENT_FROM_PB = {pb.PLACEMENT_UNSPECIFIED: "last", pb.PLACEMENT_LAST: "last",
-                     pb.PLACEMENT_SPREAD: "spread"}
+MODE_FROM_PB: dict[int, Mode] = {pb.ALIGN_MODE_UNSPECIFIED: "chunk",
+                                 pb.ALIGN_MODE_CHUNK: "chunk",
+                                 pb.ALIGN_MODE_SEQUENCE: "sequence"}
+PLACEMENT_FROM_PB: dict[int, Placement] = {pb.PLACEMENT_UNSPECIFIED: "last",
+                                           pb.PLACEMENT_LAST: "last",
+                                           pb.PLACEMENT_SPREAD: "spread"}
 
 
 def info_to_pb(info: TokenizerInfo) -> pb.TokenizerInfo:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], int]
 
-GROUP_HELP = {
+GROUP_HELP: dict[tuple[str, ...], str] = {
     ("bench",): "Benchmarks: JSON output, each figure a ratio against an anchor measured in the "
     "same run.",
     ("inspect",): "Look inside a run: SEE records, policies and transfers; MWRA allocations.",

@@ -325,4 +325,5 @@ class MwraStore:
         return int(await self.r.delete(*self.keys(run_id).all()))
 
     async def leader(self, run_id: str) -> str | None:
-        return await self.r.get(self.keys(run_id).leader)
+        value = await self.r.get(self.keys(run_id).leader)
+        return value.decode() if isinstance(value, bytes) else value  # decode_responses=True

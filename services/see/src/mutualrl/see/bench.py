@@ -70,12 +70,12 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         channel = grpc.insecure_channel(target)
         # Requests assembled from the serialized payloads up front: the client cost measured
         # is the call, as the raw side's is the pipeline execution.
-        reqs = []
+        reqs: list[bytes] = []
         for b in batches:
-            req = pb.PublishRequest(run_id=run_id)
+            msg = pb.PublishRequest(run_id=run_id)
             for p in b:
-                req.records.add().ParseFromString(p)
-            reqs.append(req.SerializeToString())
+                msg.records.add().ParseFromString(p)
+            reqs.append(msg.SerializeToString())
         call = channel.unary_unary(
             "/mutualrl.v1.ExperienceExchange/Publish",
             request_serializer=None, response_deserializer=pb.PublishResponse.FromString)

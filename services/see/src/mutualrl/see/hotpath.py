@@ -47,7 +47,7 @@ def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
             return 0, -1
         b = buf[pos]
         pos += 1
-        value |= np.int64(b & 0x7F) << (7 * i)
+        value |= int(b & 0x7F) << (7 * i)
         if b < 0x80:
             return value, pos
     return 0, -1
@@ -72,7 +72,7 @@ def _any_high_bit(buf: np.ndarray, a: int, b: int) -> bool:
     acc = np.uint8(0)
     for x in buf[a:b]:
         acc |= x
-    return acc >= 0x80
+    return bool(acc >= 0x80)
 
 
 @njit(cache=True, nogil=True)
@@ -111,7 +111,7 @@ def _scan_record(buf: np.ndarray, s: int, e: int, max_id: int, max_tokenizer_id:
                  max_text: int, max_tokens: int, max_meta: int, max_meta_chars: int,
                  scratch: np.ndarray, row: np.ndarray) -> bool:
     """Fill `row` from the record in buf[s:e]; True when the fast path accepts it."""
-    seen = 0
+    seen = np.int64(0)
     kind = 0
     finish = 0
     verified = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.protobuf.message_factory import GetMessageClass
@@ -30,7 +30,7 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 
 
 @contextlib.contextmanager
-def _count_refusals(rpc: str):  # type: ignore[no-untyped-def]
+def _count_refusals(rpc: str) -> Iterator[None]:
     try:
         yield
     except (InvalidArgument, NotFound):

@@ -11,9 +11,9 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -71,6 +71,14 @@ def redis_op(op: str) -> contextlib.AbstractAsyncContextManager[None]:
     return _redis_op(op, m.REDIS)
 
 
+# redis-py annotates every reply for every protocol and decoding at once; this client speaks
+# RESP2 without decoding, so these are the shapes that actually come back.
+Entry = tuple[bytes, dict[bytes, bytes]]
+"""One stream entry: (id, fields)."""
+StreamReply = list[tuple[bytes, list[Entry]]]
+"""XREAD / XREADGROUP: (stream, entries) per stream that had entries."""
+
+
 @dataclass
 class Retention:
     """A run's effective retention (its own values, else the server defaults)."""
@@ -96,7 +104,8 @@ async def _read_replies(conn: Any, n: int) -> list[Any]:
     read, not per reply: a batch of 256 records has 259 replies)."""
     parser = getattr(conn, "_parser", None)
     reader = getattr(parser, "_reader", None)
-    if reader is not None and hasattr(reader, "gets") and hasattr(parser, "read_from_socket"):
+    if (parser is not None and reader is not None and hasattr(reader, "gets")
+            and hasattr(parser, "read_from_socket")):
         out: list[Any] = []
         while len(out) < n:
             reply = reader.gets()
@@ -193,6 +202,31 @@ class SeeStore:
     def keys(self, run_id: str) -> RunKeys:
         return RunKeys(self.cfg.key_prefix, run_id)
 
+    async def _get(self, key: str) -> bytes | None:
+        return cast("bytes | None", await self.r.get(key))
+
+    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+        return cast("list[bytes | None]", await self.r.mget(keys)) if keys else []
+
+    async def _xread(self, positions: dict[str, str], count: int,
+                     block: int | None = None) -> StreamReply:
+        # (redis-py wants a dict of its own key/id unions: invariance refuses dict[str, str])
+        reply = await self.r.xread(cast("dict[Any, Any]", positions), count=count, block=block)
+        return cast(StreamReply, reply or [])
+
+    async def _xreadgroup(self, group: str, consumer: str, stream: str, start: str, count: int,
+                          block: int | None = None) -> list[Entry]:
+        reply = await self.r.xreadgroup(group, consumer, {stream: start}, count=count,
+                                        block=block)
+        return cast(StreamReply, reply)[0][1] if reply else []
+
+    async def _pending_counts(self, stream: str, group: str, consumer: str, lo: str, hi: str,
+                              count: int) -> dict[str, int]:
+        """Delivery count per pending entry id of `consumer` in [lo, hi]."""
+        info = cast("list[dict[str, Any]]", await self.r.xpending_range(
+            stream, group, min=lo, max=hi, count=count, consumername=consumer))
+        return {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
+
     # ----------------------------------------------------------------------------------- runs
 
     def retention(self, run: pb.Run) -> Retention:
@@ -235,7 +269,7 @@ class SeeStore:
             if hit is not None and time.monotonic() - hit[0] < _RUN_CACHE_SECONDS:
                 return hit[1]
         async with redis_op("get_run"):
-            raw = await self.r.get(self.keys(run_id).config)
+            raw = await self._get(self.keys(run_id).config)
         if raw is None:
             self._runs.pop(run_id, None)
             raise NotFound(field, f"run {run_id!r} not found")
@@ -348,9 +382,9 @@ class SeeStore:
             per_record.append(_ARGS5 % (len(r.record_id), r.record_id, r.kind,
                                         len(r.policy_id), r.policy_id, len(header), header,
                                         len(aux), aux))
-            key = rec_prefix + r.record_id
+            rec_key = rec_prefix + r.record_id
             size = r.end - r.start + len(suffix)
-            sets.append(_SET_NX_EX % (len(key), key, size, view[r.start:r.end], suffix,
+            sets.append(_SET_NX_EX % (len(rec_key), rec_key, size, view[r.start:r.end], suffix,
                                       len(ttl), ttl))
         async with redis_op("publish"):
             reply = await self._run_publish(sets, keys, fixed, per_record)
@@ -457,19 +491,16 @@ class SeeStore:
         async with redis_op("fetch_rollouts"):
             # 1. Our own pending list: what we were given before a restart and never acked.
             try:
-                reply = await self.r.xreadgroup(group, consumer, {stream: "0"},
-                                                count=req.max_records)
+                pending = await self._xreadgroup(group, consumer, stream, "0", req.max_records)
             except rexc.ResponseError as err:
                 if "NOGROUP" not in str(err):
                     raise
                 await self._ensure_group(stream, group)
-                reply = []
-            pending = reply[0][1] if reply else []
+                pending = []
             if pending:
                 eids = [_s(e[0]) for e in pending]
-                info = await self.r.xpending_range(stream, group, min=eids[0], max=eids[-1],
-                                                   count=len(eids), consumername=consumer)
-                counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
+                counts = await self._pending_counts(stream, group, consumer, eids[0], eids[-1],
+                                                    len(eids))
                 for eid, (_, fields) in zip(eids, pending, strict=True):
                     keep(eid, fields or None, counts.get(eid, 1), False)
             # 2. Entries of consumers that went away (same policy, idle past claim_idle_ms).
@@ -477,13 +508,12 @@ class SeeStore:
             if room > 0 and req.claim_idle_ms > 0:
                 claimed = await self.r.xautoclaim(stream, group, consumer, req.claim_idle_ms,
                                                   start_id="0-0", count=room)
-                entries = claimed[1] if claimed else []
+                # XAUTOCLAIM: [next start id, entries, deleted ids]
+                entries = cast("list[Entry]", claimed[1]) if claimed else []
                 if entries:
                     eids = [_s(e[0]) for e in entries]
-                    info = await self.r.xpending_range(stream, group, min=min(eids),
-                                                       max=max(eids), count=len(eids) * 4,
-                                                       consumername=consumer)
-                    counts = {_s(p["message_id"]): int(p["times_delivered"]) for p in info}
+                    counts = await self._pending_counts(stream, group, consumer, min(eids),
+                                                        max(eids), len(eids) * 4)
                     for eid, (_, fields) in zip(eids, entries, strict=True):
                         keep(eid, fields or None, counts.get(eid, 2), False)
             # 3. New entries; skipped ones do not count, so read on while they fill the page.
@@ -498,21 +528,19 @@ class SeeStore:
                     if deadline is not None:
                         block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
                 try:
-                    reply = await self.r.xreadgroup(group, consumer, {stream: ">"}, count=room,
-                                                    block=block)
+                    entries = await self._xreadgroup(group, consumer, stream, ">", room, block)
                 except rexc.ResponseError as err:
                     if "NOGROUP" not in str(err):
                         raise
                     await self._ensure_group(stream, group)
                     continue
-                entries = reply[0][1] if reply else []
                 if not entries:
                     break
-                for eid, fields in entries:
-                    keep(_s(eid), fields, 1, True)
+                for raw_id, fields in entries:
+                    keep(_s(raw_id), fields, 1, True)
                 block_ms = 0  # block at most once per call
             rk = self.keys(req.run_id)
-            payloads = await self.r.mget([rk.rec(c[1]) for c in chosen]) if chosen else []
+            payloads = await self._mget([rk.rec(c[1]) for c in chosen])
             nbytes = 0
             for (eid, _, count, fresh, source), payload in zip(chosen, payloads, strict=True):
                 if payload is None:  # the record's payload expired (TTL): nothing to give
@@ -654,7 +682,7 @@ class SeeStore:
                   for h in hashes]
         flat = [rid for rids in wanted for rid in rids]
         async with redis_op("successes"):
-            payloads = await self.r.mget([rk.rec(rid) for rid in flat]) if flat else []
+            payloads = await self._mget([rk.rec(rid) for rid in flat])
         by_id = {rid: pl for rid, pl in zip(flat, payloads, strict=True) if pl is not None}
         resp = pb.SuccessesResponse()
         taken: dict[tuple[str, int], int] = {}
@@ -690,10 +718,10 @@ class SeeStore:
     # ------------------------------------------------------------------------------ subscribe
 
     async def subscribe(self, req: pb.SubscribeRequest, block_ms: int = 500
-                        ) -> AsyncIterator[pb.ExperienceEvent]:
+                        ) -> AsyncGenerator[pb.ExperienceEvent, None]:
         """Live events in stream-id order; ends when the store stops (or the caller cancels)."""
         await self.get_run(req.run_id)
-        kinds = list(dict.fromkeys(req.kinds)) or list(KINDS)
+        kinds: list[int] = [int(k) for k in dict.fromkeys(req.kinds)] or list(KINDS)
         for i, k in enumerate(kinds):
             if k not in KINDS:
                 raise InvalidArgument(f"kinds[{i}]", f"unknown record kind {k}")
@@ -702,22 +730,21 @@ class SeeStore:
             start = check_stream_id(req.after_id, "after_id")
         else:
             async with redis_op("subscribe"):
-                last = await self.r.get(rk.lastid)
+                last = await self._get(rk.lastid)
             start = _s(last) if last else "0-0"
         positions = {rk.stream(k): start for k in kinds}
         while not self.stopping.is_set():
             async with redis_op("subscribe"):
-                reply = await self.r.xread(positions, count=512, block=block_ms)
+                reply = await self._xread(positions, 512, block_ms)
                 if reply and len(positions) > 1:
                     # A blocked XREAD wakes up with the one stream that got data first; read the
                     # others now (one atomic snapshot) so a batch comes out in id order.
                     seen = {_s(stream): entries for stream, entries in reply}
                     rest = {k: (_s(seen[k][-1][0]) if k in seen else v)
                             for k, v in positions.items()}
-                    more = await self.r.xread(rest, count=512)
-                    reply = list(reply) + list(more or [])
+                    reply = reply + await self._xread(rest, 512)
             found: list[tuple[tuple[int, int], str, str]] = []
-            for stream, entries in reply or []:
+            for stream, entries in reply:
                 name = _s(stream)
                 for eid, fields in entries:
                     sid = _s(eid)
@@ -727,7 +754,7 @@ class SeeStore:
                 continue
             found.sort()
             async with redis_op("subscribe"):
-                payloads = await self.r.mget([rk.rec(f[2]) for f in found])
+                payloads = await self._mget([rk.rec(f[2]) for f in found])
             for (_, sid, _), payload in zip(found, payloads, strict=True):
                 if payload is None:
                     continue
@@ -781,7 +808,7 @@ class SeeStore:
             if loc is None:
                 raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
             _, _, sid = _s(loc).partition(":")
-            payload = await self.r.get(rk.rec(record_id))
+            payload = await self._get(rk.rec(record_id))
         if payload is None:
             raise NotFound("record_id", f"record {record_id!r} was removed by retention")
         return sid, pb.ExperienceRecord.FromString(payload)
@@ -854,7 +881,7 @@ class SeeStore:
                     scanned: int) -> RecordPage:
         """Fetch the payloads of a page's records (one MGET)."""
         async with redis_op("list_records"):
-            payloads = await self.r.mget([rk.rec(rid) for _, rid in found]) if found else []
+            payloads = await self._mget([rk.rec(rid) for _, rid in found])
         return RecordPage([(sid, pb.ExperienceRecord.FromString(pl))
                            for (sid, _), pl in zip(found, payloads, strict=True)
                            if pl is not None], cursor, scanned)

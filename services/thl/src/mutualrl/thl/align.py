@@ -216,7 +216,7 @@ def _clean_chunks(src_start: IntArray, src_end: IntArray, tgt_start: IntArray, t
     offsets."""
     ns = src_end - src_start
     nt = tgt_end - tgt_start
-    clean = (ns == nt) & (ns <= 1)
+    clean: NDArray[np.bool_] = (ns == nt) & (ns <= 1)
     cand = np.flatnonzero((ns == nt) & (ns > 1))
     if cand.shape[0]:
         lens = ns[cand]

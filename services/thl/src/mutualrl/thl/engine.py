@@ -8,6 +8,7 @@ Errors are `mutualrl.common.errors` exceptions naming the offending field.
 
 from __future__ import annotations
 
+import builtins  # the classes below define a `list` method
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,7 @@ class AlignmentEngine:
 
     # -- retokenize -----------------------------------------------------------------------
     def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
-                   apply_chat_template: bool = False) -> list[TokenizedText]:
+                   apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
         """Encode texts with a registered tokenizer: ids, char offsets and residual metrics."""
         tok = self.registry.get(tokenizer_id)
         self._check_batch(texts, "texts")
@@ -154,7 +155,7 @@ class AlignmentEngine:
                                   f"{self.limits.max_batch} per call")
 
     def _source_side(self, src: LoadedTokenizer, items: Sequence[TraceItem]
-                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                     ) -> tuple[builtins.list[np.ndarray], builtins.list[np.ndarray]]:
         """Validated source offsets and values per item (re-encoding where offsets are absent)."""
         offsets: list[np.ndarray | None] = []
         values: list[np.ndarray] = []

@@ -12,6 +12,7 @@ never made without a run ("pinned": start-up config, `mutualrl thl register`).
 
 from __future__ import annotations
 
+import builtins  # the classes below define a `list` method
 import json
 import os
 import threading
@@ -124,7 +125,8 @@ class RedisStore:
     def load_all(self) -> dict[str, Record]:
         with sync_redis_op("the tokenizer registry's load"):
             raw = self._client.hgetall(self.key)
-        return {k: json.loads(v) for k, v in raw.items()}
+        # decode_responses=True: keys are str (redis-py's types also allow bytes)
+        return {str(k): json.loads(v) for k, v in raw.items()}
 
     def get(self, tokenizer_id: str) -> Record | None:
         with sync_redis_op("the tokenizer registry's get"):
@@ -190,6 +192,8 @@ def load_fast_tokenizer(path: str) -> Any:
     p = Path(path)
     if not p.exists():
         raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
+    # transformers' loaders return one of several backend classes; `is_fast` decides below.
+    tok: Any
     try:
         if p.is_file():
             if p.suffix != ".json":
@@ -341,7 +345,7 @@ class TokenizerRegistry:
         if close is not None:
             close()
 
-    def cached_ids(self) -> list[str]:
+    def cached_ids(self) -> builtins.list[str]:
         with self._lock:
             return list(self._cache)
 

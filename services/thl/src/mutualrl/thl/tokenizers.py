@@ -20,7 +20,7 @@ with spaces as BERT's decoder does (BERT's would turn `95;` into `95 ;`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,8 @@ def _canonical_ids(tok: Tokenizer) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
-_BUILDERS = {"byte_bpe": _byte_bpe, "wordpiece": _wordpiece, "unigram": _unigram, "char": _char}
+_BUILDERS: dict[str, Callable[..., Tokenizer]] = {
+    "byte_bpe": _byte_bpe, "wordpiece": _wordpiece, "unigram": _unigram, "char": _char}
 
 
 def wrap(tok: Tokenizer, *, model_max_length: int = 2048) -> PreTrainedTokenizerFast:

@@ -60,7 +60,7 @@ class _RssPeaks:
 def _ours(model_dir: Path, out: Path, seed: int) -> Any:
     from mutualrl.trainer.config import TrainerConfig
     from mutualrl.trainer.session import build_session
-    from mutualrl.trainer.tasks import Task
+    from mutualrl.trainer.tasks import Task, TaskConfig
 
     class BenchTask(Task):
         def reward(self, prompt: Any, text: str, finish_reason: str) -> float:
@@ -74,6 +74,8 @@ def _ours(model_dir: Path, out: Path, seed: int) -> Any:
         "metrics": {"tensorboard": False, "progress": False},
         "policies": [{"name": "ours", "model_path": str(model_dir)}]})
     s = build_session(cfg, "ours")
+    if not isinstance(cfg.task, TaskConfig):
+        raise TypeError("the trainer bench runs the synthetic task")
     s.task = BenchTask(cfg.task)
     s.task.stop = []  # TRL stops only at EOS: generate the same number of tokens
     return s
@@ -88,7 +90,7 @@ def _trl(model_dir: Path, out: Path, seed: int, steps: int, prompts: list[str],
 
     model, tok = load_policy(model_dir)
 
-    def reward(completions: list[str], **_: Any) -> list[float]:
+    def reward(completions: list[str], **_: Any) -> list[float | None]:
         return [digit_share(c) for c in completions]
 
     args = GRPOConfig(

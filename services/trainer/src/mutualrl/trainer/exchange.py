@@ -240,7 +240,8 @@ class PeerExchange:
         return [s for s in slots if s is not None]
 
 
-_FINISH = {"stop": 1, "length": 2, "eos": 3}  # experience.proto FinishReason values
+_FINISH = {"stop": "FINISH_REASON_STOP", "length": "FINISH_REASON_LENGTH",
+           "eos": "FINISH_REASON_EOS"}  # the engines' names -> experience.proto FinishReason
 
 
 def round_records(
@@ -267,7 +268,7 @@ def round_records(
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
                       meta={"skill": prompt.skill})
         for k, (s, r, good) in enumerate(zip(row, rs, ok, strict=True)):
-            finish = _FINISH.get(s.finish_reason, 0)
+            finish = _FINISH.get(s.finish_reason, "FINISH_REASON_UNSPECIFIED")
             starts = [a for a, _ in s.offsets]
             ends = [b for _, b in s.offsets]
             out.append(pb.ExperienceRecord(

@@ -202,7 +202,8 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    model.to(device)
+    # transformers wraps `.to` in a decorator whose stub types the device as a model.
+    model.to(device)  # type: ignore[arg-type]
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
 

@@ -65,6 +65,7 @@ test-browser: setup
 
 lint: setup typecheck
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --config pyproject.toml
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -225,9 +225,11 @@ def _start_server(redis_url: str, workers: int = 1) -> tuple[subprocess.Popen[by
 
 def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: str,
               repeats: int = 1, workers: int = 1) -> dict[str, Any]:
+    import grpc
     import redis
 
-    from mutualrl.client.see import SeeClient
+    from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+    from mutualrl.v1 import runs_pb2
 
     per_client = max(batch, records // clients)
     proc, addr, cfg_dir = _start_server(redis_url, workers)
@@ -238,9 +240,13 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     try:
         for _ in range(repeats):
             run_id = f"bench-{uuid.uuid4().hex[:8]}"
-            with SeeClient(addr, token=None) as see:
-                see.create_run(run_id, ["p0", "p1", "p2", "p3"], tau=1.0,
-                               max_stream_len=10 * clients * per_client, ttl_seconds=3600)
+            # The raw stub, not the SDK's client: mutualrl-see does not depend on the SDK.
+            with grpc.insecure_channel(addr) as channel:
+                pb_grpc.ExperienceExchangeStub(channel).CreateRun(pb.CreateRunRequest(
+                    config=pb.RunConfig(
+                        run_id=run_id, policies=["p0", "p1", "p2", "p3"], tau=1.0,
+                        retention=pb.Retention(max_stream_len=10 * clients * per_client,
+                                               ttl_seconds=3600))), timeout=30)
             try:
                 # Back to back, order alternating: a paired ratio per repeat cancels most of
                 # the drift of a shared machine's load.
@@ -253,8 +259,9 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
                     (raw_runs if side == "raw" else see_runs).append(res)
                 used = r.memory_usage(RunKeys(BENCH_PREFIX, run_id).stream(pb.ROLLOUT)) or 0
             finally:
-                with SeeClient(addr, token=None) as see:
-                    see.delete_run(run_id)
+                with grpc.insecure_channel(addr) as channel:
+                    pb_grpc.ExperienceExchangeStub(channel).DeleteRun(
+                        runs_pb2.DeleteRunRequest(run_id=run_id), timeout=30)
     finally:
         proc.terminate()
         try:

@@ -2,10 +2,12 @@
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mutualrl.trainer.algos.aggregation import PAPER_NAMES
 from mutualrl.trainer.algos.grpo import (
     EPS,
     aggregate,
@@ -55,9 +57,10 @@ def test_advantages_constant_group_is_zero() -> None:
     assert torch.equal(adv, torch.zeros(1, 4))
 
 
-def test_loss_dapo_by_hand() -> None:
+def test_loss_token_mean_by_hand() -> None:
     adv = group_advantages(REWARDS).reshape(-1)
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, eps_lo=0.2, eps_hi=0.28, aggregation="dapo")
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, eps_lo=0.2, eps_hi=0.28,
+                    aggregation="token_mean")
     total = sum(sum(r) for r in ROW_TOKENS)
     assert abs(float(out.loss) - total / 10) < 1e-6
     assert abs(out.clip_frac_low - 0.1) < 1e-12
@@ -66,12 +69,12 @@ def test_loss_dapo_by_hand() -> None:
     assert out.kl == 0.0
 
 
-def test_loss_grpo_and_dr_grpo_by_hand() -> None:
+def test_loss_sequence_mean_and_constant_length_by_hand() -> None:
     adv = group_advantages(REWARDS).reshape(-1)
     per_seq = [sum(r) / len(r) for r in ROW_TOKENS]
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="grpo")
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="sequence_mean")
     assert abs(float(out.loss) - sum(per_seq) / 6) < 1e-6
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="dr_grpo", max_len=4)
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="constant_length", max_len=4)
     assert abs(float(out.loss) - sum(sum(r) for r in ROW_TOKENS) / (6 * 4)) < 1e-6
 
 
@@ -102,7 +105,7 @@ def test_k3_kl_by_hand_and_beta() -> None:
 
 
 def test_gradient_on_policy_is_advantage_times_score() -> None:
-    """At rho = 1 the gradient of the dapo loss wrt logp is -A / num_tokens per token."""
+    """At rho = 1 the gradient of the token_mean loss wrt logp is -A / num_tokens per token."""
     logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
     grpo_loss(logp, logp.detach(), adv, torch.ones(2, 3)).loss.backward()
@@ -118,9 +121,15 @@ def test_zero_variance_filter() -> None:
     values = torch.ones(6, 2)
     mask = torch.ones(6, 2) * keep.reshape(-1, 1)
     values[3:] = 2.0
-    assert float(aggregate(values, mask, "dapo")) == 2.0
-    assert float(aggregate(values, mask, "grpo")) == 2.0
-    assert float(aggregate(values, mask, "dr_grpo", max_len=4)) == 2.0 * 6 / (3 * 4)
+    assert float(aggregate(values, mask, "token_mean")) == 2.0
+    assert float(aggregate(values, mask, "sequence_mean")) == 2.0
+    assert float(aggregate(values, mask, "constant_length", max_len=4)) == 2.0 * 6 / (3 * 4)
+    # The paper names are aliases of the same modes.
+    for paper, mode in PAPER_NAMES.items():
+        assert float(aggregate(values, mask, paper, max_len=4)) == float(
+            aggregate(values, mask, mode, max_len=4))
+    with pytest.raises(ValueError, match="unknown aggregation mode"):
+        aggregate(values, mask, "mean")
 
 
 def test_weights_scale_pg_only() -> None:

@@ -81,3 +81,14 @@ def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
     assert task.reward(prompt, f"so #### {prompt.answer}", "stop") == 1.0
     synthetic = TrainerConfig.model_validate({"task": {"regime": "worked"}, "policies": policies})
     assert isinstance(make_task(synthetic.task), Task)
+
+
+def test_aggregation_modes_accept_the_paper_names() -> None:
+    from mutualrl.trainer.config import GRPOSettings
+
+    assert GRPOSettings().aggregation == "token_mean"
+    for paper, mode in (("dapo", "token_mean"), ("grpo", "sequence_mean"),
+                        ("dr_grpo", "constant_length"), ("sequence_mean", "sequence_mean")):
+        assert GRPOSettings(aggregation=paper).aggregation == mode
+    with pytest.raises(ValueError, match="aggregation"):
+        GRPOSettings(aggregation="mean")

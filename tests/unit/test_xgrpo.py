@@ -58,7 +58,7 @@ def test_pooled_advantages_by_hand() -> None:
 
 
 def test_all_fail_group_gets_negative_advantage_when_peers_succeed() -> None:
-    """What SCIENCE_NOTES predicts: pooling only pushes an all-fail group down."""
+    """What docs/science-notes.md predicts: pooling only pushes an all-fail group down."""
     adv = xgrpo_advantages(torch.zeros(1, 4), [RewardStats.of([1.0] * 4)])
     assert bool((adv < 0).all())
     assert torch.equal(group_advantages(torch.zeros(1, 4)), torch.zeros(1, 4))

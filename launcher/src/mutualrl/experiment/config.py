@@ -69,7 +69,7 @@ class RegimeSpec(Config):
     """Expected wall seconds per round of a run (both policies at once) per probe, for the ETA;
     missing probes use `default_seconds_per_round`."""
     default_seconds_per_round: float = Field(0.6, gt=0)
-    """ETA fallback (SCIENCE_NOTES: ~0.5 short, 0.6-1.0 worked)."""
+    """ETA fallback (docs/science-notes.md: ~0.5 short, 0.6-1.0 worked)."""
     startup_seconds: float = Field(20.0, ge=0)
     """ETA: seconds a run spends starting its trainers (imports, model load, registration)."""
 
@@ -99,8 +99,8 @@ class WarmStartSettings(Config):
     parallel: int = Field(2, ge=1)
     """Warm starts trained at once (one thread each)."""
     weak_max: float = Field(0.05, ge=0, le=1)
-    """A weak skill starting above this accuracy is flagged (SCIENCE_NOTES: it must start near
-    0, else plain GRPO catches up on its own)."""
+    """A weak skill starting above this accuracy is flagged (docs/science-notes.md: it must
+    start near 0, else plain GRPO catches up on its own)."""
     strong_min: float = Field(0.5, ge=0, le=1)
     """A strong skill starting below this is flagged (nothing to share)."""
 

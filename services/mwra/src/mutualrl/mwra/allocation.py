@@ -1,4 +1,5 @@
-"""Allocation policies of MWRA: pure math, no network code (tested in microseconds).
+"""Allocation policies of MWRA: pure math, no network code (tested in microseconds);
+docs/design.md (11).
 
 Vocabulary
 ----------

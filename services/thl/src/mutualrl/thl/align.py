@@ -1,4 +1,5 @@
-"""Chunk alignment of two tokenizations of the same text (pure: numpy only, no network code).
+"""Chunk alignment of two tokenizations of the same text (pure: numpy only, no network code);
+docs/design.md (10).
 
 Inputs per item: the text length L (in characters, i.e. Unicode code points), the source
 tokens' character offsets (start, end; end exclusive), the target tokens' offsets, and one value

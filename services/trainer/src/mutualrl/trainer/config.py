@@ -12,16 +12,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mutualrl.common import ids
 from mutualrl.common.config import Config, Name, RunId, load_section
+from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
 from mutualrl.trainer.datasets import JsonlTaskConfig
 from mutualrl.trainer.tasks import TaskConfig
 
 
 class GRPOSettings(Config):
-    """The GRPO optimisation knobs (DESIGN.md, "Algorithms")."""
+    """The GRPO optimisation knobs (docs/design.md, equations (1)-(5))."""
 
     group_size: int = Field(8, ge=2)
     """G: completions sampled per prompt; advantages are normalised within each group."""
@@ -30,7 +31,8 @@ class GRPOSettings(Config):
     rounds: int = Field(300, ge=1)
     """Rounds to train (the run stops after this many optimizer steps)."""
     lr: float = Field(3e-4, gt=0)
-    """AdamW peak learning rate (SCIENCE_NOTES: 3e-4 stable, 1e-3 collapses tiny policies)."""
+    """AdamW peak learning rate (docs/science-notes.md: 3e-4 stable, 1e-3 collapses tiny
+    policies)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Decay after warm-up: constant, linear to 0, or cosine to 0 at `rounds`."""
     warmup_rounds: int = Field(0, ge=0)
@@ -45,9 +47,16 @@ class GRPOSettings(Config):
     """Upper clip: rho is clipped at 1 + eps_hi (DAPO's clip-higher, active for positive ones)."""
     beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL to a frozen reference (the starting weights); 0 loads no reference."""
-    aggregation: Literal["dapo", "grpo", "dr_grpo"] = "dapo"
-    """Loss reduction: token mean over the batch (dapo), per-sequence mean (grpo), or sum over
-    (sequences x max_new_tokens) (dr_grpo)."""
+    aggregation: Aggregation = "token_mean"
+    """Loss reduction (docs/design.md (4)): `token_mean` over the batch's tokens,
+    `sequence_mean` (mean per sequence, then over sequences) or `constant_length` (sum over
+    sequences x max_new_tokens). The paper names `dapo`, `grpo` and `dr_grpo` are accepted
+    for them."""
+    @field_validator("aggregation", mode="before")
+    @classmethod
+    def _paper_names(cls, value: object) -> object:
+        return aggregation_mode(value) if isinstance(value, str) else value
+
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
     grad_clip: float = Field(1.0, gt=0)
@@ -71,7 +80,7 @@ class ProbeSettings(Config):
     tau: float = 1.0
     """Success threshold: a sample is a success when reward >= tau (SGT's gate)."""
     sgt_lambda: float = Field(0.5, ge=0)
-    """Weight of the SGT rescue NLL term (SCIENCE_NOTES: 0.1-1.0 indistinguishable)."""
+    """Weight of the SGT rescue NLL term (docs/science-notes.md: 0.1-1.0 indistinguishable)."""
     sgt_max_per_prompt: int = Field(4, ge=1)
     """At most this many distinct peer success texts per rescued prompt."""
     prp_level: Literal["sequence", "chunk"] = "sequence"

@@ -16,7 +16,7 @@ real local checkpoint takes, so nothing downstream knows whether a policy is a p
 | `llama-10m`       | Llama  | byte BPE*  | 500   | 12 x 256/768, 8 heads| ~10.3 M  |
 
 (^) GPT-2 regex pre-split and one token per digit. (*) without any pre-split: merges cross
-digits and punctuation. SCIENCE_NOTES pairs
+digits and punctuation. docs/science-notes.md pairs
 `gpt2-bpe` with `llama-char` in the short regime and `gpt2-bpe-nosplit` with it in the worked
 regime.
 """
@@ -57,7 +57,7 @@ _SMALL_LLAMA = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3,
                     max_position_embeddings=256)
 
 PRESETS: dict[str, PresetSpec] = {
-    # SCIENCE_NOTES policy A: GPT-2, 3 layers, d=128, 4 heads, byte-level BPE. Short regime:
+    # docs/science-notes.md policy A: GPT-2, 3 layers, d=128, 4 heads, byte-level BPE. Short regime:
     # vocab 400 with the GPT-2 pre-split and one token per digit. Measured (2000 SFT steps):
     # with BPE digit chunks (`37`, `+5`) `add` stalled at 0.19 held-out; per-digit tokens
     # reach 0.98 in 1200 steps, as the character-level policy does on `sub`.
@@ -67,7 +67,7 @@ PRESETS: dict[str, PresetSpec] = {
     # (`,7`, `>1`, `3;`) — the coarse, mismatched segmentation that exercises THL.
     "gpt2-bpe-nosplit": PresetSpec("gpt2", "byte_bpe", 500, dict(_SMALL_GPT2),
                                    dict(use_regex=False)),
-    # SCIENCE_NOTES policy B: Llama, 3 layers, hidden 128, ffn 384, 4 heads / 2 KV, tied.
+    # docs/science-notes.md policy B: Llama, 3 layers, hidden 128, ffn 384, 4 heads / 2 KV, tied.
     "llama-char": PresetSpec("llama", "char", 64, dict(_SMALL_LLAMA)),
     "qwen2-wordpiece": PresetSpec("qwen2", "wordpiece", 300, dict(_SMALL_LLAMA)),
     "qwen2-unigram": PresetSpec("qwen2", "unigram", 200, dict(_SMALL_LLAMA)),

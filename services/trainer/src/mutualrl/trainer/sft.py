@@ -1,12 +1,12 @@
 """Warm start by supervised fine-tuning: strong skills learned, weak skills barely seen.
 
 The probe experiment needs complementary policies: each is strong on some skills and starts
-near 0% on the others (SCIENCE_NOTES: a weak skill at 27% lets plain GRPO catch up on its own).
-So SFT trains on fresh problems of the *strong* skills, and the weak skills appear only through
-a tiny fixed pool (a few examples, a few percent of the examples): enough to learn the format,
-not the skill. The result is a `save_pretrained` directory that `load_policy` (and therefore
-`TrainerConfig.policies[].sft_checkpoint`) loads, plus `sft_eval.json` with per-skill held-out
-accuracy under greedy decoding, to check the starting point before RL.
+near 0% on the others (docs/science-notes.md: a weak skill at 27% lets plain GRPO catch up on
+its own). So SFT trains on fresh problems of the *strong* skills, and the weak skills appear
+only through a tiny fixed pool (a few examples, a few percent of the examples): enough to learn
+the format, not the skill. The result is a `save_pretrained` directory that `load_policy` (and
+therefore `TrainerConfig.policies[].sft_checkpoint`) loads, plus `sft_eval.json` with per-skill
+held-out accuracy under greedy decoding, to check the starting point before RL.
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ class SFTConfig(Config):
     strong_skills: list[str] = Field(default_factory=lambda: ["add", "rev"])
     """Skills trained on fresh problems; every other task skill is weak."""
     weak_pool: int = Field(4, ge=0)
-    """Size of the fixed pool of weak-skill examples (SCIENCE_NOTES: 8 in the short regime;
+    """Size of the fixed pool of weak-skill examples (docs/science-notes.md: 8 in the short regime;
     4 in the worked regime, where 32 leaked a weak skill through a similar format)."""
     weak_share: float = Field(0.03, ge=0, le=1)
-    """Probability that a training example comes from the weak pool (SCIENCE_NOTES: 4% short,
-    3% worked)."""
+    """Probability that a training example comes from the weak pool (docs/science-notes.md: 4%
+    short, 3% worked)."""
     steps: int = Field(1500, ge=1)
     """Optimizer steps."""
     lr: float = Field(1e-3, gt=0)
-    """AdamW peak learning rate (SCIENCE_NOTES: 1e-3 for warm start)."""
+    """AdamW peak learning rate (docs/science-notes.md: 1e-3 for warm start)."""
     warmup: int = Field(100, ge=0)
     """Steps of linear warm-up to `lr`; constant afterwards."""
     batch: int = Field(64, ge=1)
@@ -62,7 +62,7 @@ class SFTConfig(Config):
     seed: int = 0
     """Seeds the preset's initial weights, the data order and the weak pool."""
     threads: int = Field(1, ge=1)
-    """torch intra-op threads (SCIENCE_NOTES timings are one thread per policy)."""
+    """torch intra-op threads (docs/science-notes.md timings are one thread per policy)."""
     dtype: str = "float32"
     """Training dtype: float32, bfloat16 or float16."""
     device: str = "cpu"

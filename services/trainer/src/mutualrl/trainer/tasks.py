@@ -35,7 +35,7 @@ DEFAULT_DIGITS: dict[str, int] = {"add": 2, "sub": 2, "mul": 2, "rev": 4, "sort"
 END = ";"
 SEP = ">"
 Regime = Literal["short", "worked"]
-# Enough budget for every completion of the default digit counts (SCIENCE_NOTES: 6 and 26).
+# Enough budget for every completion of the default digit counts (docs/science-notes.md: 6 and 26).
 MAX_NEW_TOKENS: dict[str, int] = {"short": 6, "worked": 26}
 
 

@@ -1,4 +1,5 @@
-"""The round's loss: GRPO over own (+ PRP peer) rows, plus SGT's rescue term.
+"""The round's loss (docs/design.md (8)): GRPO (3)-(5) over own (+ PRP peer) rows, weighted
+by PRP's importance weights (9), plus SGT's rescue term (7).
 
 One forward pass scores own and peer rows together; PRP's importance weights use the
 receiver's current (pre-step) log-probs of the peer tokens, detached, so they are constants of

@@ -1,4 +1,5 @@
-"""GRPO: group advantages, the clipped per-token loss, k3 KL and the aggregation modes.
+"""GRPO: group advantages, the clipped per-token loss, k3 KL and the aggregation modes
+(docs/design.md, equations (1)-(5)).
 
 Tensors are padded: ``[B, T]`` per-token values with a ``mask`` (1 = real completion token).
 A batch holds ``P`` prompts x ``G`` samples as rows ``B = P * G`` (prompt-major).
@@ -7,22 +8,21 @@ A batch holds ``P`` prompts x ``G`` samples as rows ``B = P * G`` (prompt-major)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from mutualrl.trainer.algos.aggregation import aggregation_mode
+
 EPS = 1e-6
 """Added to the group std so an all-equal group gives advantage 0 instead of 0/0."""
 
-Aggregation = Literal["dapo", "grpo", "dr_grpo"]
-
-
 def group_advantages(rewards: Tensor, eps: float = EPS) -> Tensor:
-    """A_k = (r_k - mean(r)) / (std(r) + eps) over the last dim, std with ddof=0.
+    """A_k = (r_k - mean(r)) / (std(r) + eps) over the last dim, std with ddof=0
+    (docs/design.md (1)).
 
-    ddof=0 (population std) matches DESIGN.md: a group of G samples is the whole population
-    the baseline describes, not a sample of a larger one.
+    ddof=0 (population std): a group of G samples is the whole population the baseline
+    describes, not a sample of a larger one.
     """
     mean = rewards.mean(dim=-1, keepdim=True)
     std = rewards.std(dim=-1, correction=0, keepdim=True)
@@ -30,7 +30,8 @@ def group_advantages(rewards: Tensor, eps: float = EPS) -> Tensor:
 
 
 def nonzero_variance_groups(rewards: Tensor) -> Tensor:
-    """Bool ``[P, G]``: True for samples of groups whose rewards are not all equal.
+    """Bool ``[P, G]``: True for samples of groups whose rewards are not all equal
+    (docs/design.md (5)).
 
     An all-equal group has zero advantage everywhere; dropping it keeps it out of the
     token-mean denominator (DAPO's dynamic sampling without the resampling).
@@ -40,7 +41,8 @@ def nonzero_variance_groups(rewards: Tensor) -> Tensor:
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 estimator of KL(pi_theta || pi_ref) per token: exp(d) - d - 1 with d = ref - theta.
+    """k3 estimator of KL(pi_theta || pi_ref) per token: exp(d) - d - 1 with d = ref - theta
+    (docs/design.md (3)).
 
     Non-negative and unbiased for samples drawn from pi_theta (Schulman's k3).
     """
@@ -74,7 +76,8 @@ def token_loss(
     ref_logp: Tensor | None = None,
     weights: Tensor | None = None,
 ) -> TokenLoss:
-    """GRPO loss per token: -min(rho A, clip(rho, 1-eps_lo, 1+eps_hi) A) + beta * KL_t.
+    """GRPO loss per token: -min(rho A, clip(rho, 1-eps_lo, 1+eps_hi) A) + beta * KL_t, with
+    rho = exp(logp - logp_old) (docs/design.md (2), (3)).
 
     ``advantages`` is ``[B]`` (one per sequence) or ``[B, T]``. ``weights`` (``[B]`` or
     ``[B, T]``, treated as constants) multiply the policy-gradient part: PRP's importance
@@ -103,28 +106,30 @@ def token_loss(
 
 
 def aggregate(
-    values: Tensor, mask: Tensor, mode: Aggregation, max_len: int | None = None
+    values: Tensor, mask: Tensor, mode: str, max_len: int | None = None
 ) -> Tensor:
-    """Reduce ``[B, T]`` per-token values to a scalar.
+    """Reduce ``[B, T]`` per-token values to a scalar (docs/design.md (4)).
 
-    - ``dapo``: sum over all real tokens / number of real tokens (long answers weigh more).
-    - ``grpo``: mean over each sequence's tokens, then mean over sequences.
-    - ``dr_grpo``: sum / (num_seqs * max_len) with a constant max_len (no length bias).
-    Sequences with no real token (masked out, e.g. filtered groups) do not count.
+    - ``token_mean`` (DAPO): sum over all real tokens / number of real tokens (long answers
+      weigh more).
+    - ``sequence_mean`` (GRPO): mean over each sequence's tokens, then mean over sequences.
+    - ``constant_length`` (Dr. GRPO): sum / (num_seqs * max_len) with a constant max_len (no
+      length bias).
+    `mode` may also be a paper's name for the mode. Sequences with no real token (masked
+    out, e.g. filtered groups) do not count.
     """
+    mode = aggregation_mode(mode)
     m = mask.to(values.dtype)
-    if mode == "dapo":
+    if mode == "token_mean":
         return (values * m).sum() / m.sum().clamp(min=1.0)
     lengths = m.sum(dim=-1)
     live = lengths > 0
     num_seqs = live.sum().clamp(min=1).to(values.dtype)
-    if mode == "grpo":
+    if mode == "sequence_mean":
         per_seq = (values * m).sum(dim=-1) / lengths.clamp(min=1.0)
         return per_seq[live].sum() / num_seqs
-    if mode == "dr_grpo":
-        length = values.shape[-1] if max_len is None else max_len
-        return (values * m).sum() / (num_seqs * length)
-    raise ValueError(f"unknown aggregation mode {mode!r}")
+    length = values.shape[-1] if max_len is None else max_len  # constant_length
+    return (values * m).sum() / (num_seqs * length)
 
 
 @dataclass
@@ -151,11 +156,12 @@ def grpo_loss(
     eps_hi: float = 0.28,
     beta: float = 0.0,
     ref_logp: Tensor | None = None,
-    aggregation: Aggregation = "dapo",
+    aggregation: str = "token_mean",
     max_len: int | None = None,
     weights: Tensor | None = None,
 ) -> GRPOLoss:
-    """token_loss + aggregate, with statistics. ``mask`` may already exclude filtered groups."""
+    """token_loss + aggregate, with statistics (docs/design.md (2)-(4)). ``mask`` may already
+    exclude filtered groups."""
     parts = token_loss(logp, logp_old, advantages, eps_lo, eps_hi, beta, ref_logp, weights)
     loss = aggregate(parts.total, mask, aggregation, max_len)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""PRP: peer rollout pooling with importance weights.
+"""PRP: peer rollout pooling with importance weights (docs/design.md (9)).
 
 Peer rollouts join the receiver's group; advantages are recomputed over own + peer rewards; each
 peer sample (or THL chunk) is weighted by w = pi_i(y) / pi_j_old(y). Weight modes:
@@ -23,7 +23,8 @@ WeightMode = Literal["drop", "truncate", "none"]
 def sequence_log_weight(
     recv_logp: Tensor, recv_mask: Tensor, send_logp: Tensor, send_mask: Tensor
 ) -> Tensor:
-    """Length-normalised log ratio per sequence: (log pi_i(y) - log pi_j(y)) / |y|_i.
+    """Length-normalised log ratio per sequence: (log pi_i(y) - log pi_j(y)) / |y|_i
+    (docs/design.md (9), sequence level).
 
     Both sums are over the same text in each side's own tokens, so their difference is the
     true sequence log ratio; dividing by the receiver's token count gives a per-token
@@ -37,7 +38,8 @@ def sequence_log_weight(
 
 
 def chunk_log_weight(recv_chunk_logp: Tensor, send_chunk_logp: Tensor) -> Tensor:
-    """Per-chunk log ratio: a chunk's log-prob is the sum of its tokens' (THL conserves mass)."""
+    """Per-chunk log ratio: a chunk's log-prob is the sum of its tokens' (THL conserves mass,
+    docs/design.md (10)); docs/design.md (9), chunk level."""
     return recv_chunk_logp - send_chunk_logp
 
 
@@ -66,7 +68,8 @@ class Weights:
 def apply_weight_mode(
     log_w: Tensor, mode: WeightMode, delta: float = 0.2, cap: float = 1.0
 ) -> Weights:
-    """Turn log importance ratios into loss weights according to ``mode``."""
+    """Turn log importance ratios into loss weights according to ``mode`` (docs/design.md (9):
+    drop, truncate, none)."""
     raw = torch.exp(log_w)
     if mode == "drop":
         kept = raw >= 1.0 - delta

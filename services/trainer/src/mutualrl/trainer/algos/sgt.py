@@ -1,4 +1,4 @@
-"""SGT: success-gated transfer.
+"""SGT: success-gated transfer (docs/design.md (7)).
 
 Rescue set R_i = prompts where policy i's best own reward is below tau and some *other* policy
 has a verified success (reward >= tau, not truncated). For those prompts the receiver adds
@@ -56,7 +56,7 @@ def rescue_set(
 
 def sgt_loss(token_logp: Tensor, mask: Tensor, prompt_index: Tensor, lam: float) -> Tensor:
     """-lambda * mean over prompts of (mean over that prompt's demonstrations of the
-    length-normalised log-likelihood).
+    length-normalised log-likelihood): L_SGT of docs/design.md (7).
 
     ``token_logp`` / ``mask``: ``[N, T]`` receiver log-probs of the N demonstration tokens;
     ``prompt_index``: ``[N]`` integer id of each demonstration's prompt (any labels).

@@ -1,4 +1,5 @@
-"""XGRPO: cross-policy advantage sharing through per-prompt reward statistics.
+"""XGRPO: cross-policy advantage sharing through per-prompt reward statistics
+(docs/design.md (6)).
 
 Only (count, sum, sum of squares) per prompt cross the wire; each policy computes
 A_ik = (r_ik - mean(U)) / (std(U) + eps) over the union U of every policy's rewards for the
@@ -67,7 +68,8 @@ def group_stats(rewards: Tensor) -> list[RewardStats]:
 def xgrpo_advantages(
     rewards: Tensor, peer_stats: Sequence[RewardStats | None], eps: float = EPS
 ) -> Tensor:
-    """Pooled advantages for own rewards ``[P, G]`` given the pooled peer stats of each prompt.
+    """Pooled advantages for own rewards ``[P, G]`` given the pooled peer stats of each prompt
+    (docs/design.md (6)).
 
     Rows with no peer rewards (None or count 0) take exactly GRPO's values from
     ``group_advantages`` (same code path), so XGRPO with one policy is bitwise GRPO.

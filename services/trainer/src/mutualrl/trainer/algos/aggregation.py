@@ -1,0 +1,24 @@
+"""The names of the loss aggregation modes (docs/design.md (4)); no torch, so configs can
+validate them without importing the math."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Aggregation = Literal["token_mean", "sequence_mean", "constant_length"]
+"""How the per-token losses reduce to a scalar, named for what they compute (docs/design.md (4))."""
+PAPER_NAMES: dict[str, Aggregation] = {
+    "dapo": "token_mean", "grpo": "sequence_mean", "dr_grpo": "constant_length"}
+"""The names the papers use, accepted as aliases (DAPO, GRPO, Dr. GRPO)."""
+AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "sequence_mean", "constant_length")
+
+
+def aggregation_mode(name: str) -> Aggregation:
+    """The aggregation mode `name` means: a mode's own name or a paper's name for it."""
+    if name in PAPER_NAMES:
+        return PAPER_NAMES[name]
+    for mode in AGGREGATIONS:
+        if name == mode:
+            return mode
+    raise ValueError(f"unknown aggregation mode {name!r}: one of {AGGREGATIONS} "
+                     f"(or the paper names {tuple(PAPER_NAMES)})")

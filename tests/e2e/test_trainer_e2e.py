@@ -59,6 +59,9 @@ class _Services:
         self.thread.start()
         self.prefix = f"e2e{uuid.uuid4().hex[:10]}"
         self.run_ids: list[str] = []
+        """Runs that used all three services."""
+        self.see_only_runs: list[str] = []
+        """Runs that used SEE only (THL in-process, no MWRA)."""
 
     def call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
@@ -91,6 +94,9 @@ def services() -> Iterator[_Services]:
         for run_id in s.run_ids:
             deleted = delete_run(run_id, see=s.see, thl=s.thl, mwra=s.mwra)
             assert deleted["see"] > 0 and deleted["mwra"] > 0 and deleted["thl"] == 2, deleted
+        for run_id in s.see_only_runs:
+            deleted = delete_run(run_id, see=s.see, thl=s.thl, mwra=s.mwra)
+            assert deleted["see"] > 0 and deleted["mwra"] == 0 and deleted["thl"] == 0, deleted
         assert list(r.scan_iter(f"{s.prefix}:*")) == []
     finally:
         for server in (see, thl, mwra):
@@ -254,6 +260,7 @@ def test_prp_keeps_rollouts_of_a_peer_that_is_ahead(services: _Services,
     from mutualrl.trainer.tasks import Prompt
 
     run_id = f"e2e-ahead-{uuid.uuid4().hex[:6]}"
+    services.see_only_runs.append(run_id)
     toks = {n: load_policy(warm_policies[n])[1] for n in ("A", "B")}
     tok_ids = {n: f"{run_id}/{n}" for n in ("A", "B")}
     ex = {n: PeerExchange(run_id, n, tok_ids[n], services.see, None, toks[n], timeout=5.0)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.common import ids
 from mutualrl.experiment.config import ExperimentConfig, RegimeSpec, config_hash, deep_merge
 
 # Fields the experiment owns in every run's `trainer:` section (a regime's `trainer:` may not
@@ -111,9 +112,9 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                                                          {**sft, "out_dir": str(d)}, d)
             for probe in cfg.probes:
                 run_id = f"{cfg.run_prefix}-{regime}-{probe}-s{seed}"
-                if len(run_id) > 64:
-                    raise ValueError(f"run id {run_id!r} is longer than 64 characters: "
-                                     "shorten run_prefix or the regime name")
+                if not ids.RUN_ID.valid(run_id):
+                    raise ValueError(f"run id {run_id!r} is not {ids.RUN_ID.described}: "
+                                     "shorten or change run_prefix or the regime name")
                 mine = {n: warm[(regime, n, ws)] for n in names if (regime, n, ws) in warm}
                 trainer = run_trainer_section(cfg, regime, spec, probe, seed, run_id, runs_dir,
                                               {n: w.out_dir for n, w in mine.items()})

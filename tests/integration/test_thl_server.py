@@ -261,6 +261,15 @@ def test_thl_serve_command(tmp_path: Path, paths: dict[str, str]) -> None:
                 time.sleep(0.3)
         assert infos is not None and [i.tokenizer_id for i in infos] == ["char"]
         assert (tmp_path / "tokenizers.json").exists()
+        # `mutualrl thl register --run-id`: a registration DeleteRun of the run releases.
+        out = subprocess.run([str(exe), "thl", "register", "--addr", f"127.0.0.1:{port}",
+                              "--id", "wp", "--path", paths["wordpiece"], "--run-id", "r1"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        with ThlClient(f"127.0.0.1:{port}", retries=0) as thl:
+            assert [i.tokenizer_id for i in thl.list()] == ["char", "wp"]
+            assert thl.delete_run("r1") == 1
+            assert [i.tokenizer_id for i in thl.list()] == ["char"]  # the pinned one stays
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -234,7 +234,7 @@ def test_engine_and_clients_share_one_interface() -> None:
 
     from mutualrl.client.thl import AsyncThlClient, ThlClient
 
-    for name in ("register", "list", "retokenize", "align_trace"):
+    for name in ("register", "list", "retokenize", "align_trace", "delete_run"):
         ref = inspect.signature(getattr(AlignmentEngine, name))
         for cls in (ThlClient, AsyncThlClient):
             sig = inspect.signature(getattr(cls, name))

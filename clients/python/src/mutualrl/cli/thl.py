@@ -25,7 +25,8 @@ def _register(args: argparse.Namespace) -> int:
 
     with _client(args) as thl:
         try:
-            info = thl.register(args.id, str(Path(args.path).resolve()), args.overwrite)
+            info = thl.register(args.id, str(Path(args.path).resolve()), args.overwrite,
+                                run_id=args.run_id)
         except grpc.RpcError as err:
             print(f"{err.code().name}: {err.details()}", file=sys.stderr)
             return 1
@@ -52,14 +53,17 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="Bearer token (default MUTUALRL_AUTH_TOKEN).")
 
 
-
 def register(commands: Commands) -> None:
     p = commands.add(["thl", "register"], "Register a tokenizer path with a running THL.",
                      _register)
     _client_args(p)
-    p.add_argument("--id", required=True, help="Tokenizer id ([A-Za-z0-9._/-]{1,128}).")
+    p.add_argument("--id", required=True,
+                   help="Tokenizer id (1-128 of [A-Za-z0-9._/-], first a letter or digit).")
     p.add_argument("--path", required=True, help="Tokenizer directory or tokenizer.json.")
     p.add_argument("--overwrite", action="store_true", help="Replace an existing id.")
+    p.add_argument("--run-id", default="",
+                   help="Register for this run (THL's DeleteRun of the run releases it); "
+                        "default: kept until overwritten.")
 
     p = commands.add(["thl", "list"], "List the tokenizers a running THL knows.", _list)
     _client_args(p)

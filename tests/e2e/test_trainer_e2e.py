@@ -233,6 +233,7 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     data = RoundData(round=0, prompts=prompts, samples=[[], []],
                      rewards=torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     run_id = f"e2e-silent-{uuid.uuid4().hex[:6]}"
+    services.see_only_runs.append(run_id)
     live = PeerExchange(run_id, "A", "tok-A", services.see, None, None, timeout=5.0)
     live.client.create_run(run_id, ["A", "B"], 1.0, exist_ok=True)
     dead = PeerExchange(run_id, "A", "tok-A", "127.0.0.1:1", None, None, timeout=2.0)

@@ -38,8 +38,10 @@ async def _start(redis_url: str, prefix: str) -> Stack:
                                   grace_seconds=0.2, key_prefix=prefix)
     see = await start_see(make_config(redis_url, rest_port=None, **common))
     thl = await start_thl(ThlConfig(redis_url=redis_url, **common))
+    # Long leases: a lapse would add a `lost` key mid-test on a slow machine.
     mwra = await start_mwra(MwraConfig(redis_url=redis_url, lock_ttl_seconds=1.0,
-                                       tick_seconds=0.05, **common))
+                                       tick_seconds=0.05, worker_lease_seconds=120,
+                                       policy_lease_seconds=120, **common))
     return Stack(prefix, see, thl, mwra)
 
 
@@ -105,12 +107,19 @@ async def test_delete_run_removes_exactly_that_run(stacks: tuple[Stack, Stack],
         # The blocking helper runs in a thread: the servers share this test's event loop.
         addrs = dict(see=a.see.address, thl=a.thl.address, mwra=a.mwra.address)
         deleted = await asyncio.to_thread(delete_run, run, **addrs)
-        assert deleted["see"] + deleted["mwra"] == len(mine)
+        see_keys = {k for k in mine if k.startswith(f"{a.prefix}:see:")}
+        assert deleted["see"] == len(see_keys)
+        # MWRA's leader loop may add its lock key after the snapshot: at least what was seen.
+        assert deleted["mwra"] >= len(mine - see_keys)
         assert deleted["thl"] == 1
         await asyncio.sleep(0.3)  # several MWRA ticks: the deleted run's lock is not re-made
         after_a = _keys(r, f"{a.prefix}:*")
-        assert after_a == before_a - mine  # the other run's keys and the indexes stay
-        assert _keys(r, f"{b.prefix}:*") == before_b  # the other deployment is untouched
+        assert not {k for k in after_a if f"{{{run}}}" in k}
+        before_others = {k for k in before_a - mine if f"{{{other}}}" not in k}
+        assert {k for k in after_a if f"{{{other}}}" not in k} == before_others  # indexes stay
+        assert {k for k in after_a if f"{{{other}}}" in k} >= {  # the other run is untouched
+            k for k in before_a if f"{{{other}}}" in k}
+        assert _keys(r, f"{b.prefix}:*") >= before_b  # the other deployment is untouched
         assert run not in {m.decode() for m in r.smembers(f"{a.prefix}:see:runs")}
         async with AsyncThlClient(a.thl.address) as thl:
             ids = {t.tokenizer_id for t in await thl.list()}

@@ -171,9 +171,9 @@ def _drop_keys(redis_url: str, run_id: str) -> None:
         keys = list(client.scan_iter(match=f"*{run_id}*", count=1000))
         if keys:
             client.delete(*keys)
-        client.srem("mrl:runs", run_id)
+        client.srem("mrl:see:runs", run_id)
         # THL keeps every registration in one hash: drop this run's tokenizers (<run>/<policy>).
-        for reg in client.scan_iter(match="mutualrl:thl:*tokenizers", count=1000):
+        for reg in client.scan_iter(match="*:thl:tokenizers", count=1000):
             mine = [f for f in client.hkeys(reg) if f.decode().startswith(f"{run_id}/")]
             if mine:
                 client.hdel(reg, *mine)

@@ -5,6 +5,7 @@ lists only the SDK's commands (the services and the trainer register theirs when
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,15 @@ def test_sdk_alone_has_no_torch_and_only_its_commands(tmp_path: Path) -> None:
     _run(sys.executable, "-m", "venv", venv)
     py, pip = venv / "bin" / "python", venv / "bin" / "pip"
     constraints = ROOT / "constraints.txt"
+    # Built from copies: a non-editable build writes build/ folders into its source tree.
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    for pkg in ("proto", "services/common", "clients/python"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=skip)
     # setuptools first (the packages build with it, without build isolation: no extra fetch).
     _run(pip, "install", "-q", "-c", constraints, "setuptools>=75")
     _run(pip, "install", "-q", "--no-build-isolation", "-c", constraints,
-         ROOT / "proto", ROOT / "services/common", ROOT / "clients/python")
+         src / "proto", src / "services/common", src / "clients/python")
 
     installed = _run(py, "-c", "import importlib.util as u; "
                      f"print(','.join(m for m in {HEAVY!r} if u.find_spec(m)))").strip()

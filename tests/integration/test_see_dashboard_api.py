@@ -144,7 +144,7 @@ async def _report_empty(c: AsyncSeeClient, run_id: str) -> None:
     from mutualrl.v1 import run_metrics_pb2 as mpb
     from mutualrl.v1 import run_metrics_pb2_grpc as mpb_grpc
 
-    stub: Any = mpb_grpc.RunMetricsStub(c._channel)
+    stub: Any = mpb_grpc.RunMetricsStub(c.channel)
     await stub.ReportMetrics(mpb.ReportMetricsRequest(run_id=run_id),
                              metadata=c.options.metadata())
 

@@ -228,14 +228,14 @@ def fmt(e: dict[str, float] | None, signed: bool = False) -> str:
 
 
 def _excl(e: dict[str, float] | None) -> bool:
-    return bool(e) and e["n"] > 1 and (e["lo"] > 0 or e["hi"] < 0)  # type: ignore[index]
+    return bool(e) and e is not None and e["n"] > 1 and (e["lo"] > 0 or e["hi"] < 0)
 
 
 def _mark(e: dict[str, float] | None) -> str:
     """A difference whose CI excludes 0 is marked (▲ gain, ▼ loss)."""
-    if not _excl(e):
+    if e is None or not _excl(e):
         return ""
-    return " ▲" if e["mean"] > 0 else " ▼"  # type: ignore[index]
+    return " ▲" if e["mean"] > 0 else " ▼"
 
 
 def render_markdown(results: dict[str, Any]) -> str:

@@ -54,11 +54,12 @@ def plot_curves(results: dict[str, Any], path: Path) -> Path:
 
 def _both_curve(per_pol: dict[str, Any], policies: list[str]) -> dict[str, Any] | None:
     """The both-policy average of the per-policy mean curves (rounds common to all)."""
-    curves = [per_pol.get(p) for p in policies]
-    if any(c is None for c in curves):
+    found = [per_pol.get(p) for p in policies]
+    curves = [c for c in found if c is not None]
+    if len(curves) != len(found):
         return None
-    common = sorted(set.intersection(*(set(c["rounds"]) for c in curves)))  # type: ignore[index]
-    idx = [{r: k for k, r in enumerate(c["rounds"])} for c in curves]  # type: ignore[index]
-    mean = [sum(c["mean"][ix[r]] for c, ix in zip(curves, idx, strict=True)) / len(curves)  # type: ignore[index]
+    common = sorted(set.intersection(*(set(c["rounds"]) for c in curves)))
+    idx = [{r: k for k, r in enumerate(c["rounds"])} for c in curves]
+    mean = [sum(c["mean"][ix[r]] for c, ix in zip(curves, idx, strict=True)) / len(curves)
             for r in common]
     return {"rounds": common, "mean": mean}

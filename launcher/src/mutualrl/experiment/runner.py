@@ -174,6 +174,8 @@ class ActiveRun:
     children: list[str]
     started: float
     keepalive: Any = None
+    keepalive_client: Any = None
+    """The MWRA client the keepalive beats through (closed with it)."""
     worker_id: str = ""
     exit_codes: dict[str, int] = field(default_factory=dict)
     failed: str | None = None
@@ -212,7 +214,6 @@ def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
         mwra.register_local_worker(spec.run_id, worker_id, slots=slots)
     keep_client = MwraClient(svc.endpoints["mwra_grpc"], token=svc.token)
     keepalive = keep_client.keepalive(spec.run_id, worker_id, 2.0)
-    keepalive.client = keep_client  # type: ignore[attr-defined]
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if svc.token:
         env["MUTUALRL_AUTH_TOKEN"] = svc.token
@@ -225,7 +226,7 @@ def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
             stop_group=2))
         names.append(name)
     return ActiveRun(spec=spec, children=names, started=time.monotonic(), keepalive=keepalive,
-                     worker_id=worker_id)
+                     keepalive_client=keep_client, worker_id=worker_id)
 
 
 def finish_run(run: ActiveRun, svc: Services, out: Path, status: str) -> dict[str, Any]:
@@ -234,7 +235,8 @@ def finish_run(run: ActiveRun, svc: Services, out: Path, status: str) -> dict[st
     wall = time.monotonic() - run.started
     if run.keepalive is not None:
         run.keepalive.stop()
-        run.keepalive.client.close()
+    if run.keepalive_client is not None:
+        run.keepalive_client.close()
     with contextlib.suppress(Exception), MwraClient(svc.endpoints["mwra_grpc"],
                                                     token=svc.token) as mwra:
         mwra.deregister_worker(run.spec.run_id, run.worker_id)

@@ -50,6 +50,8 @@ class Child:
     proc: subprocess.Popen[bytes]
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    reported: bool = False
+    """Its exit was handed out by `poll` (once per process)."""
 
     @property
     def pid(self) -> int:
@@ -117,8 +119,8 @@ class Supervisor:
         exited = []
         for child in self.children.values():
             code = child.proc.poll()
-            if code is not None and not getattr(child, "_reported", False):
-                child._reported = True  # type: ignore[attr-defined]
+            if code is not None and not child.reported:
+                child.reported = True
                 exited.append((child, code))
         return exited
 

@@ -10,7 +10,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -81,7 +81,7 @@ def grpc_errors(method: F) -> F:
                 log.exception("%s failed", method.__qualname__)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
 
-        return stream  # type: ignore[return-value]
+        return cast(F, stream)  # the same signature as `method`
 
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -95,4 +95,4 @@ def grpc_errors(method: F) -> F:
             log.exception("%s failed", method.__qualname__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
 
-    return unary  # type: ignore[return-value]
+    return cast(F, unary)  # the same signature as `method`

@@ -20,7 +20,7 @@ import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from redis import exceptions as rexc
 
@@ -95,11 +95,11 @@ def redis_errors(method: F) -> F:
                 async for item in method(*args, **kwargs):
                     yield item
 
-        return stream  # type: ignore[return-value]  # same signature as `method`
+        return cast(F, stream)  # the same signature as `method`
 
     @functools.wraps(method)
     async def unary(*args: Any, **kwargs: Any) -> Any:
         async with redis_op(what):
             return await method(*args, **kwargs)
 
-    return unary  # type: ignore[return-value]  # same signature as `method`
+    return cast(F, unary)  # the same signature as `method`

@@ -36,8 +36,8 @@ def _bench(args: argparse.Namespace) -> int:
                         smoothing=args.smoothing, hysteresis=args.hysteresis)
     out = {"bench": "mwra", "noisy": report, "noise_free": noiseless,
            "makespan_ratio_balanced_over_static": report["makespan_ratio_balanced_over_static"],
-           "idle_fraction_static": report["static"]["idle_fraction"],  # type: ignore[index]
-           "idle_fraction_balanced": report["balanced"]["idle_fraction"]}  # type: ignore[index]
+           "idle_fraction_static": report["static"]["idle_fraction"],
+           "idle_fraction_balanced": report["balanced"]["idle_fraction"]}
     text = json.dumps(out, indent=2)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

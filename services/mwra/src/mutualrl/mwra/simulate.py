@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mutualrl.mwra.allocation import (
     PolicySpec,
@@ -71,12 +72,13 @@ def simulate(costs: Mapping[str, float], units: int, strategy: Strategy, *, roun
 
 
 def compare(costs: Mapping[str, float], units: int, *, rounds: int = 50, noise: float = 0.1,
-            seed: int = 0, smoothing: float = 0.3, hysteresis: float = 0.1) -> dict[str, object]:
+            seed: int = 0, smoothing: float = 0.3, hysteresis: float = 0.1) -> dict[str, Any]:
     """`balanced` against `static` equal shares on the same noise; the figures of the bench."""
-    kw = {"rounds": rounds, "noise": noise, "seed": seed, "smoothing": smoothing,
-          "hysteresis": hysteresis}
-    static = simulate(costs, units, "static", **kw)  # type: ignore[arg-type]
-    balanced = simulate(costs, units, "balanced", **kw)  # type: ignore[arg-type]
+    def run(strategy: Strategy) -> SimResult:
+        return simulate(costs, units, strategy, rounds=rounds, noise=noise, seed=seed,
+                        smoothing=smoothing, hysteresis=hysteresis)
+
+    static, balanced = run("static"), run("balanced")
     return {
         "costs": dict(costs),
         "units": units,

@@ -86,6 +86,8 @@ class RunMetricsStore:
             for row in req.rows:
                 fields = {"p": row.policy_id, "r": row.round, "t": row.unix_ms or now,
                           "v": json.dumps(dict(row.values), separators=(",", ":"))}
+                # redis-py's stub wants dict[FieldT, EncodableT] and refuses a dict of
+                # str -> str | int by invariance; the values are ones it encodes.
                 pipe.xadd(key, fields, maxlen=ret.max_stream_len,  # type: ignore[arg-type]
                           approximate=True)
             pipe.expire(key, ret.ttl_seconds)

@@ -24,4 +24,4 @@ class RunMetricsServicer(mpb_grpc.RunMetricsServicer):
 
 
 def add_to_server(servicer: RunMetricsServicer, server: grpc.aio.Server) -> None:
-    mpb_grpc.add_RunMetricsServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    mpb_grpc.add_RunMetricsServicer_to_server(servicer, server)

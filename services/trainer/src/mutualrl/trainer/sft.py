@@ -210,7 +210,9 @@ def run_sft(cfg: SFTConfig) -> Path:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     src = ensure_preset(cfg.preset, cfg.cache_dir, cfg.seed) if cfg.preset else cfg.model_path
-    model, tok = load_policy(src, cfg.dtype, cfg.device)  # type: ignore[arg-type]
+    if src is None:
+        raise ValueError("sft needs `preset` or `model_path`")
+    model, tok = load_policy(src, cfg.dtype, cfg.device)
     model.train()
     data = _Data(cfg, tok)
     eval_task = Task(cfg.task)

@@ -36,9 +36,9 @@ from mutualrl.see.dashboard.models import (
     TransferWindowOut,
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
+from mutualrl.see.keys import kind_name
 from mutualrl.see.runmetrics import RunMetricsStore
 from mutualrl.see.store import SeeStore
-from mutualrl.see.validate import KIND_NAMES
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -108,7 +108,7 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                                 first_round=span[0] if span else None,
                                 last_round=span[1] if span else None, transfers=[], matrix={})
         for (taker, source, kind), n in sorted(counts.items()):
-            name = KIND_NAMES.get(kind, str(kind))
+            name = kind_name(kind)
             out.transfers.append(TransferOut(taker_policy=taker, source_policy=source,
                                              kind=name, count=n))
             out.matrix.setdefault(name, {}).setdefault(taker, {})[source] = n
@@ -124,7 +124,7 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
     ) -> AlignmentOut:
         _, rec = await store.get_record(run_id, record_id)
         run = await store.get_run(run_id)
-        kind = KIND_NAMES.get(rec.kind, str(rec.kind))
+        kind = kind_name(rec.kind)
         others = [p for p in run.config.policies if p != rec.policy_id]
         sender = SenderOut(policy_id=rec.policy_id, tokenizer_id=rec.tokenizer_id, tokens=[],
                            source="record", error=None)

@@ -1,4 +1,4 @@
-"""SEE's REST layer asking THL for token boundaries (SEE owns no tokenizer: DESIGN.md).
+"""SEE's REST layer asking THL for token boundaries (SEE owns no tokenizer: docs/design.md).
 
 The record browser shows a record's text under every receiver's tokenizer with THL's chunks.
 THL holds the tokenizers, so the REST route calls THL's gRPC `AlignTrace` / `Retokenize` at
@@ -44,7 +44,7 @@ class ThlLink:
             raise ThlError(NOT_CONFIGURED)
         channel = aio_channel(self._opts)
         try:
-            stub: Any = apb_grpc.AlignmentStub(channel)  # type: ignore[no-untyped-call]
+            stub: Any = apb_grpc.AlignmentStub(channel)
             yield ThlSession(stub, self._opts, self.address)
         finally:
             await channel.close()

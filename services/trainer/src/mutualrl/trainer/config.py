@@ -52,11 +52,6 @@ class GRPOSettings(Config):
     `sequence_mean` (mean per sequence, then over sequences) or `constant_length` (sum over
     sequences x max_new_tokens). The paper names `dapo`, `grpo` and `dr_grpo` are accepted
     for them."""
-    @field_validator("aggregation", mode="before")
-    @classmethod
-    def _paper_names(cls, value: object) -> object:
-        return aggregation_mode(value) if isinstance(value, str) else value
-
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
     grad_clip: float = Field(1.0, gt=0)
@@ -69,6 +64,11 @@ class GRPOSettings(Config):
     """True: rho = pi_theta / pi_behaviour with the sampler's log-probs (shows sampler-trainer
     mismatch, e.g. SGLang on GPU). False: rho against the pre-step policy (detached), which is
     exact for one optimizer step per round and saves nothing but noise."""
+
+    @field_validator("aggregation", mode="before")
+    @classmethod
+    def _paper_names(cls, value: object) -> object:
+        return aggregation_mode(value) if isinstance(value, str) else value
 
 
 class ProbeSettings(Config):

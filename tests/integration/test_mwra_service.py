@@ -216,25 +216,62 @@ async def test_bad_input_is_rejected_naming_the_field_and_server_keeps_serving(
         assert [p.policy_id for p in table.policies] == ["p"] and table.policies[0].reports == 0
 
 
+async def test_cpu_pool_shorter_than_policies_is_shared_every_round(redis_url: str,
+                                                                    run_id: str) -> None:
+    """The default for CPU units: three policies on two threads all train every round with a
+    thread each (nobody waits for a turn)."""
+    srv = await start_mwra(_cfg(redis_url, strategy="balanced"))
+    try:
+        async with _client(srv) as c:
+            await c.register_worker(run_id, "w", cpu_slots=2)
+            ids = ["p0", "p1", "p2"]
+            for pid in ids:
+                await c.register_policy(run_id, pid, rollout_budget=8)
+            for r in range(3):
+                allocs = [await c.get_allocation(run_id, p, r) for p in ids]
+                assert all(a.active and a.strategy == "shared" for a in allocs)
+                assert [(a.threads, a.units, a.rollout_budget) for a in allocs] == [(1, 1, 8)] * 3
+                assert all(list(a.worker_ids) == ["w"] for a in allocs)
+            table = await c.list_allocations(run_id)
+            assert table.strategy == "shared" and table.idle_units == 0
+    finally:
+        await srv.stop(0)
+
+
 async def test_time_share_when_fewer_units_than_policies(redis_url: str, run_id: str) -> None:
-    srv = await start_mwra(_cfg(redis_url, strategy="static"))
+    """Five policies on two units taking turns *within* each round: a turn is active until its
+    policies report the round, then the next turn; the next round waits for the last turn.
+    Every policy trains every round, and who goes first rotates."""
+    srv = await start_mwra(_cfg(redis_url, strategy="static", short_pool="time-share"))
     try:
         async with _client(srv) as c:
             await c.register_worker(run_id, "w", cpu_slots=2)
             ids = ["p0", "p1", "p2", "p3", "p4"]
             for pid in ids:
                 await c.register_policy(run_id, pid, rollout_budget=8)
-            turns = dict.fromkeys(ids, 0)
-            for r in range(5):
-                allocs = [await c.get_allocation(run_id, p, r) for p in ids]
-                active = [a.policy_id for a in allocs if a.active]
-                assert len(active) == 2 and all(a.strategy == "time-share" for a in allocs)
-                assert sum(a.units for a in allocs) == 2
-                for a in allocs:
-                    assert a.rollout_budget == (8 if a.active else 0)
-                    assert a.threads == (1 if a.active else 0)
-                    turns[a.policy_id] += a.active
-            assert turns == {"p0": 2, "p1": 2, "p2": 2, "p3": 2, "p4": 2}
+            firsts = []
+            for r in range(3):
+                trained: list[str] = []
+                for turn in range(3):
+                    allocs = [await c.get_allocation(run_id, p, r) for p in ids]
+                    active = [a.policy_id for a in allocs if a.active]
+                    assert active and len(active) <= 2, (r, turn, active)
+                    assert all(a.strategy == "time-share" for a in allocs)
+                    assert sum(a.units for a in allocs) == 2
+                    for a in allocs:
+                        assert a.rollout_budget == (8 if a.active else 0)
+                        assert a.threads == (a.units if a.active else 0)
+                    if turn == 0:
+                        firsts.append(active)
+                        # a policy done with round r asking for r + 1 waits: turns remain
+                        ahead = await c.get_allocation(run_id, active[0], r + 1)
+                        assert not ahead.active and ahead.round == r
+                    assert not set(active) & set(trained)
+                    for pid in active:
+                        await c.report_step_cost(run_id, pid, r, 0.5, units=1)
+                    trained += active
+                assert sorted(trained) == ids, (r, trained)
+            assert firsts == [["p0", "p1"], ["p2", "p3"], ["p0", "p4"]]
     finally:
         await srv.stop(0)
 

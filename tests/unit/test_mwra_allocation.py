@@ -20,8 +20,11 @@ from mutualrl.mwra.allocation import (
     idle_fraction,
     makespan,
     min_makespan,
+    next_turn_plan,
     place,
     plan_round,
+    round_done,
+    round_turns,
     static_shares,
     turn,
 )
@@ -297,3 +300,95 @@ def test_cluster_mode_threads_and_rollout_addresses() -> None:
     assert plan.placement == {"a": {"g0": 4, "g1": 2}, "b": {"g1": 2}}
     assert plan.threads == {"a": 32 + 16, "b": 16}
     assert plan.rollout == {"g1": "10.0.0.2:30000"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(n_policies=st.integers(min_value=2, max_value=9), data=st.data())
+def test_short_cpu_pool_is_shared_by_every_policy_every_round(n_policies: int,
+                                                              data: st.DataObject) -> None:
+    """`share`: with fewer units than policies nobody sits a round out; each policy holds its
+    minimum on one live worker, spread over workers in proportion to their units."""
+    sizes = data.draw(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3))
+    total = sum(sizes)
+    if total >= n_policies:
+        sizes, total = [1] * (n_policies - 1), n_policies - 1
+    workers = [PoolWorker(f"w{i}", u, cpu_slots=u) for i, u in enumerate(sizes)]
+    ids = _ids(n_policies)
+    pols = [PolicySpec(p, cost=1.0 + i) for i, p in enumerate(ids)]
+    plan: PoolAssignment | None = None
+    for k in range(3):
+        plan = plan_round(plan, pols, workers, Settings(short_pool="share"), k)
+        assert plan.strategy == "shared" and plan.active == sorted(ids)
+        assert plan.units == dict.fromkeys(ids, 1) and plan.idle_units == 0
+        assert all(plan.threads[p] == 1 for p in ids)
+        load = {w.worker_id: 0 for w in workers}
+        for p in ids:
+            (wid, u), = plan.placement[p].items()
+            load[wid] += u
+        # every worker carries about its share of the policies (within one)
+        for w in workers:
+            assert abs(load[w.worker_id] - n_policies * w.units / total) <= 1.0
+    assert plan is not None and plan.epoch == 1  # a stable pool never moves anything
+
+
+def test_share_hands_back_to_balanced_when_the_pool_grows() -> None:
+    pols = [PolicySpec(p, cost=c) for p, c in (("a", 1.0), ("b", 1.0), ("c", 2.0))]
+    small, big = [PoolWorker("w", 2, 2)], [PoolWorker("w", 2, 2), PoolWorker("v", 6, 6)]
+    plan = plan_round(None, pols, small, Settings(short_pool="share"), 0)
+    assert plan.strategy == "shared"
+    plan = plan_round(plan, pols, big, Settings(short_pool="share"), 1)
+    assert plan.strategy == "balanced" and sum(plan.units.values()) == 8
+    assert plan.units["c"] > plan.units["a"]
+    # An explicit time-share strategy is never turned into sharing.
+    ts = plan_round(None, pols, small, Settings(strategy="time-share", short_pool="share"), 0)
+    assert ts.strategy == "time-share" and len(ts.active) == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(mins=st.lists(st.integers(min_value=1, max_value=4), min_size=2, max_size=7),
+       total=st.integers(min_value=1, max_value=4), data=st.data())
+def test_time_share_turns_cover_every_policy_once_per_round(mins: list[int], total: int,
+                                                            data: st.DataObject) -> None:
+    """Within a round the turns visit every live policy exactly once, each turn within the
+    pool; the round is done (a new one may be planned) only after the last turn reported."""
+    ids = _ids(len(mins))
+    pols = [PolicySpec(p, min_units=m, cost=1.0 + i) for i, (p, m) in enumerate(zip(ids, mins,
+                                                                                  strict=True))]
+    workers = [PoolWorker("w", total, cpu_slots=total)]
+    cursor = data.draw(st.sampled_from([None, *ids]))
+    turns, _ = round_turns(ids, dict(zip(ids, mins, strict=True)), total, cursor)
+    assert sorted(p for t in turns for p in t) == ids
+    plan: PoolAssignment | None = plan_round(None, pols, workers,
+                                             Settings(strategy="time-share"), 7)
+    assert plan is not None
+    reported: dict[str, int] = {}
+    seen: list[str] = []
+    while plan is not None:
+        assert sum(plan.units.values()) == total and plan.round == 7
+        assert all(plan.units[p] >= 1 for p in plan.active)
+        assert not set(plan.active) & set(seen)
+        assert not round_done(plan, reported, ids)
+        assert next_turn_plan(plan, pols, workers, reported) is None  # turn still training
+        seen += plan.active
+        reported.update(dict.fromkeys(plan.active, 7))
+        plan = next_turn_plan(plan, pols, workers, reported) or None
+        if plan is None:
+            break
+    assert sorted(seen) == ids
+
+
+def test_time_share_skips_gone_policies_and_other_plans_are_always_done() -> None:
+    ids = ["a", "b", "c"]
+    pols = [PolicySpec(p) for p in ids]
+    workers = [PoolWorker("w", 1, 1)]
+    plan = plan_round(None, pols, workers, Settings(strategy="time-share"), 0)
+    assert plan.turns == [["a"], ["b"], ["c"]] and plan.active == ["a"]
+    # b left the run: after a's report the pool goes to c; the round is done without b.
+    nxt = next_turn_plan(plan, [pols[0], pols[2]], workers, {"a": 0})
+    assert nxt is not None and nxt.active == ["c"] and nxt.turn == 2
+    assert nxt.epoch == plan.epoch + 1 and nxt.units == {"a": 0, "b": 0, "c": 1}
+    assert not round_done(nxt, {"a": 0}, ["a", "c"])
+    assert round_done(nxt, {"a": 0, "c": 0}, ["a", "c"])
+    assert next_turn_plan(nxt, pols, workers, {"a": 0, "c": 0}) is None  # last turn
+    shared = plan_round(None, pols, workers, Settings(short_pool="share"), 0)
+    assert round_done(shared, {}, ids) and next_turn_plan(shared, pols, workers, {}) is None

@@ -26,12 +26,25 @@ Policies (``Settings.strategy``)
                over (they cannot lower T*) go by largest remainder of q_i. Hysteresis keeps the
                previous split while ``T(previous) <= (1 + h) T*`` so noise does not thrash it.
 ``time-share`` when the pool cannot give every policy its minimum (N < sum m_i, e.g. fewer units
-               than policies), policies take turns: the policy ids in sorted order form a ring,
-               each round takes the next policies of the ring whose minimums fit (at most
-               ``turn_policies`` of them), the active ones divide the pool (by cost, as in
-               ``balanced``), the others sit the round out; the cursor moves past the last
-               policy taken, so every policy gets a turn within ceil(P / A) rounds for A active
-               per round. ``static``/``balanced`` fall back to it when the pool is too small.
+               than policies), policies take turns *within* each round: the policy ids in
+               sorted order form a ring; from the round's cursor, the ring is cut into turns,
+               each the next policies whose minimums fit (at most ``turn_policies`` of them);
+               the active turn divides the pool (by cost, as in ``balanced``). When every
+               policy of the turn has reported its step of the round, the next turn becomes
+               active (``next_turn_plan``); the next round's plan is made only after the last
+               turn (``round_done``). So a round costs the sum of its turns, and every policy
+               trains every round. The cursor moves by one turn per round, so each policy goes
+               first within ceil(P / A) rounds for A policies per turn. ``static`` and
+               ``balanced`` fall back to it when the pool is too small and
+               ``Settings.short_pool`` is ``time-share``.
+``shared``     the other fallback for a pool too small (``short_pool="share"``, what MWRA uses
+               for CPU units): every policy stays active with its minimum (at least one
+               thread), placed on the workers in proportion to their units, so the units are
+               over-committed and the operating system time-slices the threads. For CPU threads
+               this is the cheap way to share: N single-threaded trainers on fewer cores take
+               about sum_i c_i / N_units a round, never more than running their steps one
+               after another (what turns cost), and every policy sees every peer's experience
+               of the round (under turns, earlier turns cannot see later ones').
 
 Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
 ``plan_round`` is called only when a policy asks for a later round (between rounds).
@@ -40,6 +53,7 @@ Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy ask
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -48,6 +62,7 @@ from typing import Literal
 
 Strategy = Literal["static", "balanced", "time-share"]
 STRATEGIES: tuple[str, ...] = ("static", "balanced", "time-share")
+ShortPool = Literal["time-share", "share"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,10 @@ class Settings:
     """`balanced` keeps the previous split unless the optimum is this much (relative) faster."""
     turn_policies: int | None = None
     """`time-share`: most policies active in one round (None: as many as fit)."""
+    short_pool: ShortPool = "time-share"
+    """What `static` / `balanced` do when the pool cannot give every policy its minimum:
+    take turns (`time-share`, for exclusive units such as GPUs) or over-commit the units
+    (`share`, for CPU threads; see `shared_units`)."""
 
 
 @dataclass
@@ -93,7 +112,8 @@ class PoolAssignment:
     round: int
     epoch: int
     strategy: str
-    """The rule that produced it: `static`, `balanced` or `time-share` (after any fallback)."""
+    """The rule that produced it: `static`, `balanced`, `time-share` or `shared` (after any
+    fallback)."""
     units: dict[str, int]
     """Units per policy of the plan (0 for a policy that sits the round out)."""
     placement: dict[str, dict[str, int]]
@@ -114,10 +134,14 @@ class PoolAssignment:
     equal to the units in CPU mode; 0 for a policy that sits the round out)."""
     rollout: dict[str, str] = field(default_factory=dict)
     """Rollout server address of each placed worker that has one."""
+    turns: list[list[str]] = field(default_factory=list)
+    """time-share: the round's turns in order (every live policy in exactly one)."""
+    turn: int = 0
+    """time-share: index of the active turn in `turns`."""
 
     @property
     def idle_units(self) -> int:
-        return self.pool_units - sum(self.units.values())
+        return max(self.pool_units - sum(self.units.values()), 0)
 
     @property
     def empty(self) -> bool:
@@ -270,6 +294,69 @@ def turn(policies: Sequence[str], minimums: Mapping[str, int], total: int,
     return sorted(active), nxt
 
 
+def round_turns(policies: Sequence[str], minimums: Mapping[str, int], total: int,
+                cursor: str | None, max_active: int | None = None
+                ) -> tuple[list[list[str]], str | None]:
+    """A round of the time-share ring cut into turns (every policy in exactly one), starting
+    at `cursor`; the next round's cursor is where the round's second turn starts, so the first
+    turn rotates by one turn per round."""
+    ring = sorted(policies)
+    turns: list[list[str]] = []
+    left, at, nxt = list(ring), cursor, None
+    while left:
+        active, after = turn(left, minimums, total, at, max_active)
+        turns.append(active)
+        nxt = after if nxt is None else nxt
+        taken = set(active)
+        # The cursor is the first id after the turn on the full ring that is still waiting.
+        left = [p for p in left if p not in taken]
+        at = after
+    return turns, nxt
+
+
+def round_done(plan: PoolAssignment, reported: Mapping[str, int], live: Sequence[str]) -> bool:
+    """Has every live policy of the plan's round trained it (reported a step of that round)?
+    Only time-share holds a new round back: other plans are always done."""
+    if plan.strategy != "time-share" or not plan.turns:
+        return True
+    return all(reported.get(p, -1) >= plan.round for t in plan.turns for p in t if p in live)
+
+
+def next_turn_plan(plan: PoolAssignment, policies: Sequence[PolicySpec],
+                   workers: Sequence[PoolWorker],
+                   reported: Mapping[str, int]) -> PoolAssignment | None:
+    """time-share: once every live policy of the active turn has reported `plan.round`, the plan
+    of the round's next turn with live policies (same round, next epoch); None otherwise."""
+    if plan.strategy != "time-share" or not plan.turns:
+        return None
+    live = {p.policy_id for p in policies}
+    if any(reported.get(p, -1) < plan.round for p in plan.active if p in live):
+        return None
+    idx = plan.turn + 1
+    while idx < len(plan.turns) and not any(p in live for p in plan.turns[idx]):
+        idx += 1
+    pool = [w for w in sorted(workers, key=lambda w: w.worker_id) if w.units > 0]
+    total = sum(w.units for w in pool)
+    if idx >= len(plan.turns) or total == 0:
+        return None
+    pols = sorted((p for p in policies if p.policy_id in plan.turns[idx]),
+                  key=lambda p: p.policy_id)
+    costs = effective_costs(sorted(policies, key=lambda p: p.policy_id))
+    mins = _clamped_minimums({p.policy_id: p.min_units for p in pols}, total)
+    active = [p.policy_id for p in pols]
+    shares = balanced_shares({p: costs[p] for p in active}, total, mins)
+    units = {p: shares.get(p, 0) for p in plan.policies}
+    placement = place(units, pool, plan.placement)
+    nxt = PoolAssignment(round=plan.round, epoch=plan.epoch, strategy=plan.strategy, units=units,
+               placement=placement, active=sorted(active), pool_units=total,
+               workers=[w.worker_id for w in pool], policies=plan.policies,
+               next_turn=plan.next_turn, costs=costs, threads=_threads(placement, pool),
+               rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
+                        and any(w.worker_id in ws for ws in placement.values())},
+               turns=plan.turns, turn=idx)
+    return _bump(plan, nxt)
+
+
 def place(units: Mapping[str, int], workers: Sequence[PoolWorker],
           previous: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, int]]:
     """Map unit counts onto workers, keeping what each policy held before where possible.
@@ -302,6 +389,23 @@ def place(units: Mapping[str, int], workers: Sequence[PoolWorker],
     return {p: dict(sorted(ws.items())) for p, ws in placement.items()}
 
 
+def shared_placement(units: Mapping[str, int],
+                     workers: Sequence[PoolWorker]) -> dict[str, dict[str, int]]:
+    """`shared`: every policy's units on one worker each, workers filled in proportion to
+    their units (policy j of P, in id order, goes to the worker covering position
+    (j + 1/2) N / P of the pool's N units), so over-commitment is spread evenly."""
+    ids = sorted(units)
+    pool = sorted(workers, key=lambda w: w.worker_id)
+    total = sum(w.units for w in pool)
+    bounds = list(itertools.accumulate(w.units for w in pool))
+    placement: dict[str, dict[str, int]] = {}
+    for j, pid in enumerate(ids):
+        pos = (j + 0.5) * total / len(ids)
+        w = pool[min(bisect.bisect_right(bounds, pos), len(pool) - 1)]
+        placement[pid] = {w.worker_id: min(units[pid], w.units)}
+    return placement
+
+
 def effective_costs(policies: Sequence[PolicySpec]) -> dict[str, float]:
     """Costs to plan with: measured ones, and for policies that never reported the mean of the
     measured ones (all equal when nobody reported yet, so `balanced` starts as an equal split)."""
@@ -332,10 +436,23 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
         return _bump(previous, plan)
     mins = _clamped_minimums({p.policy_id: p.min_units for p in pols}, total)
     strategy: str = settings.strategy
+    if (strategy != "time-share" and sum(mins.values()) > total
+            and settings.short_pool == "share"):
+        units = {p: mins[p] for p in ids}
+        placement = shared_placement(units, pool)
+        plan = PoolAssignment(round=round_, epoch=prev_epoch, strategy="shared", units=units,
+                    placement=placement, active=list(ids), pool_units=total,
+                    workers=[w.worker_id for w in pool], policies=ids, next_turn=cursor,
+                    costs=costs, threads=_threads(placement, pool),
+                    rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
+                             and any(w.worker_id in ws for ws in placement.values())})
+        return _bump(previous, plan)
+    turns: list[list[str]] = []
     if strategy == "time-share" or sum(mins.values()) > total:
         strategy = "time-share"
         max_active = settings.turn_policies if settings.strategy == "time-share" else None
-        active, cursor = turn(ids, mins, total, cursor, max_active)
+        turns, cursor = round_turns(ids, mins, total, cursor, max_active)
+        active = turns[0]
     else:
         active = ids
     act_costs = {p: costs[p] for p in active}
@@ -354,7 +471,8 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
                 workers=[w.worker_id for w in pool], policies=ids, next_turn=cursor, costs=costs,
                 threads=_threads(placement, pool),
                 rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
-                         and any(w.worker_id in ws for ws in placement.values())})
+                         and any(w.worker_id in ws for ws in placement.values())},
+                turns=turns)
     return _bump(previous, plan)
 
 

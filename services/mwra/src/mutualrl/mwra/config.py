@@ -49,6 +49,13 @@ class MwraConfig(ServiceConfig):
     hysteresis: float = Field(default=0.1, ge=0)
     """`balanced` keeps the current split unless the optimal makespan is at least this much
     (relative) shorter: 0.1 = move only for a >= 10% gain, so noisy costs do not thrash it."""
+    short_pool: Literal["auto", "share", "time-share"] = "auto"
+    """When the pool has fewer units than the live policies need (`static`, `balanced`):
+    `share` keeps every policy active with its minimum and over-commits the units (the OS
+    time-slices CPU threads: N trainers cost about the sum of their steps over the cores, never
+    more than one after another); `time-share` makes policies take turns within each round
+    (exclusive units such as GPUs: a round costs the turns' steps one after another); `auto`:
+    share CPU units, turn over GPUs."""
     turn_policies: int | None = Field(default=None, ge=1)
     """`time-share`: most policies active in one round (None: as many as the pool fits;
     1: each round one policy holds the whole pool)."""

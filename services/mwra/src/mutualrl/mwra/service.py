@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import re
@@ -29,7 +30,15 @@ import grpc
 from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument, NotFound, grpc_errors
 from mutualrl.common.redis_errors import redis_errors
-from mutualrl.mwra.allocation import PolicySpec, PoolAssignment, PoolWorker, Settings, plan_round
+from mutualrl.mwra.allocation import (
+    PolicySpec,
+    PoolAssignment,
+    PoolWorker,
+    Settings,
+    next_turn_plan,
+    plan_round,
+    round_done,
+)
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.metrics import ALLOCATED, COST, IDLE, LEADER, LOST, POOL, REBALANCES, forget_run
 from mutualrl.mwra.store import MwraStore, PolicyRecord, RunState, WorkerRecord, now_ms
@@ -159,20 +168,28 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             LOST.labels(run_id).inc()
             log.warning("run %s: worker %s lost (lease lapsed)", run_id, wid)
         want = await self.store.wanted_round(run_id)
+        if state.plan is not None and state.plan.strategy == "time-share":
+            await self._next_turn(run_id)  # a report a follower took may end a turn
         if want >= 0 and (state.plan is None or want > state.plan.round):
             await self._rebalance(run_id, want)  # a follower was asked for a new round
         elif state.plan is not None:
             self._export(run_id, state.plan, state)
 
     # planning ----------------------------------------------------------------------------
-    def _pool(self, state: RunState, now: int) -> list[PoolWorker]:
+    def _pool(self, state: RunState, now: int) -> tuple[list[PoolWorker], Settings]:
+        """The live pool in the run's unit, and the settings to plan it with (a short pool is
+        shared when its units are CPU threads, turned over when they are GPUs)."""
         live = [w for w in state.workers.values() if state.leases.get(w.worker_id, 0) > now]
         unit = self.cfg.unit
         if unit == "auto":
             unit = "gpu" if any(w.gpu_count > 0 for w in live) else "cpu"
-        return [PoolWorker(w.worker_id, w.gpu_count if unit == "gpu" else w.cpu_slots,
+        short = self.cfg.short_pool
+        if short == "auto":
+            short = "share" if unit == "cpu" else "time-share"
+        pool = [PoolWorker(w.worker_id, w.gpu_count if unit == "gpu" else w.cpu_slots,
                            cpu_slots=w.cpu_slots, rollout_address=w.rollout_address)
                 for w in live]
+        return pool, dataclasses.replace(self.settings, short_pool=short)
 
     def _live_policies(self, state: RunState, now: int) -> list[PolicySpec]:
         horizon = now - int(self.cfg.policy_lease_seconds * 1000)
@@ -186,6 +203,10 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                                   cost=cost.smoothed if cost else None))
         return out
 
+    @staticmethod
+    def _reported(state: RunState) -> dict[str, int]:
+        return {pid: c.last_round for pid, c in state.costs.items()}
+
     async def _rebalance(self, run_id: str, round_: int) -> PoolAssignment | None:
         """Make the plan for `round_` (leader only); returns the plan in force afterwards."""
         async with self._lock(run_id):
@@ -195,8 +216,11 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                                                              and not plan.empty)):
                 return plan  # someone made it meanwhile; a round's plan is fixed once made
             now = now_ms()
-            new = plan_round(plan, self._live_policies(state, now), self._pool(state, now),
-                             self.settings, round_)
+            live = [p.policy_id for p in self._live_policies(state, now)]
+            if plan is not None and not round_done(plan, self._reported(state), live):
+                return plan  # time-share: later turns of the current round still train
+            pool, settings = self._pool(state, now)
+            new = plan_round(plan, self._live_policies(state, now), pool, settings, round_)
             version = await self.store.commit_plan(run_id, self.replica, state.version, new)
             if version < 0:  # lost the lock or raced: what is in Redis is the truth
                 self._leading.pop(run_id, None)
@@ -208,6 +232,29 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                          new.strategy, new.units)
             self._export(run_id, new, state)
             return new
+
+    async def _next_turn(self, run_id: str) -> None:
+        """time-share: hand the pool to the round's next turn once the active turn reported
+        the round (leader only; followers' reports are picked up by the leader's tick)."""
+        if not (self.is_leader(run_id) or await self._lead(run_id)):
+            return
+        async with self._lock(run_id):
+            state = await self.store.load(run_id)
+            if state.plan is None:
+                return
+            now = now_ms()
+            pool, _ = self._pool(state, now)
+            new = next_turn_plan(state.plan, self._live_policies(state, now), pool,
+                                 self._reported(state))
+            if new is None:
+                return
+            if await self.store.commit_plan(run_id, self.replica, state.version, new) < 0:
+                self._leading.pop(run_id, None)
+                return
+            REBALANCES.labels(run_id).inc()
+            log.info("run %s round %d turn %d (time-share): %s", run_id, new.round, new.turn,
+                     new.active)
+            self._export(run_id, new, state)
 
     def _export(self, run_id: str, plan: PoolAssignment, state: RunState) -> None:
         for pid in state.policies:
@@ -391,6 +438,9 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         await self.store.record_cost(run, pid, round_=request.round, seconds=seconds,
                                      tokens=request.tokens, samples=request.samples,
                                      units=request.units, alpha=self.cfg.smoothing)
+        plan, _ = await self.store.load_plan(run)
+        if plan is not None and plan.strategy == "time-share" and pid in plan.active:
+            await self._next_turn(run)
         state = await self.store.load(run)
         cost = state.costs[pid].smoothed
         if cost is not None:
@@ -411,7 +461,11 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         rec = state.policies.get(pid)
         if rec is None:
             raise NotFound("policy_id", f"policy {pid!r} was deregistered")
-        return self._allocation(run, pid, plan, rec.rollout_budget)
+        alloc = self._allocation(run, pid, plan, rec.rollout_budget)
+        if plan is not None and plan.strategy == "time-share" and plan.round < request.round:
+            # Turns of an earlier round still train: this round's turn has not come yet.
+            alloc.active, alloc.rollout_budget, alloc.threads = False, 0, 0
+        return alloc
 
     @grpc_errors
     @redis_errors
@@ -452,7 +506,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             table.policies.append(self._policy_info(run, state, pid, now))
             table.allocations.append(self._allocation(run, pid, plan,
                                                       state.policies[pid].rollout_budget))
-        pool = {w.worker_id: w.units for w in self._pool(state, now)}
+        pool = {w.worker_id: w.units for w in self._pool(state, now)[0]}
         for wid in sorted(state.workers):
             rec = state.workers[wid]
             held = {p: ws[wid] for p, ws in (plan.placement if plan else {}).items() if wid in ws}

@@ -1,9 +1,10 @@
-"""Two trainers of different families and tokenizers share experience through real SEE, THL and
+"""Trainers of different families and tokenizers share experience through real SEE, THL and
 MWRA servers (in-process, port 0, real Redis with a private key prefix) for each probe.
 
 Policy A (GPT-2, byte BPE) is warm-started on `add`, policy B (Llama, characters) on `rev`, so
 each fails the other's skill: SGT must rescue prompts both ways, XGRPO must pool both groups'
-statistics, PRP must pool the other's rollouts through THL alignment.
+statistics, PRP must pool the other's rollouts through THL alignment. Policy C (Qwen2, Unigram)
+joins them on `add` for the three-policy runs, on a pool of two CPU units.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 TASK = {"skills": ["add", "rev"], "digits": {"add": 1, "rev": 2}, "heldout_per_skill": 8}
 # A merges across digits (byte-level BPE, no pre-split), B is character level: their token
 # boundaries differ, so PRP goes through real THL chunks.
-WARM = {"A": ("gpt2-bpe-nosplit", "add"), "B": ("llama-char", "rev")}
+WARM = {"A": ("gpt2-bpe-nosplit", "add"), "B": ("llama-char", "rev"),
+        "C": ("qwen2-unigram", "add")}
 ROUNDS = 4
 
 
@@ -38,7 +40,7 @@ def warm_policies(request: pytest.FixtureRequest,
     from mutualrl.trainer.sft import SFTConfig, run_sft
 
     pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v2")) if pytest_cache is not None
+    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v3")) if pytest_cache is not None
              else tmp_path_factory.mktemp("warm"))
     out: dict[str, Path] = {}
     for name, (preset, strong) in WARM.items():
@@ -109,7 +111,7 @@ def services() -> Iterator[_Services]:
 
 
 def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], out: Path,
-            run_id: str) -> Any:
+            run_id: str, names: tuple[str, ...] = ("A", "B"), **extra: Any) -> Any:
     from mutualrl.trainer.config import TrainerConfig
 
     return TrainerConfig.model_validate({
@@ -120,12 +122,14 @@ def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], o
         "metrics": {"tensorboard": True, "progress": False},
         "services": {"see": services.see, "thl": services.thl, "mwra": services.mwra},
         "policies": [{"name": n, "preset": WARM[n][0], "sft_checkpoint": str(warm[n])}
-                     for n in ("A", "B")],
+                     for n in names],
+        **extra,
     })
 
 
 def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
-              tmp: Path) -> tuple[Any, dict[str, list[dict[str, float]]]]:
+              tmp: Path, names: tuple[str, ...] = ("A", "B"), slots: int = 2,
+              **extra: Any) -> tuple[Any, dict[str, list[dict[str, float]]]]:
     from mutualrl.client.mwra import MwraClient
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
@@ -135,10 +139,10 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
     services.run_ids.append(run_id)
     mwra = MwraClient(services.mwra)
-    mwra.register_local_worker(run_id, "e2e-worker", slots=2)
+    mwra.register_local_worker(run_id, "e2e-worker", slots=slots)
     keep = mwra.keepalive(run_id, "e2e-worker", 2.0)
-    cfg = _config(services, warm, probe, tmp, run_id)
-    sessions = [build_session(cfg, n, cache_dir=tmp / "presets") for n in ("A", "B")]
+    cfg = _config(services, warm, probe, tmp, run_id, names, **extra)
+    sessions = [build_session(cfg, n, cache_dir=tmp / "presets") for n in names]
     errors: list[BaseException] = []
 
     def work(s: Any) -> None:
@@ -158,7 +162,7 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     mwra.close()
     assert not errors, errors
     rows: dict[str, list[dict[str, float]]] = {}
-    for n in ("A", "B"):
+    for n in names:
         d = cfg.run_dir(n)
         rows[n] = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rows[n]] == list(range(ROUNDS))
@@ -218,6 +222,73 @@ def test_prp_pools_peer_rollouts_through_thl(services: _Services,
     assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
 
 
+def test_sgt_controls_train_on_own_successes_and_reference_answers(
+        services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
+    """sgt-self and oracle read what SGT reads (the prompts it would rescue) and train on
+    other demonstrations: B's own earlier successes, and the task's reference answers."""
+    for kind in ("sgt-self", "oracle"):
+        _, rows = _run_pair(services, warm_policies, {"kind": kind, "sgt_lambda": 0.5},
+                            tmp_path / kind)
+        for n in ("A", "B"):
+            assert sum(r["rescued_prompts"] for r in rows[n]) > 0, (kind, n)
+            # sgt-self has no own success before round 1; after that it has demonstrations.
+            assert any(r.get("loss_sgt", 0.0) > 0 for r in rows[n][1:]), (kind, n)
+        if kind == "sgt-self":
+            assert all("sgt_self_missing" in r for r in rows["A"] if r["rescued_prompts"])
+
+
+def test_three_policies_on_two_units_share_every_round(services: _Services,
+                                                       warm_policies: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """Three policies on a two-thread pool: MWRA shares it (nobody waits for a turn), SGT
+    rescues B's `add` from both A and C, and A's and C's `rev` from B; the stability-support
+    diagnostics are measured every round."""
+    from mutualrl.v1 import experience_pb2 as pb
+
+    stats, rows = _run_pair(services, warm_policies, {"kind": "sgt", "deadline_seconds": 5.0},
+                            tmp_path, names=("A", "B", "C"), slots=2,
+                            diagnostics={"support_every": 1, "kl_every": 1, "kl_samples": 8})
+    for n in ("A", "B", "C"):
+        assert all(r["threads"] == 1.0 for r in rows[n]), n
+        # No round waits for a turn nor for a peer's turn (before the fix: ~5 s a round).
+        assert max(r["step_s"] for r in rows[n][1:]) < 4.0, [r["step_s"] for r in rows[n]]
+        assert all(r["kl_warm"] >= 0.0 for r in rows[n])
+        assert any("support_logp" in r for r in rows[n])
+    moved = _transfers(stats, pb.VERIFIED_SUCCESS)
+    for taker, source in (("B", "A"), ("B", "C"), ("A", "B"), ("C", "B")):
+        assert moved.get((taker, source), 0) > 0, (taker, source, moved)
+    demos = {k for r in rows["B"] for k in r if k.startswith("rescue_demos/")}
+    assert {"rescue_demos/add/A", "rescue_demos/add/C"} <= demos, demos
+
+
+def test_three_policies_taking_turns_never_wait_out_the_deadline(
+        services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
+    """MWRA time-share (what GPUs get when they are fewer than the policies): turns within each
+    round, and each turn reads only the policies that trained before or with it, so no round
+    waits out the SGT deadline (it used to: ~5 s a round) and every policy trains every
+    round."""
+    from mutualrl.mwra.config import MwraConfig
+    from mutualrl.mwra.server import start_mwra
+
+    mwra = services.call(start_mwra(MwraConfig(
+        redis_url=REDIS_URL, port=0, metrics_port=None, auth_token=None, grace_seconds=0.2,
+        short_pool="time-share", tick_seconds=0.05)))
+    address, services.mwra = services.mwra, mwra.address
+    try:
+        _, rows = _run_pair(services, warm_policies, {"kind": "sgt", "deadline_seconds": 5.0},
+                            tmp_path, names=("A", "B", "C"), slots=2)
+    finally:
+        services.mwra = address
+        services.call(mwra.stop(0.2))
+    for n in ("A", "B", "C"):
+        # Every read found every policy it waited for (those of its turn and earlier ones):
+        # none ran into the deadline waiting for a policy whose turn had not come.
+        assert all(r["peers_complete"] == 1.0 for r in rows[n]), (n, rows[n])
+        assert all(r["fallback"] == 0.0 for r in rows[n]), n
+    # B (alone in some turns, after A and C in others) rescued prompts from its peers.
+    assert sum(r["rescued_prompts"] for r in rows["B"]) > 0
+
+
 def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     """A dead SEE, or a live one where the peer never publishes, costs at most the deadline
     and the round is plain GRPO (counted)."""
@@ -238,7 +309,7 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     live.client.create_run(run_id, ["A", "B"], 1.0, exist_ok=True)
     dead = PeerExchange(run_id, "A", "tok-A", "127.0.0.1:1", None, None, timeout=2.0)
     for ex in (live, dead):
-        for kind in ("xgrpo", "sgt", "prp"):
+        for kind in ("xgrpo", "sgt", "prp", "sgt-self", "oracle"):
             probe = make_probe(ProbeSettings(kind=kind, deadline_seconds=0.5), "A", ex)
             t0 = time.monotonic()
             plan = probe.plan(data)

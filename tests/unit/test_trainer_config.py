@@ -92,3 +92,36 @@ def test_aggregation_modes_accept_the_paper_names() -> None:
         assert GRPOSettings(aggregation=paper).aggregation == mode
     with pytest.raises(ValueError, match="aggregation"):
         GRPOSettings(aggregation="mean")
+
+
+def test_per_policy_objectives_override_grpo_and_probe() -> None:
+    cfg = TrainerConfig.model_validate({
+        "grpo": {"lr": 3e-4, "beta": 0.0}, "probe": {"kind": "sgt", "sgt_lambda": 0.5},
+        "policies": [
+            {"name": "A", "preset": "gpt2-bpe", "grpo": {"lr": 1e-4, "beta": 0.02},
+             "probe": {"kind": "prp", "prp_level": "chunk"}},
+            {"name": "B", "preset": "llama-char"}]})
+    a, b = cfg.for_policy("A"), cfg.for_policy("B")
+    assert (a.grpo.lr, a.grpo.beta, a.probe.kind, a.probe.prp_level) == (1e-4, 0.02, "prp",
+                                                                         "chunk")
+    assert a.probe.sgt_lambda == 0.5 and a.grpo.group_size == cfg.grpo.group_size
+    assert (b.grpo.lr, b.probe.kind) == (3e-4, "sgt") and b is cfg
+    assert cfg.grpo.lr == 3e-4  # the run's section is untouched
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"grpo": {"lr": -1.0}}, r"policies\[1\] \(B\)\.grpo: lr"),
+    ({"grpo": {"learning_rate": 1.0}}, r"policies\[1\] \(B\)\.grpo: learning_rate"),
+    ({"probe": {"kind": "magic"}}, r"policies\[1\] \(B\)\.probe: kind"),
+    ({"probe": {"tau": 0.5}}, r"policies\[1\]\.probe\.tau: tau is run-wide"),
+])
+def test_per_policy_overrides_are_validated(override: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        TrainerConfig.model_validate({"policies": [{"name": "A", "preset": "gpt2-bpe"},
+                                                   {"name": "B", "preset": "x", **override}]})
+
+
+def test_policy_names_are_unique() -> None:
+    with pytest.raises(ValidationError, match="unique"):
+        TrainerConfig.model_validate({"policies": [{"name": "A", "preset": "gpt2-bpe"},
+                                                   {"name": "A", "preset": "llama-char"}]})

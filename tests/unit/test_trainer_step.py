@@ -83,7 +83,7 @@ def test_step_changes_weights_and_lowers_loss() -> None:
 
 def test_probes_without_peers_are_grpo_exactly() -> None:
     base = loss_of(tiny_model())
-    for kind in ("xgrpo", "sgt", "prp"):
+    for kind in ("xgrpo", "sgt", "prp", "sgt-self", "oracle"):
         other = loss_of(tiny_model(), kind)
         assert torch.equal(other.total, base.total), kind
 

@@ -42,6 +42,10 @@ class RoundAllocation:
     rollout_budget: int
     units: int = 1
     epoch: int = 0
+    round_peers: list[str] | None = None
+    """time-share: the policies training this turn of the round (this one included); peers in
+    later turns cannot have published the round yet, so probes do not wait for them. None:
+    every policy trains the round together."""
 
 
 class AllocatorClient:
@@ -85,10 +89,14 @@ class AllocatorClient:
             if a.active or time.monotonic() > give_up:
                 break
             time.sleep(0.05)
+        peers = None
+        if a.strategy == "time-share" and a.active:
+            table = self.client.list_allocations(self.run_id)
+            peers = sorted({x.policy_id for x in table.allocations if x.active} | {self.policy})
         self.current = RoundAllocation(
             threads=max(int(a.threads), 1),
             rollout_budget=int(a.rollout_budget) or self.fixed.rollout_budget,
-            units=max(int(a.units), 1), epoch=int(a.epoch))
+            units=max(int(a.units), 1), epoch=int(a.epoch), round_peers=peers)
         return self.current
 
     def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
 from mutualrl.common.config import Config, Name, RunId, load_section
@@ -74,9 +74,13 @@ class GRPOSettings(Config):
 class ProbeSettings(Config):
     """Which sharing probe runs on top of GRPO, and its knobs."""
 
-    kind: Literal["none", "xgrpo", "sgt", "prp"] = "none"
+    kind: Literal["none", "xgrpo", "sgt", "prp", "sgt-self", "oracle"] = "none"
     """none: plain GRPO; xgrpo: pooled advantage baseline; sgt: success-gated transfer;
-    prp: peer rollout pooling with importance weights."""
+    prp: peer rollout pooling with importance weights. Two controls of SGT: sgt-self (the same
+    lambda and the same number of NLL demonstrations per round as SGT would use, drawn from this
+    policy's own verified successes of earlier rounds: SGT's supervision and compute without
+    peer information) and oracle (NLL on the task's reference answer for the prompts SGT would
+    rescue: the ceiling of a perfect peer)."""
     tau: float = 1.0
     """Success threshold: a sample is a success when reward >= tau (SGT's gate)."""
     sgt_lambda: float = Field(0.5, ge=0)
@@ -92,11 +96,31 @@ class ProbeSettings(Config):
     prp_cap: float = Field(1.0, gt=0)
     """c of the truncate mode."""
     prp_max_peer_per_prompt: int = Field(8, ge=1)
-    """At most this many peer rollouts join one prompt's group."""
+    """At most this many rollouts of each peer join one prompt's group (counted per peer: with
+    P peers up to P times this many)."""
     max_staleness_rounds: int = Field(1, ge=0)
     """Peer data older than this many rounds behind the current one is ignored."""
     deadline_seconds: float = Field(5.0, gt=0)
     """Longest a round waits for peer data; past it the round falls back to plain GRPO."""
+    sgt_self_rounds: int = Field(50, ge=1)
+    """sgt-self: own verified successes of this many most recent earlier rounds are the pool
+    its demonstrations are drawn from."""
+
+
+class DiagnosticsSettings(Config):
+    """Per-round measurements of the stability-support trade-off; they never change training
+    (no gradient, no randomness drawn), only add compute. 0 turns one off."""
+
+    support_every: int = Field(0, ge=0)
+    """Every N rounds: support, the mean per-token log-prob this policy assigns (before the
+    round's step) to peers' verified successes on prompts it failed this round (metrics
+    `support_logp`, `support_tokens`, `support_prompts`). Needs the services."""
+    kl_every: int = Field(0, ge=0)
+    """Every N rounds: stability, the per-token KL of the policy to its starting weights (the
+    warm start), exact over the vocabulary at the positions of this round's own samples
+    (metric `kl_warm`); loads a frozen copy of the starting weights."""
+    kl_samples: int = Field(32, ge=1)
+    """Own samples (the first ones of the round) the KL estimate uses."""
 
 
 class EvalSettings(Config):
@@ -170,6 +194,13 @@ class PolicySettings(Config):
     """Rollout backend: HF generate with a KV cache (CPU) or an SGLang server (GPU)."""
     threads: int = Field(1, ge=1)
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
+    grpo: dict[str, Any] = Field(default_factory=dict)
+    """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
+    replace the run's `trainer.grpo` values for this policy only."""
+    probe: dict[str, Any] = Field(default_factory=dict)
+    """This policy's own probe: `probe` fields (kind, sgt_lambda, prp_level, ...) that replace
+    the run's `trainer.probe` values for this policy only (`tau` is run-wide: SEE's success
+    threshold is one per run)."""
 
     @model_validator(mode="after")
     def _has_model(self) -> PolicySettings:
@@ -221,6 +252,8 @@ class TrainerConfig(Config):
     """Metrics sinks."""
     services: ServiceSettings = Field(default_factory=ServiceSettings)
     """Service addresses."""
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
+    """Stability-support measurements (off by default)."""
     policies: list[PolicySettings] = Field(min_length=1)
     """Every policy of the run (peers need each other's names and tokenizers)."""
 
@@ -232,6 +265,34 @@ class TrainerConfig(Config):
                                  f"{self.tokenizer_id(p.name)!r} (<run_id>/<name>) is not "
                                  f"{ids.TOKENIZER_ID.described}; shorten the run id or name")
         return self
+
+    @model_validator(mode="after")
+    def _check_policies(self) -> TrainerConfig:
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policies: names must be unique, got {names}")
+        for i, p in enumerate(self.policies):
+            if "tau" in p.probe:
+                raise ValueError(f"policies[{i}].probe.tau: tau is run-wide (SEE keeps one "
+                                 "success threshold per run); set trainer.probe.tau")
+            for section, model in (("grpo", GRPOSettings), ("probe", ProbeSettings)):
+                base = getattr(self, section).model_dump()
+                try:
+                    model.model_validate({**base, **getattr(p, section)})
+                except ValidationError as err:
+                    raise ValueError(f"policies[{i}] ({p.name}).{section}: {_first_error(err)}"
+                                     ) from None
+        return self
+
+    def for_policy(self, name: str | None) -> TrainerConfig:
+        """This config as policy `name` sees it: `grpo` and `probe` with the policy's own
+        overrides applied (every other section is the run's)."""
+        p = self.policy(name)
+        if not p.grpo and not p.probe:
+            return self
+        grpo = GRPOSettings.model_validate({**self.grpo.model_dump(), **p.grpo})
+        probe = ProbeSettings.model_validate({**self.probe.model_dump(), **p.probe})
+        return self.model_copy(update={"grpo": grpo, "probe": probe})
 
     def policy(self, name: str | None) -> PolicySettings:
         """The policy this process trains (the only one when `name` is None)."""
@@ -250,6 +311,12 @@ class TrainerConfig(Config):
     def tokenizer_id(self, policy: str) -> str:
         """The id a policy's tokenizer has in THL and in its SEE records."""
         return f"{self.run_id}/{policy}"
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = ".".join(str(x) for x in e["loc"])
+    return f"{where}: {e['msg']}" if where else str(e["msg"])
 
 
 # Environment variables a container platform sets (docker-compose.yml, deploy/k8s) so that one

@@ -133,16 +133,19 @@ class PeerExchange:
 
     # ---- reads for the probes -------------------------------------------------------------
     def peer_stats(
-        self, round_k: int, prompt_ids: Sequence[str], deadline: float
+        self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+        expect: Sequence[str] | None = None,
     ) -> tuple[dict[str, RewardStats], dict[str, float], bool]:
         """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
-        and whether every peer had published when the call returned (waits up to deadline)."""
+        and whether every expected peer had published when the call returned (waits up to
+        deadline). `expect`: the policies to wait for (None: every policy of the run)."""
         from mutualrl.v1 import experience_pb2 as pb
 
         left = remaining(deadline)
         req = pb.RoundStatsRequest(
             run_id=self.run_id, round=round_k, prompt_ids=list(prompt_ids),
-            policy_id=self.policy, wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000))
+            policy_id=self.policy, wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
+            expect_policies=list(expect or []))
         resp = self.see.GetRoundStats(req, metadata=self._md, timeout=left + 1.0)
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from mutualrl.trainer import diagnostics
 from mutualrl.trainer.exchange import round_records
 from mutualrl.trainer.probes import RoundData
 from mutualrl.trainer.session import Session
@@ -45,12 +46,17 @@ def run_round(s: Session, k: int) -> dict[str, float]:
             s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
             rewards.tolist(), correct, s.cfg.probe.tau))
 
-    data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards)
+    data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
+                     correct=correct, peers_now=alloc.round_peers)
     t1 = time.perf_counter()
     plan = s.probe.plan(data)
     t_probe = time.perf_counter() - t1
 
     prompt_ids = [row[0].prompt_token_ids for row in samples]  # as the engine conditioned
+    t2 = time.perf_counter()
+    diag = diagnostics.measure(s, k, data, plan, prompt_ids)  # before the step; no gradient
+    if diag:
+        diag["diag_s"] = time.perf_counter() - t2
     loss = round_loss(s.model, s.ref_model, prompt_ids, data, plan, g, s.cfg.probe,
                       s.tokenizer.pad_token_id, s.max_new_tokens)
     s.optimizer.zero_grad(set_to_none=True)
@@ -76,6 +82,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "publish_failed": float(not published),
         **plan.stats,
         **loss.stats,
+        **diag,
     }
 
 

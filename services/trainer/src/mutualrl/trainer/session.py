@@ -112,6 +112,7 @@ def build_session(
     from mutualrl.trainer.presets import load_policy
     from mutualrl.trainer.rollout import make_engine
 
+    cfg = cfg.for_policy(policy_name)  # the policy's own grpo / probe overrides applied
     policy = cfg.policy(policy_name)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -126,7 +127,9 @@ def build_session(
     model, tok = load_policy(start, policy.dtype, policy.device)
     model.train()
     ref_model = None
-    if cfg.grpo.beta > 0:  # the frozen reference is the starting point, also after --resume
+    # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
+    # diagnostic measures against the same copy.
+    if cfg.grpo.beta > 0 or cfg.diagnostics.kl_every > 0:
         ref_model, _ = load_policy(start, policy.dtype, policy.device)
         ref_model.eval().requires_grad_(False)
     g = cfg.grpo
@@ -154,7 +157,7 @@ def build_session(
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
-        probe=make_probe(cfg.probe, policy.name, exchange), exchange=exchange,
+        probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
         allocator=allocator, metrics=_metrics_sink(cfg, policy.name, run_dir),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new)
     if resume:

@@ -135,7 +135,9 @@ def round_loss(
 
     demos = plan.demos
     if demos is not None and demos.token_ids:
-        d_batch = pack([prompt_ids[i] for i in demos.prompt_index], demos.token_ids, pad_id, device)
+        d_prompts: Sequence[Sequence[int]] = (demos.prompt_token_ids
+                                              or [prompt_ids[i] for i in demos.prompt_index])
+        d_batch = pack(d_prompts, demos.token_ids, pad_id, device)
         d_logp = completion_logprobs(model, d_batch, 1.0)
         sgt = sgt_loss(d_logp, d_batch.completion_mask,
                        torch.tensor(demos.prompt_index, device=device), probe.sgt_lambda)

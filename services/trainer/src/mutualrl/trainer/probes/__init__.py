@@ -1,22 +1,27 @@
-"""Sharing probes over the pure core: `none`, `xgrpo`, `sgt`, `prp`."""
+"""Sharing probes over the pure core: `none`, `xgrpo`, `sgt`, `prp`, and SGT's controls
+`sgt-self` and `oracle`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
 from mutualrl.trainer.probes.none import NoneProbe
 from mutualrl.trainer.probes.prp import PRPProbe
-from mutualrl.trainer.probes.sgt import SGTProbe
+from mutualrl.trainer.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe
 from mutualrl.trainer.probes.xgrpo import XGRPOProbe
 
 PROBES: dict[str, type[Probe]] = {
-    p.kind: p for p in (NoneProbe, XGRPOProbe, SGTProbe, PRPProbe)
+    p.kind: p for p in (NoneProbe, XGRPOProbe, SGTProbe, PRPProbe, SGTSelfProbe, OracleProbe)
 }
 
 
-def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None) -> Probe:
-    return PROBES[settings.kind](settings, policy, exchange)
+def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
+               task: Any = None) -> Probe:
+    """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control)."""
+    return PROBES[settings.kind](settings, policy, exchange, task)
 
 
 __all__ = ["PROBES", "Demos", "LossInputs", "PeerRows", "Probe", "RoundData", "make_probe"]

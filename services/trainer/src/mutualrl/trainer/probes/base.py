@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.tasks import Prompt
@@ -35,6 +36,11 @@ class RoundData:
     """[P][G] rollout samples (token_ids, text, logprobs, finish_reason)."""
     rewards: Tensor
     """[P, G] rewards."""
+    correct: list[list[bool]] | None = None
+    """[P][G] verified successes (reward >= tau and not truncated); None: from the rewards."""
+    peers_now: list[str] | None = None
+    """Policies training this round alongside this one (MWRA time-share turns); reads of the
+    round wait for these only. None: every policy of the run."""
 
 
 @dataclass
@@ -58,7 +64,15 @@ class Demos:
     """SGT: verified peer successes (receiver tokens) of rescued prompts."""
 
     prompt_index: list[int]
+    """Prompt of each demonstration: an index into the round's prompts, or (with
+    `prompt_token_ids`) any label that groups demonstrations of the same prompt."""
     token_ids: list[list[int]]
+    prompt_token_ids: list[list[int]] | None = None
+    """Prompt tokens of each demonstration when they are not the round's prompts (sgt-self
+    draws demonstrations from earlier rounds)."""
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass
@@ -69,6 +83,9 @@ class LossInputs:
     """[P, G] advantages of own samples."""
     peers: PeerRows | None = None
     demos: Demos | None = None
+    support: Demos | None = None
+    """Peers' verified successes on prompts this policy failed, in its tokens, when the probe
+    read them anyway (the SGT family): the support diagnostic reuses them."""
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -82,11 +99,14 @@ class Probe:
     kind = "none"
 
     def __init__(
-        self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None
+        self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
+        task: Any = None,
     ) -> None:
         self.settings = settings
         self.policy = policy
         self.exchange = exchange
+        self.task = task
+        """The task (reference answers: the `oracle` control)."""
         self.fallbacks = 0
         """Rounds that fell back to GRPO: a service error, or the deadline passed with no peer
         data at all."""
@@ -125,6 +145,66 @@ def _is_transient(err: BaseException) -> bool:
     except ImportError:  # pragma: no cover - grpc is a core dependency
         return isinstance(err, TimeoutError)
     return isinstance(err, grpc.RpcError | TimeoutError | ConnectionError)
+
+
+def is_transient(err: BaseException) -> bool:
+    """Public name of the fall-back test (diagnostics read peers too)."""
+    return _is_transient(err)
+
+
+@dataclass
+class Rescue:
+    """What SGT reads for a round: peer success texts per prompt this policy failed."""
+
+    texts: dict[str, list[str]]
+    """Prompt id -> distinct verified peer success texts (at most `sgt_max_per_prompt`)."""
+    candidates: int = 0
+    complete: bool = True
+    """Every peer had published the round's stats when the wait ended."""
+    any_peer: bool = True
+    """Some peer had published stats for a failed prompt."""
+    donors: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(prompt id, text) -> the peer whose success it is (the first one offering the text)."""
+
+    def by_skill_and_donor(self, prompts: Sequence[Prompt]) -> dict[str, float]:
+        """Demonstrations per skill and donor: {'rescue_demos/<skill>/<donor>': n}, the
+        trainer's side of the transfer matrix (who taught which skill)."""
+        skill = {p.id: p.skill for p in prompts}
+        out: dict[str, float] = {}
+        for pid, texts in self.texts.items():
+            for t in texts:
+                key = f"rescue_demos/{skill.get(pid, '?')}/{self.donors.get((pid, t), '?')}"
+                out[key] = out.get(key, 0.0) + 1.0
+        return out
+
+
+def read_rescue(data: RoundData, ex: PeerExchange, s: ProbeSettings, policy: str,
+                deadline: float) -> Rescue:
+    """SGT's read: the prompts this policy failed (best own reward < tau) that some peer solved,
+    with the peers' verified success texts. One bounded wait for the peers' round stats, then
+    successes are fetched only for prompts some peer solved."""
+    mine = own_max(data)
+    failed = [pid for pid, r in mine.items() if r < s.tau]
+    if not failed:
+        return Rescue(texts={})
+    _, peer_best, complete = ex.peer_stats(data.round, failed, deadline, data.peers_now)
+    solved = [pid for pid in failed if peer_best.get(pid, float("-inf")) >= s.tau]
+    candidates = ex.peer_successes(
+        solved, data.round - s.max_staleness_rounds, s.sgt_max_per_prompt, deadline)
+    texts = rescue_set(mine, candidates, policy, s.tau, s.sgt_max_per_prompt)
+    donors: dict[tuple[str, str], str] = {}
+    for c in candidates:
+        donors.setdefault((c.prompt_id, c.text), c.policy)
+    return Rescue(texts=texts, candidates=len(candidates), complete=complete,
+                  any_peer=bool(peer_best), donors=donors)
+
+
+def rescue_demos(data: RoundData, ex: PeerExchange, texts: dict[str, list[str]]) -> Demos:
+    """Peer success texts (prompt id -> texts) as demonstrations in this policy's tokens."""
+    where = index_of(data.prompts)
+    pids = [pid for pid, ts in texts.items() for _ in ts]
+    flat = [t for ts in texts.values() for t in ts]
+    return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(flat))
 
 
 def own_max(data: RoundData) -> dict[str, float]:

@@ -25,19 +25,12 @@ class PRPProbe(Probe):
         s = self.settings
         where = index_of(data.prompts)
         # Bounded wait until peers have published this round, then read their rollouts.
-        _, _, complete = ex.peer_stats(data.round, list(where), deadline)
+        _, _, complete = ex.peer_stats(data.round, list(where), deadline, data.peers_now)
         fetched = ex.peer_rollouts(
             data.round, s.max_staleness_rounds,
             max_records=4096, deadline=deadline)
-        pool, self.pending = self.pending + fetched, []
-        per_prompt: dict[int, list[PeerRollout]] = {}
-        for r in pool:
-            if r.round > data.round:
-                self.pending.append(r)
-                continue
-            i = where.get(r.prompt_id)  # rollouts of other rounds' prompts have no group here
-            if i is not None and len(per_prompt.setdefault(i, [])) < s.prp_max_peer_per_prompt:
-                per_prompt[i].append(r)
+        per_prompt, self.pending = group_peer_rollouts(
+            self.pending + fetched, where, data.round, s.prp_max_peer_per_prompt)
         chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
         prompt_index = [i for i in sorted(per_prompt) for _ in per_prompt[i]]
         peer_rewards = [
@@ -70,3 +63,24 @@ class PRPProbe(Probe):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.pending = list(state.get("pending", []))
+
+
+def group_peer_rollouts(
+    pool: list[PeerRollout], where: dict[str, int], round_k: int, cap: int
+) -> tuple[dict[int, list[PeerRollout]], list[PeerRollout]]:
+    """Peer rollouts by the index of the own prompt they answer, at most `cap` of each peer per
+    prompt (so every peer gets a say, however many peers there are), and the rollouts of later
+    rounds, kept for their round. Rollouts of prompts not in `where` are dropped."""
+    per_prompt: dict[int, list[PeerRollout]] = {}
+    later: list[PeerRollout] = []
+    taken: dict[tuple[int, str], int] = {}
+    for r in pool:
+        if r.round > round_k:
+            later.append(r)
+            continue
+        i = where.get(r.prompt_id)  # rollouts of other rounds' prompts have no group here
+        if i is None or taken.get((i, r.policy), 0) >= cap:
+            continue
+        taken[(i, r.policy)] = taken.get((i, r.policy), 0) + 1
+        per_prompt.setdefault(i, []).append(r)
+    return per_prompt, later

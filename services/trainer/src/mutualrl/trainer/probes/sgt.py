@@ -1,8 +1,17 @@
-"""Probe `sgt`: success-gated transfer of verified peer successes on prompts this policy fails."""
+"""Probe `sgt`: success-gated transfer of verified peer successes on prompts this policy fails,
+and its two controls, which read exactly what SGT reads and change only the demonstrations:
+
+- `sgt-self`: as many demonstrations, grouped the same way, from this policy's *own* verified
+  successes of earlier rounds (SGT's supervision and compute, no peer information);
+- `oracle`: the task's reference answer for each prompt SGT rescues (a perfect peer).
+"""
 
 from __future__ import annotations
 
-from mutualrl.trainer.algos.sgt import rescue_set
+import random
+from collections import OrderedDict
+from typing import Any
+
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.probes.base import (
     Demos,
@@ -11,7 +20,8 @@ from mutualrl.trainer.probes.base import (
     RoundData,
     grpo_inputs,
     index_of,
-    own_max,
+    read_rescue,
+    rescue_demos,
 )
 
 
@@ -19,32 +29,120 @@ class SGTProbe(Probe):
     kind = "sgt"
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
-        s = self.settings
-        mine = own_max(data)
-        failed = [pid for pid, r in mine.items() if r < s.tau]
         plan = grpo_inputs(data)
         plan.stats = {"rescued_prompts": 0.0, "rescue_demos": 0.0, "candidates": 0.0}
-        if not failed:
+        rescue = read_rescue(data, ex, self.settings, self.policy, deadline)
+        plan.stats["candidates"] = float(rescue.candidates)
+        plan.stats["fallback"] = float(not rescue.complete and not rescue.any_peer)
+        plan.stats["peers_complete"] = float(rescue.complete)
+        if not rescue.texts:
             return plan
-        # Round stats carry each peer's max reward: a bounded wait for peers of this round,
-        # then successes are fetched only for prompts some peer solved.
-        _, peer_best, complete = ex.peer_stats(data.round, failed, deadline)
-        plan.stats["fallback"] = float(not complete and not peer_best)
-        solved = [pid for pid in failed if peer_best.get(pid, float("-inf")) >= s.tau]
-        candidates = ex.peer_successes(
-            solved, data.round - s.max_staleness_rounds, s.sgt_max_per_prompt, deadline)
-        rescued = rescue_set(mine, candidates, self.policy, s.tau, s.sgt_max_per_prompt)
-        plan.stats["candidates"] = float(len(candidates))
-        if not rescued:
-            return plan
+        peer = rescue_demos(data, ex, rescue.texts)
+        plan.support = peer
+        plan.demos = self.demonstrations(data, ex, rescue.texts, peer, plan.stats)
+        plan.stats.update(rescue.by_skill_and_donor(data.prompts))
         where = index_of(data.prompts)
-        pids = [pid for pid, texts in rescued.items() for _ in texts]
-        texts = [t for ts in rescued.values() for t in ts]
-        token_ids = ex.retokenize(texts)
-        plan.demos = Demos(prompt_index=[where[p] for p in pids], token_ids=token_ids)
-        plan.stats["rescued_prompts"] = float(len(rescued))
-        plan.stats["rescue_demos"] = float(len(texts))
-        for pid in rescued:  # per skill: which skills peers unlock (the dashboard's bars)
+        for pid in rescue.texts:  # per skill: which skills peers unlock (the dashboard's bars)
             key = f"rescued/{data.prompts[where[pid]].skill}"
             plan.stats[key] = plan.stats.get(key, 0.0) + 1.0
+        plan.stats["rescued_prompts"] = float(len(rescue.texts))
+        plan.stats["rescue_demos"] = float(len(plan.demos) if plan.demos else 0)
         return plan
+
+    def demonstrations(self, data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
+                       peer: Demos, stats: dict[str, float]) -> Demos | None:
+        """What the NLL term trains on, given SGT's rescue set (SGT: the peers' texts)."""
+        return peer
+
+
+class OracleProbe(SGTProbe):
+    """The reference answer of every prompt SGT would rescue, one per prompt (SGT's loss
+    averages within a prompt first, so each prompt weighs the same as under SGT)."""
+
+    kind = "oracle"
+
+    def demonstrations(self, data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
+                       peer: Demos, stats: dict[str, float]) -> Demos | None:
+        if self.task is None:
+            raise ValueError("the oracle probe needs the task (its reference answers)")
+        where = index_of(data.prompts)
+        pids = list(texts)
+        refs = [self.task.sft_target(data.prompts[where[pid]], random.Random(f"oracle:{pid}"))
+                for pid in pids]
+        return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(refs))
+
+
+class SGTSelfProbe(SGTProbe):
+    """SGT's count of prompts and demonstrations per prompt, filled with own successes of the
+    last `sgt_self_rounds` rounds (prompts drawn uniformly without replacement, seeded by policy
+    and round; a prompt with fewer own texts than SGT had gives what it has)."""
+
+    kind = "sgt-self"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.own: OrderedDict[int, list[tuple[str, list[int], str]]] = OrderedDict()
+        """round -> own verified successes (prompt id, prompt tokens, completion text)."""
+
+    def plan(self, data: RoundData) -> LossInputs:
+        plan = super().plan(data)  # reads earlier rounds only: this round is recorded after
+        self.record(data)
+        return plan
+
+    def record(self, data: RoundData) -> None:
+        tau = self.settings.tau
+        found: list[tuple[str, list[int], str]] = []
+        for p_i, (prompt, row) in enumerate(zip(data.prompts, data.samples, strict=True)):
+            for g_i, y in enumerate(row):
+                ok = (data.correct[p_i][g_i] if data.correct is not None
+                      else y.finish_reason != "length")
+                ids = getattr(y, "prompt_token_ids", None)
+                if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
+                    found.append((prompt.id, list(ids), y.text))
+        self.own[data.round] = found
+        while len(self.own) > self.settings.sgt_self_rounds:
+            self.own.popitem(last=False)
+
+    def pool(self, before: int) -> dict[str, tuple[list[int], list[str]]]:
+        """Own successes of earlier rounds: prompt id -> (prompt tokens, distinct texts)."""
+        out: dict[str, tuple[list[int], list[str]]] = {}
+        for k, found in self.own.items():
+            if k >= before:
+                continue
+            for pid, ids, text in found:
+                slot = out.setdefault(pid, (ids, []))
+                if text not in slot[1]:
+                    slot[1].append(text)
+        return out
+
+    def demonstrations(self, data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
+                       peer: Demos, stats: dict[str, float]) -> Demos | None:
+        want = [len(ts) for ts in texts.values()]  # SGT's demonstrations per rescued prompt
+        rng = random.Random(f"sgt-self:{self.policy}:{data.round}")
+        drawn = draw_own(self.pool(data.round), want, rng)
+        stats["sgt_self_missing"] = float(sum(want) - len(drawn))
+        if not drawn:
+            return None
+        return Demos(prompt_index=[j for j, _, _ in drawn],
+                     token_ids=ex.retokenize([t for _, _, t in drawn]),
+                     prompt_token_ids=[ids for _, ids, _ in drawn])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "own": list(self.own.items())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.own = OrderedDict((int(k), list(v)) for k, v in state.get("own", []))
+
+
+def draw_own(pool: dict[str, tuple[list[int], list[str]]], want: list[int],
+             rng: random.Random) -> list[tuple[int, list[int], str]]:
+    """sgt-self's demonstrations: len(want) distinct prompts of `pool` (uniformly, without
+    replacement), the j-th with up to want[j] of its own texts. Returns (group label j, prompt
+    tokens, text) per demonstration; fewer when the pool is smaller than what SGT used."""
+    chosen = rng.sample(sorted(pool), min(len(want), len(pool)))
+    out: list[tuple[int, list[int], str]] = []
+    for j, (pid, n) in enumerate(zip(chosen, want, strict=False)):
+        ids, texts = pool[pid]
+        out += [(j, ids, t) for t in texts[:n]]
+    return out

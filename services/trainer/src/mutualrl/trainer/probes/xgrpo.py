@@ -12,7 +12,8 @@ class XGRPOProbe(Probe):
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         # Peers answer the same prompts in the same round: wait (bounded) for their stats.
-        pooled, _, complete = ex.peer_stats(data.round, [p.id for p in data.prompts], deadline)
+        pooled, _, complete = ex.peer_stats(data.round, [p.id for p in data.prompts], deadline,
+                                            data.peers_now)
         peer = [pooled.get(p.id) for p in data.prompts]
         used = sum(s is not None for s in peer)
         return LossInputs(

@@ -109,3 +109,38 @@ def test_up_serves_records_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         checkpoints = list((run_dir / policy / "checkpoints").iterdir())
         assert checkpoints, f"{policy} wrote no checkpoint on SIGTERM"
     assert json.loads(state_path.read_text())["stopped"] is True
+
+
+def test_up_trains_three_policies_on_two_units_without_waiting(tmp_path: Path) -> None:
+    """Three policies of three families and tokenizer kinds on a two-thread pool: MWRA shares
+    the pool (nobody sits a round out), no round waits out the SGT deadline, and the report
+    has a 3 x 3 transfer matrix and a plot."""
+    cfg = yaml.safe_load(_config(tmp_path, rounds=6).read_text())
+    cfg["up"]["worker_slots"] = 2
+    cfg["trainer"]["run_id"] = "up-three"
+    cfg["trainer"]["probe"]["deadline_seconds"] = 5.0
+    cfg["trainer"]["policies"].append({"name": "qwen2-unigram", "preset": "qwen2-unigram"})
+    path = tmp_path / "three.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "up-three"
+    names = ("gpt2-bpe", "llama-char", "qwen2-unigram")
+    for name in names:
+        rows = [json.loads(x) for x in (run_dir / name / "metrics.jsonl").read_text()
+                .splitlines()]
+        assert [r["round"] for r in rows] == list(range(6))
+        # Round 0 waits for the slowest trainer to start (and may be planned before all three
+        # registered); from then on everyone holds one thread every round and nobody waits.
+        later = rows[1:]
+        assert all(r["threads"] == 1.0 and r["fallback"] == 0.0 for r in later), (name, rows)
+        # Before MWRA shared a short CPU pool, every round took ~5 s (a turn, then the
+        # deadline); now it is a step's compute.
+        assert max(r["step_s"] for r in later) < 3.0, [r["step_s"] for r in rows]
+    summary = json.loads((run_dir / "results.json").read_text())
+    stats = summary["see_stats"]["matrix"]["REWARD_STATS"]
+    assert {t: set(s) for t, s in stats.items()} == {n: set(names) - {n} for n in names}
+    assert set(summary["results"]) == set(names)
+    assert (run_dir / "curves.png").stat().st_size > 10_000

@@ -119,3 +119,67 @@ def test_markdown_has_the_tables(tmp_path: Path) -> None:
     json.dumps(results)  # JSON-able
     png = plot_curves(results, tmp_path / "curves.png")
     assert png.stat().st_size > 10_000
+
+
+def _three_policy_summary() -> dict[str, Any]:
+    """A (strong add), B (strong rev), C (strong add): under sgt B learns add and A, C learn
+    rev; sgt-self only half as much; every row carries the stability-support metrics."""
+    def rows(final: dict[str, float], support: float, rescue: dict[str, float]) -> list[dict]:
+        out = _rows({1: {"add": final["add"], "rev": final["rev"]},
+                     3: {"add": final["add"], "rev": final["rev"]}}, 4)
+        for k, r in enumerate(out):
+            r.update(grad_norm=1.0 + k % 2, support_logp=support + 0.5 * k,
+                     kl_warm=0.01 * k, **rescue)
+        return out
+
+    runs = []
+    for seed in (0, 1, 2):
+        e = 0.01 * seed
+        for arm, gain in (("none", 0.0), ("sgt", 0.6), ("sgt-self", 0.3)):
+            demos = {"rescue_demos/rev/B": 2.0} if arm == "sgt" else {}
+            r = {"A": rows({"add": 0.9, "rev": gain + e}, -3.0, demos),
+                 "B": rows({"add": gain / 2 + e, "rev": 0.8}, -4.0,
+                           {"rescue_demos/add/A": 1.0} if arm == "sgt" else {}),
+                 "C": rows({"add": 0.9, "rev": gain + 2 * e}, -3.0, {})}
+            see = {"matrix": {"VERIFIED_SUCCESS": {"A": {"B": 6}, "B": {"A": 2, "C": 1}}}
+                   if arm == "sgt" else {}}
+            runs.append(RunResult(f"r-{arm}-{seed}", "w3", arm, seed, r, 10.0, "ok", see))
+    warm = {p: {"add": 0.9 if p != "B" else 0.0, "rev": 0.8 if p == "B" else 0.0}
+            for p in "ABC"}
+    strong = {"A": ["add"], "B": ["rev"], "C": ["add"]}
+    return summarize_regime(runs, ["A", "B", "C"], warm, ["none", "sgt", "sgt-self"], strong,
+                            [("sgt", "sgt-self"), ("oracle", "sgt")])
+
+
+def test_controls_transfer_matrix_and_tradeoff_for_three_policies(tmp_path: Path) -> None:
+    from mutualrl.experiment.plot import plot_tradeoff
+
+    s = _three_policy_summary()
+    (c,) = s["contrasts"]  # oracle was not run: only sgt − sgt-self
+    assert (c["a"], c["b"], c["seeds"]) == ("sgt", "sgt-self", [0, 1, 2])
+    assert c["policies"]["A"]["rev"]["mean"] == pytest.approx(0.3)
+    assert c["both"]["mean"] == pytest.approx((0.15 + 0.075 + 0.15) / 3)
+    t = s["transfer"]["sgt"]
+    assert set(t) == {"A", "B", "C"} and "A" not in t["A"]
+    assert t["A"]["B"]["see_taken"] == 6 and t["A"]["B"]["demos"] == {"rev": 8.0}
+    assert set(t["A"]["B"]["skills"]) == {"rev"} and t["A"]["C"]["skills"] == {}
+    assert t["A"]["B"]["skills"]["rev"]["vs_none"]["mean"] == pytest.approx(0.6)
+    assert set(t["B"]["A"]["skills"]) == {"add"} and t["B"]["C"]["see_taken"] == 1
+    assert t["C"]["B"]["skills"]["rev"]["final"]["mean"] == pytest.approx(0.62)
+    assert set(s["transfer"]) == {"sgt", "sgt-self"}
+    tr = s["tradeoff"]["arms"]["sgt"]["A"]
+    sm = tr["summary"]
+    assert sm["support_first"]["mean"] == pytest.approx(-3.0)
+    assert sm["support_last"]["mean"] == pytest.approx(-1.5)
+    assert sm["support_delta"]["mean"] == pytest.approx(1.5)
+    assert sm["grad_norm_var"]["mean"] == pytest.approx(0.25)
+    assert sm["strong_warm"]["mean"] == 0.9 and sm["strong_kept"]["mean"] == pytest.approx(0.0)
+    assert tr["curves"]["strong"]["x"] == [0, 2, 4]
+    results = {"experiment": "t", "meta": {}, "warm_starts": {}, "runs": [],
+               "regimes": {"w3": s}}
+    md = render_markdown(results)
+    for text in ("| sgt − sgt-self |", "Transfer matrix under `sgt`", "Stability–support",
+                 "| receiver \\ donor | A | B | C |", "all − none"):
+        assert text in md, text
+    (png,) = plot_tradeoff(results, tmp_path)
+    assert png.name == "tradeoff-w3.png" and png.stat().st_size > 20_000

@@ -29,16 +29,19 @@ def _cfg(**over: Any) -> ExperimentConfig:
     return ExperimentConfig.model_validate(deep_merge(base, over))
 
 
-def test_default_config_is_the_full_grid_and_fits_the_budget() -> None:
+def test_default_config_runs_a_subset_that_fits_the_budget() -> None:
     cfg, raw = load_experiment(CONFIG)
     plan = build_plan(cfg, Path("/tmp/x"))
-    assert cfg.probes == ["none", "prp", "xgrpo", "sgt"]
+    assert cfg.probes == ["none", "xgrpo", "sgt", "sgt-self", "oracle", "prp-seq", "prp-chunk"]
     assert len(cfg.seeds) >= 3
-    assert set(cfg.active_regimes()) == {"short", "worked"}
-    assert len(plan.runs) == 2 * 4 * len(cfg.seeds)
-    # One warm start per (regime, policy), reused by every seed and probe.
-    assert len(plan.warm_starts) == 4
-    assert plan.eta_s < 50 * 60, plan.eta_s
+    assert list(cfg.active_regimes()) == ["short", "worked", "worked3"]
+    assert len(plan.runs) == (4 + 5 + 2) * len(cfg.seeds)
+    # One warm start per (policy, SFT config), reused by every seed, arm and regime.
+    assert len(plan.warm_starts) == 5
+    assert plan.eta_s < 80 * 60, plan.eta_s
+    assert cfg.time_budget_s is not None and cfg.time_budget_s <= 90 * 60
+    full = build_plan(cfg.full(), Path("/tmp/x"))
+    assert len(full.runs) == 4 * 7 * len(cfg.seeds) and len(full.warm_starts) == 6
     assert {"see", "thl", "mwra"} <= set(raw)
 
 
@@ -47,6 +50,7 @@ def test_quick_overrides_shrink_the_grid() -> None:
     full, _ = load_experiment(CONFIG)
     plan = build_plan(cfg, Path("/tmp/x"))
     assert cfg.seeds == [0] and cfg.probes == full.probes
+    assert len(plan.runs) == 5 and len(plan.warm_starts) == 3
     assert all(r.rounds <= 5 for r in plan.runs)
     assert all(w.sft["steps"] <= 100 for w in plan.warm_starts)
     # Unchanged knobs survive the deep merge.
@@ -93,10 +97,14 @@ def test_warm_starts_shared_or_per_seed() -> None:
 
 
 def test_bad_configs_are_refused_with_the_field() -> None:
-    with pytest.raises(ValidationError, match="none"):
-        _cfg(probes=["sgt", "prp"])
-    with pytest.raises(ValidationError, match="unknown probes"):
+    with pytest.raises(ValidationError, match=r"probes: unknown \['ppo'\]"):
+        _cfg(probes=["sgt", "ppo"])
+    with pytest.raises(ValidationError, match=r"probe_overrides: unknown \['ppo'\]"):
         _cfg(regimes={"short": {"probe_overrides": {"ppo": {}}}})
+    with pytest.raises(ValidationError, match=r"regimes.short.probes: unknown"):
+        _cfg(regimes={"short": {"probes": ["none", "magic"]}})
+    with pytest.raises(ValidationError, match=r"arms.x.kind"):
+        _cfg(arms={"x": {"kind": "ppo"}})
     with pytest.raises(ValidationError, match="only_regimes"):
         _cfg(only_regimes=["long"])
     with pytest.raises(ValueError, match="must not set"):
@@ -128,3 +136,36 @@ def test_gpu_config_runs_validate_as_trainer_configs_with_a_jsonl_task() -> None
         trainer = TrainerConfig.model_validate(run.trainer)
         assert isinstance(trainer.task, JsonlTaskConfig)
         assert trainer.task.form == "math"
+
+
+def test_arms_regime_subsets_and_full_grid() -> None:
+    cfg = _cfg(probes=["none", "sgt", "sgt-self", "oracle", "prp-seq", "prp-chunk", "prp-none"],
+               arms={"prp-none": {"kind": "prp", "prp_weight_mode": "none"}},
+               regimes={"short": {"probes": ["none", "sgt", "prp-chunk", "prp-none"],
+                                  "probe_overrides": {"prp-chunk": {"prp_cap": 2.0}}}})
+    plan = build_plan(cfg, Path("/tmp/x"))
+    by_arm = {r.probe: r.trainer["probe"] for r in plan.runs if r.seed == 0}
+    assert list(by_arm) == ["none", "sgt", "prp-chunk", "prp-none"]
+    # The kind's override (truncate), then the arm's fields, then the arm's own override.
+    assert by_arm["prp-chunk"] == {"tau": 1.0, "prp_weight_mode": "truncate",
+                                   "prp_level": "chunk", "prp_cap": 2.0, "kind": "prp"}
+    assert by_arm["prp-none"]["prp_weight_mode"] == "none" and by_arm["sgt"]["kind"] == "sgt"
+    assert plan.runs[2].run_id == "pc-short-prp-chunk-s0"
+    full = build_plan(cfg.full(), Path("/tmp/x"))
+    assert [r.probe for r in full.runs if r.seed == 0] == cfg.probes
+    from mutualrl.trainer.config import TrainerConfig
+
+    for r in full.runs:
+        TrainerConfig.model_validate(r.trainer)
+
+
+def test_default_config_subset_and_full_grid() -> None:
+    cfg, _ = load_experiment(CONFIG)
+    plan = build_plan(cfg, Path("/tmp/x"))
+    full = build_plan(cfg.full(), Path("/tmp/x"))
+    assert len(full.runs) > len(plan.runs)
+    three = [r for r in plan.runs if len(r.policies) == 3]
+    assert three and {r.probe for r in three} >= {"none", "sgt"}
+    arms = {(r.regime, r.probe) for r in plan.runs}
+    for regime in ("short", "worked"):
+        assert {(regime, a) for a in ("none", "sgt", "sgt-self", "oracle")} <= arms

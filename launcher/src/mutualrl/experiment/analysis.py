@@ -15,6 +15,7 @@ from typing import Any
 
 from mutualrl.experiment.config import CONTROL
 from mutualrl.experiment.stats import Estimate, mean_ci, paired_difference
+from mutualrl.experiment.tradeoff import summarize_tradeoff
 
 Row = dict[str, Any]
 HELD = "heldout/"
@@ -31,6 +32,12 @@ DIAGNOSTICS: dict[str, str] = {
     "prp_w_clipped": "prp_w_clipped",
     "thl_multi_token_chunk_share": "thl_residual",
     "step_s": "step_s",
+    "rescue_demos": "rescue_demos_per_round",
+    "loss_sgt": "loss_sgt",
+    "sgt_self_missing": "sgt_self_missing",
+    "support_logp": "support_logp",
+    "kl_warm": "kl_warm",
+    "grad_norm": "grad_norm",
 }
 
 
@@ -101,8 +108,13 @@ def _by_seed(runs: Sequence[RunResult]) -> dict[int, RunResult]:
 
 
 def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
-                     warm: dict[str, dict[str, float]], probes: Sequence[str]) -> dict[str, Any]:
-    """One regime's numbers. Differences against `none` pair seeds present under both."""
+                     warm: dict[str, dict[str, float]], probes: Sequence[str],
+                     strong: dict[str, list[str]] | None = None,
+                     contrasts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """One regime's numbers. Differences against `none` pair seeds present under both;
+    `contrasts` (a, b) add paired a − b; `strong` (policy -> warm-started skills) gives the
+    transfer matrix and the stability side of the trade-off."""
+    strong = strong or {}
     by_probe = {p: _by_seed([r for r in runs if r.probe == p]) for p in probes}
     skills: list[str] = []
     for rs in by_probe.values():
@@ -162,7 +174,81 @@ def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
         entry["see"] = see_summary([by_probe[p][s].see for s in seeds], policies)
         out["probes"][p] = entry
     out["curves"] = curves(by_probe, policies, warm)
+    out["contrasts"] = [c for a, b in contrasts if a in fb and b in fb and fb[a] and fb[b]
+                        for c in [contrast(fb, a, b, policies, skills)]]
+    if strong:
+        out["strong"] = {p: list(strong.get(p, [])) for p in policies}
+        out["transfer"] = {arm: transfer_matrix(by_probe, fb, arm, policies, skills, strong)
+                           for arm in probes if arm in ("sgt", "oracle", "sgt-self")
+                           and by_probe.get(arm)}
+    rounds = max((len(r.rows[pol]) for rs in by_probe.values() for r in rs.values()
+                  for pol in policies), default=1)
+    out["tradeoff"] = summarize_tradeoff(
+        {p: [r.rows for r in rs.values()] for p, rs in by_probe.items() if rs}, policies,
+        strong, warm, rounds)
     return out
+
+
+FB = dict[str, dict[int, dict[str, tuple[dict[str, float], dict[str, float]]]]]
+
+
+def contrast(fb: FB, a: str, b: str, policies: Sequence[str],
+             skills: Sequence[str]) -> dict[str, Any]:
+    """Paired final reward@1 differences a − b: over all policies, per policy, per skill."""
+    seeds = sorted(set(fb[a]) & set(fb[b]))
+
+    def final(arm: str, s: int, pol: str, k: str) -> float:
+        return fb[arm][s][pol][0][k]
+
+    def allpol(arm: str, s: int) -> float:
+        return math.fsum(final(arm, s, p, "mean") for p in policies) / len(policies)
+
+    return {
+        "a": a, "b": b, "seeds": seeds,
+        "both": diff([allpol(a, s) for s in seeds], [allpol(b, s) for s in seeds]),
+        "policies": {pol: {k: diff([final(a, s, pol, k) for s in seeds],
+                                   [final(b, s, pol, k) for s in seeds])
+                           for k in [*skills, "mean"]} for pol in policies},
+    }
+
+
+def transfer_matrix(by_probe: dict[str, dict[int, RunResult]], fb: FB, arm: str,
+                    policies: Sequence[str], skills: Sequence[str],
+                    strong: dict[str, list[str]]) -> dict[str, Any]:
+    """Who learned what from whom under `arm`: per (receiver, donor) the VERIFIED_SUCCESS
+    records the receiver took from the donor (SEE), the demonstrations per skill it trained on
+    (trainer metrics `rescue_demos/<skill>/<donor>`), both per run (mean over seeds), and the
+    receiver's held-out gain against `none` (paired) and against its warm start on every skill
+    the donor was warm-started on and the receiver was not."""
+    runs = by_probe[arm]
+    control = fb.get(CONTROL, {})
+    cells: dict[str, dict[str, Any]] = {}
+    for r in policies:
+        cells[r] = {}
+        for d in policies:
+            if d == r:
+                continue
+            taken = [float(((run.see.get("matrix") or {}).get("VERIFIED_SUCCESS") or {})
+                           .get(r, {}).get(d, 0.0)) for run in runs.values() if run.see]
+            demos: dict[str, float] = {}
+            for run in runs.values():
+                for row in run.rows[r]:
+                    for key, v in row.items():
+                        if key.startswith("rescue_demos/") and key.endswith(f"/{d}"):
+                            sk = key.split("/")[1]
+                            demos[sk] = demos.get(sk, 0.0) + float(v) / len(runs)
+            gains = {}
+            for sk in skills:
+                if sk in strong.get(d, []) and sk not in strong.get(r, []):
+                    seeds = sorted(set(fb[arm]) & set(control))
+                    gains[sk] = {
+                        "final": est([fb[arm][s][r][0][sk] for s in sorted(fb[arm])]),
+                        "vs_none": diff([fb[arm][s][r][0][sk] for s in seeds],
+                                        [control[s][r][0][sk] for s in seeds]),
+                    }
+            cells[r][d] = {"see_taken": math.fsum(taken) / len(taken) if taken else None,
+                           "demos": demos, "skills": gains}
+    return cells
 
 
 def _best_both(run: RunResult, policies: Sequence[str]) -> float:
@@ -279,8 +365,9 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                        f"{flags} |")
         out += ["", "`*` strong (warm-started) skill; the others are weak and should start near "
                 "0.", ""]
+    allp = "both" if len(pols) == 2 else "all"
     out += ["### Final held-out reward@1 (mean over skills)", "",
-            "| probe | " + " | ".join(pols) + " | both | both − none | best both | "
+            "| probe | " + " | ".join(pols) + f" | {allp} | {allp} − none | best {allp} | "
             "best − none |", "|---|" + "---|" * (len(pols) + 4)]
     for p in probes:
         e = reg["probes"][p]
@@ -332,6 +419,9 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                        f" | {fmt(pe['best']['mean'])} | {fmt(pe['vs_none_best'].get('mean'), True)}"
                        " |")
     out.append("")
+    out += contrasts_markdown(reg)
+    out += transfer_markdown(reg)
+    out += tradeoff_markdown(reg)
     out += ["### Probe diagnostics (per-round means, averaged over seeds)", "",
             "| probe | policy | rounds | wall s | fallback rounds | rescues/round | "
             "baseline shift | peer samples/round | PRP w mean | PRP w var | PRP kept | "
@@ -379,4 +469,90 @@ def transfer_summary(reg: dict[str, Any]) -> dict[str, list[tuple[str, str, floa
                   for pol in reg["policies"] for s in reg["skills"]
                   if _excl(e["policies"][pol]["vs_none"].get(s))
                   and e["policies"][pol]["vs_none"][s]["mean"] > 0]
+    return out
+
+
+def contrasts_markdown(reg: dict[str, Any]) -> list[str]:
+    """SGT against its controls (and any configured contrast): paired a − b."""
+    cs = reg.get("contrasts") or []
+    if not cs:
+        return []
+    pols = reg["policies"]
+    allp = "both" if len(pols) == 2 else "all"
+    out = ["### Controls: paired differences of final held-out reward@1", "",
+           "SGT − sgt-self: what peer information adds over the same amount of own supervision; "
+           "oracle − SGT: what a perfect peer would add over the real ones.", "",
+           f"| contrast | {allp} | " + " | ".join(pols) + " |", "|---|---|" + "---|" * len(pols)]
+    for c in cs:
+        cells = [f"{fmt(c['policies'][p]['mean'], True)}{_mark(c['policies'][p]['mean'])}"
+                 for p in pols]
+        out.append(f"| {c['a']} − {c['b']} | {fmt(c['both'], True)}{_mark(c['both'])} | "
+                   + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def transfer_markdown(reg: dict[str, Any]) -> list[str]:
+    """The receiver x donor matrix of each SGT-family arm."""
+    out: list[str] = []
+    pols = reg["policies"]
+    for arm, cells in (reg.get("transfer") or {}).items():
+        out += [f"### Transfer matrix under `{arm}`: who learned what from whom", "",
+                "Rows: receiver; columns: donor. Each cell: VERIFIED_SUCCESS records the "
+                "receiver took from the donor through SEE (mean per run); demonstrations it "
+                "trained on per skill; and for each skill the donor was warm-started on and "
+                "the receiver was not: final held-out reward@1 [paired Δ vs none].", "",
+                "| receiver \\ donor | " + " | ".join(pols) + " |",
+                "|---|" + "---|" * len(pols)]
+        for r in pols:
+            row = []
+            for d in pols:
+                c = cells.get(r, {}).get(d)
+                if c is None:
+                    row.append("—")
+                    continue
+                parts = [f"{c['see_taken']:.0f} taken" if c["see_taken"] is not None else "—"]
+                if c["demos"]:
+                    parts.append("demos " + ", ".join(f"{k} {v:.0f}"
+                                                      for k, v in sorted(c["demos"].items())))
+                for sk, g in c["skills"].items():
+                    fin, vn = g.get("final"), g.get("vs_none")
+                    parts.append(f"**{sk}** {fin['mean']:.2f}" if fin else f"**{sk}** —")
+                    if vn:
+                        parts[-1] += f" [{vn['mean']:+.2f}{_mark(vn).strip()}]"
+                row.append("; ".join(parts))
+            out.append(f"| {r} | " + " | ".join(row) + " |")
+        out.append("")
+    return out
+
+
+def tradeoff_markdown(reg: dict[str, Any]) -> list[str]:
+    """Support and stability per arm and policy (means over seeds)."""
+    t = reg.get("tradeoff") or {}
+    arms = t.get("arms") or {}
+    if not arms:
+        return []
+    out = ["### Stability–support (per arm and policy; mean over seeds)", "",
+           "Support: mean per-token log-prob of peers' verified successes on prompts the "
+           "policy failed, first → last fifth of the run. Stability: KL to the warm start "
+           "(last fifth), strong skills' held-out reward@1 warm → final, gradient-norm mean "
+           "and variance over the run.", "",
+           "| probe | policy | support first → last | Δ support | KL to warm | strong warm → "
+           "final | grad-norm mean | grad-norm var | final reward |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for arm, per_pol in arms.items():
+        for pol, e in per_pol.items():
+            sm = e["summary"]
+
+            def v(name: str, spec: str = ".3f", sm: dict[str, Any] = sm) -> str:
+                x = sm.get(name)
+                return "—" if not x else format(x["mean"], spec)
+
+            fin = reg["probes"].get(arm, {}).get("policies", {}).get(pol, {}).get("final", {})
+            out.append(f"| {arm} | {pol} | {v('support_first', '.2f')} → "
+                       f"{v('support_last', '.2f')} | {v('support_delta', '+.2f')} | "
+                       f"{v('kl_warm_last', '.3g')} | {v('strong_warm', '.2f')} → "
+                       f"{v('strong_final', '.2f')} | {v('grad_norm_mean', '.3g')} | "
+                       f"{v('grad_norm_var', '.3g')} | {fmt(fin.get('mean'))} |")
+    out.append("")
     return out

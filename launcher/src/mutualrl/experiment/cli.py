@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import cast
 
 from mutualrl.common.commands import Commands
 
@@ -14,18 +13,20 @@ def _experiment(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from rich.console import Console
 
-    from mutualrl.experiment.config import ProbeKind, load_experiment
+    from mutualrl.experiment.config import load_experiment
     from mutualrl.experiment.runner import run_experiment
     from mutualrl.launch.exit_codes import EXIT_CONFIG
 
     console = Console(stderr=False, highlight=False)
     try:
         cfg, raw = load_experiment(args.config, quick=args.quick)
+        if args.full:
+            cfg = cfg.full()
         if args.seeds:
             cfg.seeds = [int(s) for s in args.seeds.split(",")]
-        if args.probes:
-            # Any string passes here; the model_validate below refuses unknown probes.
-            cfg.probes = cast("list[ProbeKind]", args.probes.split(","))
+        if args.probes:  # exactly these arms, in every regime that runs
+            cfg = cfg.full().model_copy(update={"only_regimes": cfg.only_regimes})
+            cfg.probes = args.probes.split(",")
         if args.regimes:
             cfg.only_regimes = args.regimes.split(",")
         if args.run_prefix:
@@ -51,8 +52,9 @@ def _experiment(args: argparse.Namespace) -> int:
 def register(commands: Commands) -> None:
     """Add `mutualrl experiment` to the CLI."""
     p = commands.add(("experiment",),
-                     "Probe comparison: none / prp / xgrpo / sgt over paired seeds and task "
-                     "regimes, through SEE, THL and MWRA; writes results.json/.md and curves.png.",
+                     "Probe comparison: none / prp / xgrpo / sgt and SGT's controls (sgt-self, "
+                     "oracle) over paired seeds and task regimes of 2 or more policies, through "
+                     "SEE, THL and MWRA; writes results.json/.md and the plots.",
                      _experiment)
     p.add_argument("-c", "--config", required=True,
                    help="Experiment YAML (configs/probe-comparison.yaml).")
@@ -60,8 +62,12 @@ def register(commands: Commands) -> None:
     p.add_argument("--quick", action="store_true",
                    help="Merge the config's `experiment.quick` overrides (a reduced grid).")
     p.add_argument("--seeds", help="Comma-separated seeds (overrides the config).")
-    p.add_argument("--probes", help="Comma-separated probes (must include none).")
-    p.add_argument("--regimes", help="Comma-separated regimes to run (default: all).")
+    p.add_argument("--full", action="store_true",
+                   help="The whole grid: every regime runs every arm of `probes` (the default "
+                        "runs each regime's `probes` subset and `only_regimes`).")
+    p.add_argument("--probes", help="Comma-separated arms to run in every regime that runs "
+                                    "(probe kinds, prp-seq, prp-chunk or configured arms).")
+    p.add_argument("--regimes", help="Comma-separated regimes to run (default: the config's).")
     p.add_argument("--run-prefix", help="Prefix of every run id (unique per Redis).")
     p.add_argument("--parallel-runs", type=int, help="Runs trained at once.")
     p.add_argument("--time-budget-min", type=float,

@@ -12,15 +12,20 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config, load_yaml
 
-ProbeKind = Literal["none", "prp", "xgrpo", "sgt"]
-PROBES: tuple[ProbeKind, ...] = ("none", "prp", "xgrpo", "sgt")
+PROBES: tuple[str, ...] = ("none", "prp", "xgrpo", "sgt", "sgt-self", "oracle")
+"""Probe kinds (ProbeSettings.kind)."""
 CONTROL = "none"
+ARMS: dict[str, dict[str, Any]] = {
+    "prp-seq": {"kind": "prp", "prp_level": "sequence"},
+    "prp-chunk": {"kind": "prp", "prp_level": "chunk"},
+}
+"""Built-in arms besides the probe kinds: PRP at either weight level, in any regime."""
 
 
 class PolicySpec(Config):
@@ -63,8 +68,12 @@ class RegimeSpec(Config):
     """TrainerConfig fields common to every run of the regime (grpo, probe knobs, eval); the
     experiment sets run_id, seed, output_dir, task, services, policies and probe.kind."""
     probe_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Per probe kind: ProbeSettings fields that apply to that probe only (e.g. PRP's weight
-    mode). Knobs a probe does not read are inert, so shared knobs belong in `trainer.probe`."""
+    """Per probe kind or arm: ProbeSettings fields that apply to it only (e.g. PRP's weight
+    mode). A kind's overrides apply to every arm of that kind, an arm's on top. Knobs a probe
+    does not read are inert, so shared knobs belong in `trainer.probe`."""
+    probes: list[str] | None = None
+    """The arms this regime runs by default (a subset of the experiment's `probes`); None: all.
+    `--full` lifts it."""
     seconds_per_round: dict[str, float] = Field(default_factory=dict)
     """Expected wall seconds per round of a run (both policies at once) per probe, for the ETA;
     missing probes use `default_seconds_per_round`."""
@@ -78,9 +87,6 @@ class RegimeSpec(Config):
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique, got {names}")
-        unknown = set(self.probe_overrides) - set(PROBES)
-        if unknown:
-            raise ValueError(f"probe_overrides: unknown probes {sorted(unknown)}")
         return self
 
 
@@ -113,8 +119,18 @@ class ExperimentConfig(Config):
     run_prefix: str = Field("pc", pattern=r"^[A-Za-z0-9._-]{1,24}$")
     """Run ids are <run_prefix>-<regime>-<probe>-s<seed>; a unique prefix keeps experiments
     apart in one Redis (the e2e test passes one)."""
-    probes: list[ProbeKind] = Field(default_factory=lambda: list(PROBES))
-    """Probes compared; `none` (plain GRPO) is the control and must be among them."""
+    probes: list[str] = Field(default_factory=lambda: ["none", "prp", "xgrpo", "sgt"])
+    """Arms compared: probe kinds (none, prp, xgrpo, sgt, sgt-self, oracle), the built-in arms
+    prp-seq / prp-chunk, or names defined in `arms`. `none` (plain GRPO) is the control every
+    "− none" column is paired against."""
+    arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Named arms: ProbeSettings fields with a `kind` (e.g. `prp-none: {kind: prp,
+    prp_weight_mode: none}`); they join (and may replace) the built-in ones."""
+    contrasts: list[tuple[str, str]] = Field(
+        default_factory=lambda: [("sgt", "sgt-self"), ("oracle", "sgt"), ("sgt", "none")])
+    """Paired differences reported as "a − b" when a regime ran both arms (SGT against its
+    controls: SGT − sgt-self is what peer information adds; oracle − SGT what a perfect peer
+    would add on top)."""
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     """Paired seeds: the same seed gives the same prompt order, warm start and sampling seed
     under every probe."""
@@ -144,23 +160,54 @@ class ExperimentConfig(Config):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        if CONTROL not in self.probes:
-            raise ValueError("probes must include 'none' (the control of every comparison)")
+        known = set(PROBES) | set(self.all_arms())
+        for name, fields in self.arms.items():
+            if fields.get("kind") not in PROBES:
+                raise ValueError(f"arms.{name}.kind must be one of {list(PROBES)}")
+        unknown = [p for p in self.probes if p not in known]
+        if unknown:
+            raise ValueError(f"probes: unknown {unknown}; expected probe kinds {list(PROBES)} "
+                             f"or arms {sorted(self.all_arms())}")
+        for regime, spec in self.regimes.items():
+            bad = set(spec.probe_overrides) - known
+            if bad:
+                raise ValueError(f"regimes.{regime}.probe_overrides: unknown {sorted(bad)}")
+            bad = set(spec.probes or []) - known
+            if bad:
+                raise ValueError(f"regimes.{regime}.probes: unknown {sorted(bad)}")
         if len(set(self.probes)) != len(self.probes):
             raise ValueError(f"probes must be unique, got {self.probes}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be unique, got {self.seeds}")
         if not self.regimes:
             raise ValueError("regimes: give at least one")
-        unknown = set(self.only_regimes or []) - set(self.regimes)
-        if unknown:
-            raise ValueError(f"only_regimes: unknown regimes {sorted(unknown)}")
+        missing = set(self.only_regimes or []) - set(self.regimes)
+        if missing:
+            raise ValueError(f"only_regimes: unknown regimes {sorted(missing)}")
         return self
 
     def active_regimes(self) -> dict[str, RegimeSpec]:
         """The regimes this invocation runs, in config order."""
         keep = self.only_regimes
         return {k: v for k, v in self.regimes.items() if keep is None or k in keep}
+
+    def all_arms(self) -> dict[str, dict[str, Any]]:
+        """Every named arm (built-in and configured) -> its ProbeSettings fields."""
+        return {**ARMS, **self.arms}
+
+    def arm_fields(self, arm: str) -> dict[str, Any]:
+        """ProbeSettings fields of an arm (a probe kind is the arm {kind: it})."""
+        return dict(self.all_arms().get(arm, {"kind": arm}))
+
+    def regime_probes(self, regime: str) -> list[str]:
+        """The arms `regime` runs: the experiment's, restricted by the regime's `probes`."""
+        keep = self.regimes[regime].probes
+        return [p for p in self.probes if keep is None or p in keep]
+
+    def full(self) -> ExperimentConfig:
+        """The whole grid: every regime runs every arm."""
+        regimes = {k: v.model_copy(update={"probes": None}) for k, v in self.regimes.items()}
+        return self.model_copy(update={"only_regimes": None, "regimes": regimes})
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,7 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
     runs_dir = out / "runs"
     preset_cache = runs_dir / "presets"
     warm: dict[tuple[str, str, int], WarmStart] = {}
+    by_key: dict[str, WarmStart] = {}  # equal SFT configs (across regimes) share a warm start
     runs: list[RunSpec] = []
     for regime, spec in cfg.active_regimes().items():
         bad = set(spec.trainer) & set(_OWNED)
@@ -107,10 +108,11 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                     # Keyed by content: a changed SFT config never reuses a stale checkpoint.
                     key = config_hash({k: v for k, v in sft.items()
                                        if k not in ("cache_dir", "progress", "out_dir")})
-                    d = (warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
-                    warm[(regime, name, ws)] = WarmStart(regime, name, ws,
-                                                         {**sft, "out_dir": str(d)}, d)
-            for probe in cfg.probes:
+                    if key not in by_key:
+                        d = (warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
+                        by_key[key] = WarmStart(regime, name, ws, {**sft, "out_dir": str(d)}, d)
+                    warm[(regime, name, ws)] = by_key[key]
+            for probe in cfg.regime_probes(regime):
                 run_id = f"{cfg.run_prefix}-{regime}-{probe}-s{seed}"
                 if not ids.RUN_ID.valid(run_id):
                     raise ValueError(f"run id {run_id!r} is not {ids.RUN_ID.described}: "
@@ -124,7 +126,7 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                     regime=regime, probe=probe, seed=seed, run_id=run_id, policies=names,
                     rounds=rounds, trainer=trainer, warm=mine,
                     eta_s=(rounds * sec + spec.startup_seconds) / cfg.parallel_runs))
-    return ExperimentPlan(warm_starts=list(warm.values()), runs=runs)
+    return ExperimentPlan(warm_starts=list(by_key.values()), runs=runs)
 
 
 def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, probe: str,
@@ -133,8 +135,11 @@ def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, pr
     """TrainerConfig fields of one run (services filled in later by the runner)."""
     t = deep_merge({"metrics": {"tensorboard": False, "progress": False},
                     "checkpoint": {"every": 0, "keep": 1}}, spec.trainer)
-    probe_cfg = deep_merge(t.get("probe") or {}, spec.probe_overrides.get(probe, {}))
-    probe_cfg["kind"] = probe
+    arm = cfg.arm_fields(probe)
+    kind = arm.pop("kind")
+    probe_cfg = deep_merge(t.get("probe") or {}, spec.probe_overrides.get(kind, {}))
+    probe_cfg = deep_merge(deep_merge(probe_cfg, arm), spec.probe_overrides.get(probe, {}))
+    probe_cfg["kind"] = kind
     t["probe"] = probe_cfg
     t.update(run_id=run_id, seed=seed, output_dir=str(runs_dir.resolve()), task=dict(spec.task))
     t["policies"] = []

@@ -1,12 +1,16 @@
 """curves.png: held-out reward@1 vs round, one panel per (regime, policy), one line per probe with
-its 95% band over seeds (matplotlib, Agg backend: no display needed)."""
+its 95% band over seeds; tradeoff-<regime>.png: the stability-support picture, one column per
+probe (matplotlib, Agg backend: no display needed)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-COLORS = {"none": "#444444", "prp": "#1f77b4", "xgrpo": "#2ca02c", "sgt": "#d62728"}
+COLORS = {"none": "#444444", "prp": "#1f77b4", "xgrpo": "#2ca02c", "sgt": "#d62728",
+          "sgt-self": "#ff7f0e", "oracle": "#9467bd", "prp-seq": "#17becf",
+          "prp-chunk": "#1f77b4"}
+POLICY_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
 def plot_curves(results: dict[str, Any], path: Path) -> Path:
@@ -63,3 +67,64 @@ def _both_curve(per_pol: dict[str, Any], policies: list[str]) -> dict[str, Any] 
     mean = [sum(c["mean"][ix[r]] for c, ix in zip(curves, idx, strict=True)) / len(curves)
             for r in common]
     return {"rounds": common, "mean": mean}
+
+
+TRADEOFF_ROWS = (
+    ("reward", "held-out reward@1\n(mean over skills)"),
+    ("support_logp", "support: log-prob of peer\nsuccesses on failed prompts"),
+    ("kl_warm", "KL to warm start\n(per token)"),
+    ("strong", "strong skills kept\n(held-out reward@1)"),
+    ("grad_norm_var", "grad-norm variance\n(per window)"),
+)
+
+
+def plot_tradeoff(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One figure per regime: columns = probes, rows = reward, support and the three stability
+    measures, one line per policy (mean over seeds). Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for regime, reg in results["regimes"].items():
+        arms = (reg.get("tradeoff") or {}).get("arms") or {}
+        if not arms:
+            continue
+        names = list(arms)
+        fig, axes = plt.subplots(len(TRADEOFF_ROWS), len(names),
+                                 figsize=(max(3.3 * len(names), 6.5), 2.3 * len(TRADEOFF_ROWS)),
+                                 squeeze=False, sharex=True, sharey="row")
+        for j, arm in enumerate(names):
+            for i, (key, label) in enumerate(TRADEOFF_ROWS):
+                ax = axes[i][j]
+                for k, pol in enumerate(reg["policies"]):
+                    color = POLICY_COLORS[k % len(POLICY_COLORS)]
+                    if key == "reward":
+                        c = reg["curves"].get(arm, {}).get(pol)
+                        xs, ys = (c["rounds"], c["mean"]) if c else ([], [])
+                    else:
+                        c = arms[arm].get(pol, {}).get("curves", {}).get(key) or {}
+                        xs, ys = c.get("x", []), c.get("mean", [])
+                    if xs:
+                        ax.plot(xs, ys, color=color, lw=1.4, label=pol)
+                if key == "grad_norm_var":
+                    ax.set_yscale("symlog", linthresh=1e-2)
+                if i == 0:
+                    ax.set_title(arm, fontsize=10)
+                if j == 0:
+                    ax.set_ylabel(label, fontsize=8)
+                if i == len(TRADEOFF_ROWS) - 1:
+                    ax.set_xlabel("round")
+                ax.grid(alpha=0.3)
+                ax.tick_params(labelsize=7)
+        axes[0][0].legend(fontsize=7, loc="best")
+        fig.suptitle(f"{results['experiment']} / {regime}: stability–support per probe\n"
+                     "(lines = policies, mean over seeds)", fontsize=10)
+        fig.tight_layout()
+        path = out_dir / f"tradeoff-{regime}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -359,7 +359,7 @@ def _over_budget(cfg: ExperimentConfig, infos: list[dict[str, Any]], t_start: fl
     if cfg.time_budget_s is None or not infos:
         return False
     elapsed = time.monotonic() - t_start
-    per_run = max(i["wall_s"] for i in infos)
+    per_run = max(float(i["wall_s"]) for i in infos)
     return elapsed + per_run > cfg.time_budget_s
 
 
@@ -399,7 +399,9 @@ def collect(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path,
             warm_by_regime[spec.regime].setdefault(pol, warm_reports[w.key])
     results: dict[str, Any] = {
         "experiment": cfg.name, "quick": quick,
-        "meta": {"seeds": cfg.seeds, "probes": cfg.probes, "wall_s": round(wall_s, 1),
+        "meta": {"seeds": cfg.seeds, "probes": cfg.probes,
+                 "regime_probes": {r: cfg.regime_probes(r) for r in cfg.active_regimes()},
+                 "wall_s": round(wall_s, 1),
                  "wall": fmt_duration(wall_s), "parallel_runs": cfg.parallel_runs,
                  "warm_start": {"per_seed": cfg.warm_start.per_seed,
                                 "note": "one warm start per (regime, policy), reused by every "
@@ -431,17 +433,21 @@ def collect(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path,
         warm = {p: {k: float(v) for k, v in warm_by_regime[regime][p]
                     ["heldout_accuracy"].items()} for p in policies
                 if p in warm_by_regime[regime]}
-        results["regimes"][regime] = summarize_regime(done, policies, warm, cfg.probes)
+        regime_spec = cfg.regimes[regime]
+        strong = {pol.name: list(pol.strong_skills) for pol in regime_spec.policies}
+        results["regimes"][regime] = summarize_regime(
+            done, policies, warm, cfg.regime_probes(regime), strong, cfg.contrasts)
     return results
 
 
 def write_outputs(results: dict[str, Any], out: Path) -> None:
-    from mutualrl.experiment.plot import plot_curves
+    from mutualrl.experiment.plot import plot_curves, plot_tradeoff
 
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(render_markdown(results))
     if results["regimes"]:
         plot_curves(results, out / "curves.png")
+        plot_tradeoff(results, out)
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -483,8 +489,8 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
     record: dict[str, Any] = {"experiment": cfg.model_dump(mode="json"), "quick": quick,
                               **{k: raw[k] for k in ("see", "thl", "mwra") if k in raw}}
     (out / "experiment.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
-    regimes = list(cfg.active_regimes())
-    console.print(f"[bold]{cfg.name}[/]: regimes {regimes} x probes {cfg.probes} x seeds "
+    grid = "; ".join(f"{r}: {', '.join(cfg.regime_probes(r))}" for r in cfg.active_regimes())
+    console.print(f"[bold]{cfg.name}[/]: {grid} x seeds "
                   f"{cfg.seeds} = {len(plan.runs)} runs, {cfg.parallel_runs} at a time; "
                   f"ETA of the runs {fmt_duration(plan.eta_s)} (+ warm starts, "
                   f"{len(plan.warm_starts)} to check or train) -> {out}", highlight=False)

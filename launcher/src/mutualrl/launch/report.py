@@ -32,7 +32,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def _last_with(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     for row in reversed(rows):
         if any(k.startswith(prefix) for k in row):
-            return row
+            return dict(row)
     return {}
 
 
@@ -90,8 +90,37 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
             "heldout_final": {s: final.get(f"heldout/{s}") for s in skills},
             "rescued_prompts": sum(r.get("rescued_prompts", 0.0) for r in rows),
             "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
+            "demos_by_donor": demos_by_donor(rows),
         }
     return out
+
+
+def demos_by_donor(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """donor -> skill -> peer demonstrations trained on (SGT's `rescue_demos/<skill>/<donor>`)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for key, v in r.items():
+            if key.startswith("rescue_demos/"):
+                _, skill, donor = key.split("/", 2)
+                out.setdefault(donor, {})[skill] = out.get(donor, {}).get(skill, 0.0) + v
+    return out
+
+
+def learned_table(res: dict[str, Any]) -> Table | None:
+    """Who learned what from whom: demonstrations per receiver, donor and skill, with the
+    receiver's start -> final held-out reward@1 on that skill."""
+    table = Table(title="SGT demonstrations: receiver <- donor, per skill (start → final)")
+    for col in ("receiver", "donor", "skill", "demos", "held-out"):
+        table.add_column(col, justify="right" if col in ("demos", "held-out") else "left")
+    rows = 0
+    for name, r in res.items():
+        for donor, skills in sorted(r.get("demos_by_donor", {}).items()):
+            for skill, n in sorted(skills.items(), key=lambda kv: -kv[1]):
+                a, b = r["heldout_start"].get(skill), r["heldout_final"].get(skill)
+                held = f"{a:.2f}→{b:.2f}" if a is not None and b is not None else "-"
+                table.add_row(name, donor, skill, f"{n:.0f}", held)
+                rows += 1
+    return table if rows else None
 
 
 def _cells(r: dict[str, Any], skills: list[str]) -> list[str]:
@@ -129,7 +158,8 @@ def results_markdown(res: dict[str, Any]) -> str:
 
 
 def plot_curves(plan: LaunchPlan, path: Path) -> None:
-    """One panel per policy: held-out reward@1 per skill (markers) and train reward (faint)."""
+    """One panel per policy: held-out reward@1 per skill (markers) and train reward (faint),
+    against rounds done; round 0 is the warm start (its own evaluation) when there is one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,16 +169,20 @@ def plot_curves(plan: LaunchPlan, path: Path) -> None:
                              dpi=110, sharey=True, squeeze=False)
     for ax, name in zip(axes[0], plan.policies, strict=True):
         rows = read_rows(plan.metrics_files[name])
-        ax.plot([r["round"] for r in rows], [r.get("reward_mean", 0.0) for r in rows],
+        ax.plot([r["round"] + 1 for r in rows], [r.get("reward_mean", 0.0) for r in rows],
                 color="grey", alpha=0.4, linewidth=1, label="train reward")
-        evals = [r for r in rows if "heldout/mean" in r]
+        evals = [{**r, "round": r["round"] + 1} for r in rows if "heldout/mean" in r]
+        warm = _warm_start_accuracy(plan, name)
+        if warm is not None:
+            evals.insert(0, {"round": 0, **{f"heldout/{k}": v for k, v in warm.items()}})
         keys = sorted({k for r in evals for k in r if k.startswith("heldout/")})
         for key in keys:
             style = {"linestyle": "--", "color": "black"} if key == "heldout/mean" else {}
-            ax.plot([r["round"] for r in evals], [r.get(key) for r in evals], marker="o",
+            pts = [(r["round"], r[key]) for r in evals if key in r]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
                     markersize=3, label=key.split("/", 1)[1], **style)
         ax.set_title(name)
-        ax.set_xlabel("round")
+        ax.set_xlabel("rounds done (0 = warm start)" if warm is not None else "rounds done")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
@@ -169,7 +203,7 @@ def see_stats(plan: LaunchPlan) -> dict[str, Any] | None:
                                  else {})
     try:
         with urllib.request.urlopen(req, timeout=5) as reply:
-            return json.loads(reply.read())
+            return dict(json.loads(reply.read()))
     except OSError:
         return None
 
@@ -190,6 +224,9 @@ def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
     console.print(results_table(res))
     plot = plan.run_dir / "curves.png"
     plot_curves(plan, plot)
+    learned = learned_table(res)
+    if learned is not None:
+        console.print(learned)
     stats = see_stats(plan)
     if stats is not None:
         console.print(transfer_table(stats))

@@ -1,0 +1,61 @@
+"""`mutualrl up`'s report: who learned what from whom, the plot from the warm start, and the
+round-barrier arithmetic of `mutualrl bench rounds` (pure; files in tmp_path)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mutualrl.launch.bench import barrier_round_time
+from mutualrl.launch.report import demos_by_donor, learned_table, plot_curves, results
+
+
+def _plan(tmp_path: Path) -> object:
+    from mutualrl.launch.up import LaunchPlan
+
+    warm = tmp_path / "warm-a"
+    warm.mkdir()
+    (warm / "sft_eval.json").write_text(json.dumps(
+        {"heldout_accuracy": {"add": 0.9, "rev": 0.0, "mean": 0.45}}))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"trainer": {"policies": [
+        {"name": "a", "sft_checkpoint": str(warm)}, {"name": "b"}]}}))
+    files = {}
+    for name, donor in (("a", "b"), ("b", "a")):
+        rows = []
+        for k in range(4):
+            row = {"round": k, "reward_mean": 0.5, f"rescue_demos/rev/{donor}": 2.0}
+            if k in (1, 3):
+                row.update({"heldout/add": 0.9, "heldout/rev": 0.1 * k, "heldout/mean": 0.5})
+            rows.append(row)
+        path = tmp_path / name / "metrics.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files[name] = path
+    return LaunchPlan(run_dir=tmp_path, config_path=cfg, up=None, run_id="t",  # type: ignore[arg-type]
+                policies=["a", "b"], metrics_files=files, rounds=4)
+
+
+def test_learned_from_whom_and_plot_from_the_warm_start(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    res = results(plan)  # type: ignore[arg-type]
+    assert res["a"]["demos_by_donor"] == {"b": {"rev": 8.0}}
+    assert res["a"]["start_label"] == "warm start" and res["a"]["heldout_start"]["rev"] == 0.0
+    assert res["b"]["start_label"] == "round 1"
+    table = learned_table(res)
+    assert table is not None and table.row_count == 2
+    assert demos_by_donor([{"round": 0}]) == {}
+    png = tmp_path / "curves.png"
+    plot_curves(plan, png)  # type: ignore[arg-type]
+    assert png.stat().st_size > 10_000
+
+
+def test_barrier_round_time_is_the_pace_of_the_slowest_policy() -> None:
+    times = {"a": [1.0, 2.0, 3.0, 4.0], "b": [1.5, 2.2, 3.9, 4.1]}
+    # barriers 1.5, 2.2, 3.9, 4.1 -> gaps after the first: 1.7, 0.2
+    assert barrier_round_time(times, skip=1) == pytest.approx(0.95)
+    with pytest.raises(ValueError):
+        barrier_round_time(times, skip=3)

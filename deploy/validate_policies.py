@@ -2,20 +2,31 @@
 
 A JSON schema validates each object alone; these checks follow references between objects
 (a compose `depends_on` naming a service that does not exist, a Kubernetes Service whose
-selector matches no pod) and hold the project's deployment rules (requests and limits on every
-container, non-root pods, gRPC probes on the services). Each problem is printed as one
-`ERROR <where>: <what>` line; the exit status is 1 when there is any.
+selector matches no pod), hold the project's deployment rules (requests and limits on every
+container, non-root pods, gRPC probes on the services), and read the Dockerfiles without a Docker
+engine (images.py): what enters each build, that every pip install takes the workspace packages
+from their directories under the constraints file, and each image's dependency closure.
+Each problem is printed as one `ERROR <where>: <what>` line (notes as `NOTE ...`); the exit
+status is 1 when there is any error.
 
     python deploy/validate_policies.py compose docker-compose.yml
     kubectl kustomize deploy/k8s/overlays/dev | python deploy/validate_policies.py k8s dev -
-    python deploy/validate_policies.py deps pyproject.toml deploy/docker/requirements-service.txt
     python deploy/validate_policies.py same configs/demo.yaml deploy/k8s/base/run.yaml
-    python deploy/validate_policies.py imports deploy/docker/requirements-service.txt
-    python deploy/validate_policies.py cli docker-compose.yml rendered-overlay.yaml ...
+    python deploy/validate_policies.py constraints . constraints.txt \
+        deploy/docker/constraints-gpu.txt
+    python deploy/validate_policies.py context . deploy/docker/Dockerfile.service
+    python deploy/validate_policies.py pips . deploy/docker/Dockerfile.service
+    python deploy/validate_policies.py closure . deploy/docker/Dockerfile.service
+    python deploy/validate_policies.py imports . deploy/docker/Dockerfile.service
+    python deploy/validate_policies.py cli . deploy/docker docker-compose.yml \
+        rendered-overlay.yaml ...
+
+The first argument of the image checks is the build context (the repository root).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -23,11 +34,26 @@ import pkgutil
 import re
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
+from dockerfile import parse
+from images import (
+    FORBIDDEN,
+    Image,
+    check_closure,
+    check_context,
+    check_pips,
+    leaf_images,
+    read_constraints,
+    shown,
+    workspace,
+)
+from packaging.utils import canonicalize_name
 
 # Workload kinds whose pod template the checks walk, and where that template sits.
 POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -40,16 +66,6 @@ POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
 }
 # gRPC ports of the MutualRL services; a container exposing one must probe it.
 GRPC_PORTS = {50051, 50052, 50053}
-# Packages the service image must not carry (they are trainer-only and heavy).
-TRAINER_ONLY = {"torch", "matplotlib", "tensorboard"}
-# Packages of the service image whose every module must import without TRAINER_ONLY.
-SERVICE_PACKAGES = (
-    "mutualrl.v1",
-    "mutualrl.common",
-    "mutualrl.see",
-    "mutualrl.thl",
-    "mutualrl.mwra",
-)
 
 
 def dig(obj: Any, *path: str) -> Any:
@@ -240,29 +256,6 @@ def check_k8s(name: str, docs: list[dict[str, Any]]) -> list[str]:
 # ---- drift between copies -----------------------------------------------------------------------
 
 
-def requirement_name(line: str) -> str:
-    return re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].strip().lower().replace("_", "-")
-
-
-def check_deps(pyproject: Path, requirements: Path) -> list[str]:
-    """Every service requirement appears verbatim in pyproject's dependencies; no trainer-only."""
-    deps = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
-    by_name = {requirement_name(d): d for d in deps}
-    errors: list[str] = []
-    for raw in requirements.read_text(encoding="utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name = requirement_name(line)
-        if name in TRAINER_ONLY:
-            errors.append(f"{requirements}: '{name}' does not belong in the service image")
-        elif name not in by_name:
-            errors.append(f"{requirements}: '{line}' is not a dependency in {pyproject}")
-        elif by_name[name].replace(" ", "") != line.replace(" ", ""):
-            errors.append(f"{requirements}: '{line}' differs from {pyproject}'s '{by_name[name]}'")
-    return errors
-
-
 def check_same(source: Path, copy: Path) -> list[str]:
     if not source.exists():
         return [f"{source}: missing (the Kubernetes run config {copy} is a copy of it)"]
@@ -271,156 +264,221 @@ def check_same(source: Path, copy: Path) -> list[str]:
     return []
 
 
-# ---- the package as the images run it -----------------------------------------------------------
+# ---- the packages as the images run them -------------------------------------------------------
 
 
-def service_closure(requirements: Path) -> tuple[set[str], list[str]]:
-    """Distributions the service image holds: the requirements and what they require, as the
-    installed metadata says (markers evaluated here), plus the venv's own pip and setuptools."""
+def image_entry_points(image: Image) -> Callable[..., list[EntryPoint]]:
+    """importlib.metadata.entry_points, limited to the distributions the image installs."""
+    names = image.workspace_names | set(image.closure)
+
+    def limited(*, group: str) -> list[EntryPoint]:
+        return [ep for ep in entry_points(group=group)
+                if ep.dist is not None and canonicalize_name(ep.dist.name) in names]
+
+    return limited
+
+
+@contextlib.contextmanager
+def image_cli(image: Image) -> Iterator[Any]:
+    """`mutualrl.cli` with only the commands of the image's packages registered."""
+    import mutualrl.cli as cli
+
+    if not hasattr(cli, "entry_points"):  # the registry moved: this check must follow it
+        raise RuntimeError("mutualrl.cli no longer calls importlib.metadata.entry_points; "
+                           "update deploy/validate_policies.py image_cli")
+    with mock.patch.object(cli, "entry_points", image_entry_points(image)):
+        yield cli
+
+
+def block_outside(image: Image, context: Path) -> list[str]:
+    """Make every installed module the image lacks fail to import (sys.modules None), as it
+    would in the image; returns the blocked names."""
     from importlib import metadata
 
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    lines = [r.split("#", 1)[0].strip() for r in requirements.read_text("utf-8").splitlines()]
-    stack = [Requirement(line) for line in lines if line]
-    stack += [Requirement("pip"), Requirement("setuptools")]
-    closure: set[str] = set()
-    missing: list[str] = []
-    while stack:
-        req = stack.pop()
-        name = canonicalize_name(req.name)
-        if name in closure:
-            continue
-        try:
-            dist = metadata.distribution(req.name)
-        except metadata.PackageNotFoundError:
-            if req.name not in ("pip", "setuptools"):
-                missing.append(req.name)
-            continue
-        closure.add(name)
-        for raw in dist.requires or []:
-            sub = Requirement(raw)
-            extras = ("", *req.extras)
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
-                stack.append(sub)
-    return closure, missing
-
-
-def block_outside(closure: set[str]) -> list[str]:
-    """Make every installed top-level module outside `closure` fail to import (sys.modules None),
-    as it would in the service image; returns the blocked names."""
-    from importlib import metadata
-
-    from packaging.utils import canonicalize_name
-
+    keep = image.workspace_names | set(image.closure) | {"pip", "setuptools"}
     blocked = []
     for module, dists in metadata.packages_distributions().items():
         names = {canonicalize_name(d) for d in dists}
         if (
-            names & closure
-            or "mutualrl" in names
+            module == "mutualrl"  # the namespace: its packages are blocked one by one below
+            or names & keep
             or module in sys.modules
             or module in sys.stdlib_module_names
         ):
             continue
         sys.modules[module] = None  # type: ignore[assignment]  # None: ImportError on import
         blocked.append(module)
-    for module in TRAINER_ONLY:  # whatever the metadata says
+    for name, package in workspace(context).items():
+        if name not in image.workspace_names:
+            for module in package.subpackages(context):
+                sys.modules[module] = None  # type: ignore[assignment]
+                blocked.append(module)
+    for module in FORBIDDEN.get(image.dockerfile.path.name, ()):  # whatever the metadata says
         sys.modules.setdefault(module, None)  # type: ignore[arg-type]
+        blocked.append(module)
     return blocked
 
 
-def check_imports(requirements: Path) -> list[str]:
-    """Every module of the service packages, and the CLI, import with only the service image's
-    distributions (requirements-service.txt and their dependencies) importable."""
-    closure, missing = service_closure(requirements)
-    errors = [
-        f"{requirements}: '{m}' is not installed here, so this check is incomplete" for m in missing
-    ]
-    blocked = block_outside(closure)
+def check_imports(context: Path, path: Path) -> tuple[list[str], list[str]]:
+    """Every module of an image's workspace packages, and its CLI, import with only the image's
+    distributions importable (one image per run: the blocking lasts for the process).
+    With several targets, the first whose closure could be followed completely is checked."""
+    images = leaf_images(parse(path, context), workspace(context))
+    complete = [i for i in images if not i.unfollowed]
+    notes = [f"{i.where}: not import-checked ({len(i.unfollowed)} distribution(s) not followed)"
+             for i in images if i.unfollowed]
+    if not complete:
+        return [], notes
+    image = complete[0]
+    notes += [f"{i.where}: same packages as {image.where}, not import-checked again"
+              for i in complete[1:]]
+    blocked = set(block_outside(image, context))
+    blocked_roots = {b.split(".")[0] for b in blocked} | blocked
+    errors: list[str] = []
 
     def record(name: str, exc: BaseException) -> None:
         hint = ""
-        if isinstance(exc, ImportError) and exc.name and exc.name.split(".")[0] in blocked:
-            hint = f" ('{exc.name.split('.')[0]}' is not in the service image: {requirements})"
-        errors.append(f"{name}: {type(exc).__name__}: {exc}{hint}")
+        missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        if missing and (missing in blocked_roots or missing.split(".")[0] in blocked_roots):
+            hint = f" ('{missing}' is not in {image.where})"
+        errors.append(f"{image.where}: {name}: {type(exc).__name__}: {exc}{hint}")
 
-    for package_name in SERVICE_PACKAGES:
-        try:
-            package = importlib.import_module(package_name)
-        except Exception as exc:
-            record(package_name, exc)
-            continue
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package_name}."):
+    for install in sorted(image.installs.values(), key=lambda i: i.package.directory):
+        for package_name in install.package.subpackages(context):
             try:
-                importlib.import_module(info.name)
+                package = importlib.import_module(package_name)
             except Exception as exc:
-                record(info.name, exc)
+                record(package_name, exc)
+                continue
+            for info in pkgutil.walk_packages(getattr(package, "__path__", []),
+                                              prefix=f"{package_name}."):
+                if info.name.endswith(".__main__"):  # runs the program on import
+                    continue
+                try:
+                    importlib.import_module(info.name)
+                except Exception as exc:
+                    record(info.name, exc)
     try:
-        from mutualrl.cli import build_parser
-
-        build_parser()
+        with image_cli(image) as cli:
+            cli.build_parser()
     except Exception as exc:
         record("mutualrl.cli.build_parser()", exc)
-    return errors
+    return errors, notes
 
 
-def mutualrl_argvs(compose: Path, rendered: list[Path]) -> Iterator[tuple[str, list[str]]]:
-    """(where, argv) of every `mutualrl ...` invocation in the compose file and manifests."""
+# Where a command runs: ("dockerfile", path relative to the build context, target or "") for a
+# compose service that builds, ("image", "<repository>") for an image reference.
+ImageRef = tuple[str, str, str]
+
+
+def mutualrl_argvs(
+    compose: Path, rendered: list[Path]
+) -> Iterator[tuple[str, list[str], ImageRef]]:
+    """(where, argv, image) of every `mutualrl ...` invocation in the compose file and manifests."""
     doc = yaml.safe_load(compose.read_text(encoding="utf-8")) or {}
     for name, svc in (doc.get("services") or {}).items():
         image = str(svc.get("image", ""))
         dockerfile = str(dig(svc, "build", "dockerfile") or "")
+        ref: ImageRef = (
+            ("dockerfile", dockerfile, str(dig(svc, "build", "target") or ""))
+            if dockerfile
+            else ("image", image.split(":", 1)[0], "")
+        )
         ours = "mutualrl" in image or "deploy/docker" in dockerfile
         if ours and isinstance(svc.get("command"), list):
-            yield f"{compose}: services.{name}.command", [str(a) for a in svc["command"]]
+            yield f"{compose}: services.{name}.command", [str(a) for a in svc["command"]], ref
         test = dig(svc, "healthcheck", "test")
         if isinstance(test, list) and len(test) > 1 and test[1] == "mutualrl":
-            yield f"{compose}: services.{name}.healthcheck", [str(a) for a in test[2:]]
+            yield f"{compose}: services.{name}.healthcheck", [str(a) for a in test[2:]], ref
     for path in rendered:
         for obj in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if not isinstance(obj, dict):
                 continue
             for template in pod_templates(obj):
                 for container in dig(template, "spec", "containers") or []:
-                    image = str(container.get("image", "")).rsplit("/", 2)[-2:]
-                    if image[0] != "mutualrl" or container.get("command"):
+                    reference = str(container.get("image", "")).split("@", 1)[0]
+                    repository = reference.rsplit(":", 1)[0] if ":" in reference.rsplit(
+                        "/", 1)[-1] else reference
+                    owner_name = repository.rsplit("/", 2)[-2:]
+                    if owner_name[0] != "mutualrl" or container.get("command"):
                         continue
                     where = (
                         f"{path.stem}: {str(obj.get('kind')).lower()}/"
                         f"{dig(obj, 'metadata', 'name')} container {container.get('name')}"
                     )
-                    yield where, [str(a) for a in container.get("args") or []]
+                    yield (where, [str(a) for a in container.get("args") or []],
+                           ("image", "/".join(owner_name), ""))
 
 
-def check_cli(compose: Path, rendered: list[Path]) -> list[str]:
-    """Each command the deployment runs parses with the installed `mutualrl` CLI."""
-    for module in TRAINER_ONLY:  # parsing must not need them either
-        sys.modules.setdefault(module, None)  # type: ignore[arg-type]
-    try:
-        from mutualrl.cli import build_parser
+def images_of(ref: ImageRef, context: Path, docker_dir: Path,
+              cache: dict[ImageRef, list[Image] | str]) -> list[Image] | str:
+    """The images a reference runs in (each target of mutualrl/<name>'s Dockerfile.<name>), or
+    why none can be found."""
+    if ref not in cache:
+        kind, name, target = ref
+        path = (context / name) if kind == "dockerfile" else (
+            docker_dir / f"Dockerfile.{name.rsplit('/', 1)[-1]}")
+        if not path.is_file():
+            cache[ref] = f"image {name}: no Dockerfile {shown(path, context)}"
+        else:
+            dockerfile = parse(path, context)
+            images = leaf_images(dockerfile, workspace(context))
+            if target:
+                images = [i for i in images if i.target.name == target]
+            cache[ref] = images or f"{shown(path, context)}: no target '{target}'"
+    return cache[ref]
 
-        parser = build_parser()
-    except Exception as exc:
-        return [f"mutualrl.cli.build_parser(): {type(exc).__name__}: {exc}"]
-    failures: dict[tuple[str, ...], tuple[list[str], str]] = {}  # argv -> (wheres, message)
-    for where, argv in mutualrl_argvs(compose, rendered):
-        if tuple(argv) in failures:
-            failures[tuple(argv)][0].append(where)
+
+def check_cli(context: Path, docker_dir: Path, compose: Path, rendered: list[Path]) -> list[str]:
+    """Each command the deployment runs parses with the `mutualrl` CLI of the image it runs in:
+    only the commands of that image's packages registered."""
+    cache: dict[ImageRef, list[Image] | str] = {}
+    parsers: dict[str, argparse.ArgumentParser | str] = {}
+    failures: dict[tuple[str, ...], tuple[list[str], str]] = {}  # (image, argv) -> wheres, msg
+    for where, argv, ref in mutualrl_argvs(compose, rendered):
+        images = images_of(ref, context, docker_dir, cache)
+        if isinstance(images, str):
+            failures.setdefault((images,), ([], images))[0].append(where)
             continue
-        stderr = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-                parser.parse_args(argv)
-        except SystemExit as exc:
-            if exc.code:
-                lines = stderr.getvalue().strip().splitlines()
-                failures[tuple(argv)] = ([where], lines[-1] if lines else str(exc.code))
+        for image in images:
+            key = (image.where, *argv)
+            if key in failures:
+                failures[key][0].append(where)
+                continue
+            if image.where not in parsers:
+                try:
+                    with image_cli(image) as cli:
+                        parsers[image.where] = cli.build_parser()
+                except Exception as exc:
+                    parsers[image.where] = f"{type(exc).__name__}: {exc}"
+            parser = parsers[image.where]
+            if isinstance(parser, str):
+                failures[key] = ([where], f"the CLI of {image.where} does not build: {parser}")
+                continue
+            stderr = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                    parser.parse_args(argv)
+            except SystemExit as exc:
+                if exc.code:
+                    lines = stderr.getvalue().strip().splitlines()
+                    message = lines[-1] if lines else str(exc.code)
+                    failures[key] = ([where], f"`mutualrl {' '.join(argv)}` does not parse in "
+                                              f"{image.where}: {message}")
     errors = []
-    for argv, (wheres, message) in failures.items():
+    for wheres, message in failures.values():
         more = f" (also {len(wheres) - 1} more place(s))" if len(wheres) > 1 else ""
-        errors.append(f"{wheres[0]}{more}: `mutualrl {' '.join(argv)}` does not parse: {message}")
+        errors.append(f"{wheres[0]}{more}: {message}")
+    return errors
+
+
+def check_constraints(context: Path, paths: list[Path]) -> list[str]:
+    errors: list[str] = []
+    for path in paths:
+        if not path.is_file():
+            errors.append(f"{shown(path, context)}: missing")
+            continue
+        errors += read_constraints(path, shown(path, context))[1]
     return errors
 
 
@@ -428,27 +486,37 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    command = argv[0]
+    command, args = argv[0], argv[1:]
+    paths = [Path(a) for a in args]
+    notes: list[str] = []
     try:
-        if command == "compose" and len(argv) == 2:
-            errors = check_compose(Path(argv[1]))
-        elif command == "k8s" and len(argv) == 3:
-            text = sys.stdin.read() if argv[2] == "-" else Path(argv[2]).read_text("utf-8")
+        if command == "compose" and len(args) == 1:
+            errors = check_compose(paths[0])
+        elif command == "k8s" and len(args) == 2:
+            text = sys.stdin.read() if args[1] == "-" else paths[1].read_text("utf-8")
             docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
-            errors = check_k8s(argv[1], docs)
-        elif command == "deps" and len(argv) == 3:
-            errors = check_deps(Path(argv[1]), Path(argv[2]))
-        elif command == "same" and len(argv) == 3:
-            errors = check_same(Path(argv[1]), Path(argv[2]))
-        elif command == "imports" and len(argv) == 2:
-            errors = check_imports(Path(argv[1]))
-        elif command == "cli" and len(argv) >= 2:
-            errors = check_cli(Path(argv[1]), [Path(a) for a in argv[2:]])
+            errors = check_k8s(args[0], docs)
+        elif command == "same" and len(args) == 2:
+            errors = check_same(paths[0], paths[1])
+        elif command == "constraints" and len(args) >= 2:
+            errors = check_constraints(paths[0], paths[1:])
+        elif command == "context" and len(args) == 2:
+            errors = check_context(paths[1], paths[0])
+        elif command == "pips" and len(args) == 2:
+            errors = check_pips(paths[1], paths[0])
+        elif command == "closure" and len(args) == 2:
+            errors, notes = check_closure(paths[1], paths[0])
+        elif command == "imports" and len(args) == 2:
+            errors, notes = check_imports(paths[0], paths[1])
+        elif command == "cli" and len(args) >= 3:
+            errors = check_cli(paths[0], paths[1], paths[2], paths[3:])
         else:
             print(__doc__, file=sys.stderr)
             return 2
     except (OSError, yaml.YAMLError, tomllib.TOMLDecodeError, KeyError) as exc:
-        errors = [f"{command} {' '.join(argv[1:])}: {type(exc).__name__}: {exc}"]
+        errors = [f"{command} {' '.join(args)}: {type(exc).__name__}: {exc}"]
+    for note in notes:
+        print(f"NOTE  {note}")
     for error in errors:
         print(f"ERROR {error}")
     return 1 if errors else 0

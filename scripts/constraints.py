@@ -1,13 +1,18 @@
 """Write constraints.txt: every distribution of the development environment, `name==version`.
 
-    .venv/bin/python scripts/constraints.py            # rewrite constraints.txt
-    .venv/bin/python scripts/constraints.py --check    # exit 1 if it is stale or malformed
+    .venv/bin/python scripts/constraints.py              # rewrite constraints.txt (and the GPU one)
+    .venv/bin/python scripts/constraints.py --check      # exit 1 if either is stale or malformed
+    python3 scripts/constraints.py --check-gpu [--root DIR]  # the GPU file follows constraints.txt
 
 `make constraints` runs it after a set-up without constraints, so the file pins exactly what the
 packages' ranges resolve to today. It records names and versions only: no index URL, no local
 path, and no local version label (torch's `+cpu`: `torch==2.13.0` is met by the CPU wheel that
 set-up installs first, and by the CUDA build on a GPU machine). The workspace's own packages
 (mutualrl-*) are installed from the tree, so they are left out.
+
+deploy/docker/constraints-gpu.txt is derived from it for the GPU trainer image, which adds the
+trainer's `gpu` extra: sglang pins torch, transformers, tokenizers and numba exactly, at versions
+other than the CPU set's, so there those pins give way to sglang's (GPU_PINS).
 """
 
 from __future__ import annotations
@@ -25,6 +30,24 @@ HEADER = """\
 # `make constraints` from scripts/constraints.py; do not edit by hand). Names and versions only.
 # `make setup` and the Dockerfiles install every package with `-c constraints.txt`.
 """
+GPU_OUT = ROOT / "deploy" / "docker" / "constraints-gpu.txt"
+GPU_HEADER = """\
+# constraints.txt for the GPU trainer image (deploy/docker/Dockerfile.trainer, target gpu), written
+# by scripts/constraints.py from constraints.txt and its GPU_PINS; do not edit by hand.
+# The `gpu` extra's sglang pins its own torch (a CUDA build), transformers, tokenizers and numba.
+"""
+# sglang 0.5.23's exact requirements (its wheel's Requires-Dist) where they differ from the CPU
+# set, and python-dateutil, which it caps below 3. A new sglang: update these from its metadata.
+GPU_PINS = {
+    "sglang": "0.5.23",
+    "torch": "2.14.1",
+    "transformers": "5.19.0",
+    "tokenizers": "0.23.2",
+    "numba": "0.65.1",
+    "python-dateutil": "2.9.0.post0",
+}
+# Left to the resolver in the GPU image: numba 0.65.1 requires its own llvmlite series.
+GPU_UNPINNED = ("llvmlite",)
 LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.!]*$")
 
 
@@ -58,19 +81,51 @@ def parse(text: str) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+def gpu_text(cpu_text: str) -> str:
+    """constraints-gpu.txt's text: the pins of constraints.txt with GPU_PINS in their place."""
+    lines, _ = parse(cpu_text)  # a malformed line is --check's and validate-deploy's finding
+    gone = set(GPU_PINS) | set(GPU_UNPINNED)
+    kept = [line for line in lines
+            if LINE.match(line) and canonical(line.split("==", 1)[0]) not in gone]
+    merged = sorted(kept + [f"{n}=={v}" for n, v in GPU_PINS.items()],
+                    key=lambda line: canonical(line.split("==", 1)[0]))
+    return GPU_HEADER + "\n".join(merged) + "\n"
+
+
+def check_gpu(cpu: Path, gpu: Path) -> list[str]:
+    if not gpu.exists():
+        return [f"{gpu}: missing; write it with scripts/constraints.py"]
+    if gpu.read_text(encoding="utf-8") != gpu_text(cpu.read_text(encoding="utf-8")):
+        return [f"{gpu}: does not follow {cpu} and GPU_PINS; rewrite it with "
+                "scripts/constraints.py (or `make constraints`)"]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="Compare with this environment instead of writing.")
+    ap.add_argument("--check-gpu", action="store_true",
+                    help="Only check that constraints-gpu.txt follows constraints.txt (no venv).")
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="Workspace whose constraints.txt and deploy/docker/ to check.")
     args = ap.parse_args(argv)
+    out, gpu_out = args.root / OUT.relative_to(ROOT), args.root / GPU_OUT.relative_to(ROOT)
+    if args.check_gpu:
+        problems = check_gpu(out, gpu_out)
+        for p in problems:
+            print(p, file=sys.stderr)
+        return 1 if problems else 0
     current = pins()
     if not args.check:
-        OUT.write_text(HEADER + "\n".join(current) + "\n", encoding="utf-8")
-        print(f"wrote {len(current)} pins to {OUT}")
+        out.write_text(HEADER + "\n".join(current) + "\n", encoding="utf-8")
+        gpu_out.write_text(gpu_text(out.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote {len(current)} pins to {out}, and {gpu_out}")
         return 0
-    pinned, problems = parse(OUT.read_text(encoding="utf-8"))
+    pinned, problems = parse(out.read_text(encoding="utf-8"))
     missing = sorted(set(current) - set(pinned))
     problems += [f"installed but not pinned (or another version): {m}" for m in missing]
+    problems += check_gpu(out, gpu_out)
     for p in problems:
         print(p, file=sys.stderr)
     return 1 if problems else 0

@@ -7,26 +7,35 @@
 #      kustomize and validated against the Kubernetes OpenAPI schemas in strict mode
 #      (kubernetes-validate, schemas shipped in the package), then the project's rules
 #      (requests/limits, non-root, gRPC probes, selectors, references: validate_policies.py k8s);
-#   3. copies that must not drift: the service image's requirements vs pyproject.toml, and the
-#      Kubernetes run config (deploy/k8s/base/run.yaml) vs configs/demo.yaml;
-#   4. the installed package as the images run it: every module of the service packages imports
-#      with only the service image's distributions importable (requirements-service.txt and what
-#      they require; torch, matplotlib, tensorboard and the rest blocked), and every
-#      `mutualrl ...` command and healthcheck in the compose file and manifests parses with the
-#      real CLI.
+#   3. the images, read from their Dockerfiles (deploy/docker/Dockerfile.*): the constraints
+#      files hold only `name==version` lines; each Dockerfile's ignore file admits exactly what
+#      its COPY instructions read; every pip install takes the workspace packages from COPY'd
+#      directories under -c constraints; each image's dependency closure (the packages'
+#      pyproject.toml, then the installed metadata) is pinned and, for the service image, holds
+#      no torch, matplotlib or tensorboard;
+#   4. copies that must not drift: deploy/docker/constraints-gpu.txt vs constraints.txt
+#      (scripts/constraints.py --check-gpu), the Kubernetes run config (deploy/k8s/base/run.yaml)
+#      vs configs/demo.yaml;
+#   5. the packages as the images run them: every module of an image's packages imports with
+#      only that image's distributions importable (the rest blocked), and every `mutualrl ...`
+#      command and healthcheck in the compose file and manifests parses with the CLI of the
+#      image it runs in (only that image's commands registered).
 # Every check runs; the exit status is 1 when any failed, and each failure is named.
 #
 # usage: scripts/validate_deploy.sh [COMPOSE_FILE] [K8S_DIR]
-#   COMPOSE_FILE  default <repo>/docker-compose.yml; pyproject.toml and configs/demo.yaml are
-#                 looked up next to it
-#   K8S_DIR       default <repo>/deploy/k8s (base/, overlays/*/, components/); the service
-#                 requirements are looked up in K8S_DIR/../docker/
+#   COMPOSE_FILE  default <repo>/docker-compose.yml; its folder is the build context of the
+#                 images (constraints.txt, the package directories, configs/demo.yaml)
+#   K8S_DIR       default <repo>/deploy/k8s (base/, overlays/*/, components/); the Dockerfiles
+#                 are K8S_DIR/../docker/Dockerfile.*
 # environment:
 #   K8S_VERSION   Kubernetes version to validate against (default 1.32.0; kubernetes-validate
 #                 ships offline schemas for 1.25 to 1.37)
 #   VENV          virtual environment holding check-jsonschema, kubernetes-validate and the
-#                 installed mutualrl package (default <repo>/.venv; falls back to PATH)
-#   VALIDATE_DEPLOY_PACKAGE=0  skips step 4 (tests that plant errors in copies of the files)
+#                 installed mutualrl packages (default <repo>/.venv; falls back to PATH)
+#   VALIDATE_DEPLOY_SECTIONS  the steps to run, of: compose kubernetes images copies packages
+#                 (default all; tests that plant an error in one kind of file run only some)
+#   VALIDATE_DEPLOY_PACKAGE=0  skips step 5, "packages" (its checks read the installed packages,
+#                 not a copy of the files)
 set -uo pipefail
 # Byte order for globs, so overlays are checked in the same order everywhere.
 export LC_ALL=C
@@ -87,116 +96,162 @@ if [ "${#missing[@]}" -gt 0 ]; then
     exit 2
 fi
 
-# ---- 1. docker compose ----------------------------------------------------------------------------
-say "== compose: $COMPOSE_FILE"
-if [ ! -f "$COMPOSE_FILE" ]; then
-    fail "compose: file" "$COMPOSE_FILE does not exist"
-else
-    if out="$("$CHECK_JSONSCHEMA" --builtin-schema vendor.compose-spec "$COMPOSE_FILE" 2>&1)"; then
-        pass "compose: Compose specification schema"
-    else
-        fail "compose: Compose specification schema" "$out"
-    fi
-    if out="$("$PYTHON" "$POLICIES" compose "$COMPOSE_FILE" 2>&1)"; then
-        pass "compose: references and rules"
-    else
-        fail "compose: references and rules" "$out"
-    fi
-    compose_cli=()
-    if docker compose version >/dev/null 2>&1; then
-        compose_cli=(docker compose)
-    elif command -v docker-compose >/dev/null 2>&1; then
-        compose_cli=(docker-compose)
-    fi
-    compose_dir="$(dirname "$COMPOSE_FILE")"
-    if [ "${#compose_cli[@]}" -eq 0 ]; then
-        say "skip  compose: '${compose_cli[*]:-docker compose} config' (no Docker Compose CLI here)"
-    elif [ ! -f "$compose_dir/.env" ]; then
-        say "skip  compose: '${compose_cli[*]} config' (no .env next to the file: cp .env.example .env)"
-    elif out="$("${compose_cli[@]}" -f "$COMPOSE_FILE" --profile cpu --profile gpu config --quiet 2>&1)"; then
-        pass "compose: ${compose_cli[*]} config"
-    else
-        fail "compose: ${compose_cli[*]} config" "$out"
-    fi
-fi
-
-# ---- 2. Kubernetes ------------------------------------------------------------------------------
-say "== kubernetes: $K8S_DIR (schemas of Kubernetes $K8S_VERSION, strict)"
-targets=()
-[ -f "$K8S_DIR/base/kustomization.yaml" ] && targets+=("base")
-for dir in "$K8S_DIR"/overlays/*/; do
-    [ -f "$dir/kustomization.yaml" ] && targets+=("overlays/$(basename "$dir")")
-done
-if [ "${#targets[@]}" -eq 0 ]; then
-    fail "kubernetes: kustomizations" "no base/kustomization.yaml or overlays/*/kustomization.yaml under $K8S_DIR"
-fi
-for target in "${targets[@]}"; do
-    rendered="$WORK/$(printf '%s' "$target" | tr '/' '_').yaml"
-    if ! out="$("${KUSTOMIZE[@]}" "$K8S_DIR/$target" 2>&1 >"$rendered")"; then
-        fail "kubernetes $target: kustomize build" "$out"
-        rm -f "$rendered"
-        continue
-    fi
-    pass "kubernetes $target: kustomize build ($(grep -c '^kind:' "$rendered") objects)"
-    # kubernetes-validate reads the multi-document stream from stdin ("-"); --quiet prints only
-    # problems. An unknown kind/apiVersion is only a WARN there (exit 0): count it as a failure.
-    out="$("$KUBERNETES_VALIDATE" --strict --quiet -k "$K8S_VERSION" - <"$rendered" 2>&1)"
-    rc=$?
-    if [ "$rc" -ne 0 ] || printf '%s\n' "$out" | grep -qE '^(ERROR|WARN|FATAL)'; then
-        fail "kubernetes $target: schema (kubernetes-validate --strict)" \
-            "$(printf '%s\n' "$out" | sed 's/^\(ERROR\|WARN\|FATAL\) - /\1 /')"
-    else
-        pass "kubernetes $target: schema (kubernetes-validate --strict)"
-    fi
-    if out="$("$PYTHON" "$POLICIES" k8s "$target" - <"$rendered" 2>&1)"; then
-        pass "kubernetes $target: references and rules"
-    else
-        fail "kubernetes $target: references and rules" "$out"
-    fi
-done
-
-# ---- 3. copies that must not drift --------------------------------------------------------------
-say "== copies"
 compose_root="$(cd "$(dirname "$COMPOSE_FILE")" 2>/dev/null && pwd)"
-requirements="$K8S_DIR/../docker/requirements-service.txt"
-if [ -f "$requirements" ] && [ -f "$compose_root/pyproject.toml" ]; then
-    if out="$("$PYTHON" "$POLICIES" deps "$compose_root/pyproject.toml" "$requirements" 2>&1)"; then
-        pass "copies: service image requirements match pyproject.toml"
-    else
-        fail "copies: service image requirements match pyproject.toml" "$out"
-    fi
-else
-    say "skip  copies: service requirements (no $requirements or pyproject.toml next to the compose file)"
-fi
-if [ -f "$K8S_DIR/base/run.yaml" ]; then
-    if out="$("$PYTHON" "$POLICIES" same "$compose_root/configs/demo.yaml" "$K8S_DIR/base/run.yaml" 2>&1)"; then
-        pass "copies: deploy/k8s/base/run.yaml is configs/demo.yaml"
-    else
-        fail "copies: deploy/k8s/base/run.yaml is configs/demo.yaml" "$out"
-    fi
-fi
-
-# ---- 4. the package as the images run it --------------------------------------------------------
-if [ "${VALIDATE_DEPLOY_PACKAGE:-1}" = "0" ]; then
-    say "skip  package checks (VALIDATE_DEPLOY_PACKAGE=0)"
-else
-    say "== package: the installed mutualrl, as the images run it"
-    out="$("$PYTHON" "$POLICIES" imports "$requirements" 2>&1)"
+DOCKER_DIR="$(cd "$K8S_DIR/../docker" 2>/dev/null && pwd || printf %s "$K8S_DIR/../docker")"
+# `check NAME validate_policies-args...`: one named check; NOTE lines are shown, not failures.
+check() {
+    local name="$1" out rc
+    shift
+    out="$("$PYTHON" "$POLICIES" "$@" 2>&1)"
     rc=$?
     # transformers announces on import that it runs without torch; that is the point here.
     out="$(printf '%s\n' "$out" | grep -v '^\[transformers\] PyTorch was not found' || true)"
     if [ "$rc" -eq 0 ]; then
-        pass "package: service modules import with only the service image's dependencies"
+        pass "$name"
+        [ -n "$out" ] && printf '%s\n' "$out" | sed 's/^/      /'
     else
-        fail "package: service modules import with only the service image's dependencies" "$out"
+        fail "$name" "$out"
     fi
+    return 0
+}
+dockerfiles=()
+for file in "$DOCKER_DIR"/Dockerfile.*; do
+    case "$file" in *.dockerignore) continue ;; esac
+    [ -f "$file" ] && dockerfiles+=("$file")
+done
+SECTIONS=" ${VALIDATE_DEPLOY_SECTIONS:-compose kubernetes images copies packages} "
+[ "${VALIDATE_DEPLOY_PACKAGE:-1}" = "0" ] && SECTIONS="${SECTIONS/ packages / }"
+want() {
+    [[ "$SECTIONS" == *" $1 "* ]] && return 0
+    say "skip  $1 (not in VALIDATE_DEPLOY_SECTIONS, or VALIDATE_DEPLOY_PACKAGE=0)"
+    return 1
+}
+
+# ---- 1. docker compose ----------------------------------------------------------------------------
+if want compose; then
+    say "== compose: $COMPOSE_FILE"
+    if [ ! -f "$COMPOSE_FILE" ]; then
+        fail "compose: file" "$COMPOSE_FILE does not exist"
+    else
+        if out="$("$CHECK_JSONSCHEMA" --builtin-schema vendor.compose-spec "$COMPOSE_FILE" 2>&1)"; then
+            pass "compose: Compose specification schema"
+        else
+            fail "compose: Compose specification schema" "$out"
+        fi
+        if out="$("$PYTHON" "$POLICIES" compose "$COMPOSE_FILE" 2>&1)"; then
+            pass "compose: references and rules"
+        else
+            fail "compose: references and rules" "$out"
+        fi
+        compose_cli=()
+        if docker compose version >/dev/null 2>&1; then
+            compose_cli=(docker compose)
+        elif command -v docker-compose >/dev/null 2>&1; then
+            compose_cli=(docker-compose)
+        fi
+        compose_dir="$(dirname "$COMPOSE_FILE")"
+        if [ "${#compose_cli[@]}" -eq 0 ]; then
+            say "skip  compose: '${compose_cli[*]:-docker compose} config' (no Docker Compose CLI here)"
+        elif [ ! -f "$compose_dir/.env" ]; then
+            say "skip  compose: '${compose_cli[*]} config' (no .env next to the file: cp .env.example .env)"
+        elif out="$("${compose_cli[@]}" -f "$COMPOSE_FILE" --profile cpu --profile gpu config --quiet 2>&1)"; then
+            pass "compose: ${compose_cli[*]} config"
+        else
+            fail "compose: ${compose_cli[*]} config" "$out"
+        fi
+    fi
+fi
+
+# ---- 2. Kubernetes ------------------------------------------------------------------------------
+if want kubernetes; then
+    say "== kubernetes: $K8S_DIR (schemas of Kubernetes $K8S_VERSION, strict)"
+    targets=()
+    [ -f "$K8S_DIR/base/kustomization.yaml" ] && targets+=("base")
+    for dir in "$K8S_DIR"/overlays/*/; do
+        [ -f "$dir/kustomization.yaml" ] && targets+=("overlays/$(basename "$dir")")
+    done
+    if [ "${#targets[@]}" -eq 0 ]; then
+        fail "kubernetes: kustomizations" "no base/kustomization.yaml or overlays/*/kustomization.yaml under $K8S_DIR"
+    fi
+    for target in "${targets[@]}"; do
+        rendered="$WORK/$(printf '%s' "$target" | tr '/' '_').yaml"
+        if ! out="$("${KUSTOMIZE[@]}" "$K8S_DIR/$target" 2>&1 >"$rendered")"; then
+            fail "kubernetes $target: kustomize build" "$out"
+            rm -f "$rendered"
+            continue
+        fi
+        pass "kubernetes $target: kustomize build ($(grep -c '^kind:' "$rendered") objects)"
+        # kubernetes-validate reads the multi-document stream from stdin ("-"); --quiet prints only
+        # problems. An unknown kind/apiVersion is only a WARN there (exit 0): count it as a failure.
+        out="$("$KUBERNETES_VALIDATE" --strict --quiet -k "$K8S_VERSION" - <"$rendered" 2>&1)"
+        rc=$?
+        if [ "$rc" -ne 0 ] || printf '%s\n' "$out" | grep -qE '^(ERROR|WARN|FATAL)'; then
+            fail "kubernetes $target: schema (kubernetes-validate --strict)" \
+                "$(printf '%s\n' "$out" | sed 's/^\(ERROR\|WARN\|FATAL\) - /\1 /')"
+        else
+            pass "kubernetes $target: schema (kubernetes-validate --strict)"
+        fi
+        if out="$("$PYTHON" "$POLICIES" k8s "$target" - <"$rendered" 2>&1)"; then
+            pass "kubernetes $target: references and rules"
+        else
+            fail "kubernetes $target: references and rules" "$out"
+        fi
+    done
+fi
+
+# ---- 3. images ----------------------------------------------------------------------------------
+if want images; then
+    say "== images: $DOCKER_DIR (build context $compose_root)"
+    constraint_files=("$compose_root/constraints.txt")
+    for file in "$DOCKER_DIR"/constraints*.txt; do
+        [ -e "$file" ] && constraint_files+=("$file")
+    done
+    check "constraints: only name==version pins" constraints "$compose_root" "${constraint_files[@]}"
+    if [ "${#dockerfiles[@]}" -eq 0 ]; then
+        fail "images: Dockerfiles" "no Dockerfile.* under $DOCKER_DIR"
+    fi
+    for file in "${dockerfiles[@]}"; do
+        name="$(basename "$file")"
+        check "image $name: build context (COPY sources, ignore-file allow-list)" \
+            context "$compose_root" "$file"
+        check "image $name: pip installs (package directories, -c constraints)" \
+            pips "$compose_root" "$file"
+        check "image $name: dependency closure (pinned, nothing that does not belong)" \
+            closure "$compose_root" "$file"
+    done
+fi
+
+# ---- 4. copies that must not drift --------------------------------------------------------------
+if want copies; then
+    say "== copies"
+    if [ -f "$DOCKER_DIR/constraints-gpu.txt" ]; then
+        if out="$("$PYTHON" "$REPO/scripts/constraints.py" --check-gpu --root "$compose_root" 2>&1)"; then
+            pass "copies: deploy/docker/constraints-gpu.txt follows constraints.txt"
+        else
+            fail "copies: deploy/docker/constraints-gpu.txt follows constraints.txt" "$out"
+        fi
+    fi
+    if [ -f "$K8S_DIR/base/run.yaml" ]; then
+        if out="$("$PYTHON" "$POLICIES" same "$compose_root/configs/demo.yaml" "$K8S_DIR/base/run.yaml" 2>&1)"; then
+            pass "copies: deploy/k8s/base/run.yaml is configs/demo.yaml"
+        else
+            fail "copies: deploy/k8s/base/run.yaml is configs/demo.yaml" "$out"
+        fi
+    fi
+fi
+
+# ---- 5. the packages as the images run them -----------------------------------------------------
+if want packages; then
+    say "== packages: the installed mutualrl packages, as the images run them"
+    # One process per image: blocking the modules an image lacks lasts for the process.
+    for file in "${dockerfiles[@]}"; do
+        check "package: $(basename "$file") modules import with only that image's distributions" \
+            imports "$compose_root" "$file"
+    done
     rendered_all=("$WORK"/*.yaml)
     [ -e "${rendered_all[0]}" ] || rendered_all=()
-    if out="$("$PYTHON" "$POLICIES" cli "$COMPOSE_FILE" "${rendered_all[@]}" 2>&1)"; then
-        pass "package: compose and Kubernetes commands parse with the mutualrl CLI"
-    else
-        fail "package: compose and Kubernetes commands parse with the mutualrl CLI" "$out"
-    fi
+    check "package: compose and Kubernetes commands parse with their image's mutualrl CLI" \
+        cli "$compose_root" "$DOCKER_DIR" "$COMPOSE_FILE" "${rendered_all[@]}"
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """scripts/validate_deploy.sh passes on the repository's deployment files and names planted errors.
 
 Each planted error is made in a temporary copy of the files (the script takes the compose file
-and the Kubernetes folder as arguments), and each test asserts which check failed and that the
-message names the offending key or file.
+and the Kubernetes folder as arguments; the compose file's folder is the images' build context,
+so the copy holds constraints.txt and the package directories too), and each test asserts which
+checks failed and that the message names the offending file, line or key.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "validate_deploy.sh"
 TARGETS = sorted(["base", "overlays/dev", "overlays/gpu", "overlays/gpu-managed-redis"])
+PACKAGE_DIRS = ("proto", "services", "clients", "launcher")
+SERVICE = "deploy/docker/Dockerfile.service"
+TRAINER = "deploy/docker/Dockerfile.trainer"
+CONTEXT_CHECK = "image Dockerfile.{}: build context (COPY sources, ignore-file allow-list)"
+PIPS_CHECK = "image Dockerfile.{}: pip installs (package directories, -c constraints)"
+CLOSURE_CHECK = "image Dockerfile.{}: dependency closure (pinned, nothing that does not belong)"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("kubectl") is None and shutil.which("kustomize") is None,
@@ -25,13 +32,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_validate(*args: Path, package: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the script; package=False skips the checks of the installed package (step 4)."""
-    env = {
-        **os.environ,
-        "VENV": str(REPO / ".venv"),
-        "VALIDATE_DEPLOY_PACKAGE": "1" if package else "0",
-    }
+def run_validate(*args: Path, sections: str = "") -> subprocess.CompletedProcess[str]:
+    """Run the script; `sections` limits it to some steps (default: every step)."""
+    env = {**os.environ, "VENV": str(REPO / ".venv"), "VALIDATE_DEPLOY_SECTIONS": sections}
+    if not sections:
+        env.pop("VALIDATE_DEPLOY_SECTIONS")
     return subprocess.run(
         ["bash", str(SCRIPT), *map(str, args)],
         capture_output=True,
@@ -48,21 +53,22 @@ def failed_checks(output: str) -> list[str]:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    """A copy of the deployment files in which the run-config copy matches by construction."""
-    shutil.copy2(REPO / "docker-compose.yml", tmp_path / "docker-compose.yml")
-    shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(
-        REPO / "deploy", tmp_path / "deploy", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    """A copy of the deployment files and the build context (constraints, package directories)
+    in which the run-config copy matches by construction."""
+    for name in ("docker-compose.yml", "pyproject.toml", "constraints.txt"):
+        shutil.copy2(REPO / name, tmp_path / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in ("deploy", *PACKAGE_DIRS):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=ignore)
     (tmp_path / "configs").mkdir()
     shutil.copy2(tmp_path / "deploy/k8s/base/run.yaml", tmp_path / "configs/demo.yaml")
     return tmp_path
 
 
-def validate_tree(tree: Path, package: bool = False) -> subprocess.CompletedProcess[str]:
-    # The package checks see the installed package, not the copy: only the repository test and
-    # the CLI test below need them.
-    return run_validate(tree / "docker-compose.yml", tree / "deploy" / "k8s", package=package)
+def validate_tree(tree: Path, sections: str) -> subprocess.CompletedProcess[str]:
+    """Run the steps that read the kind of file a test plants an error in (the package checks
+    read the installed packages, not the copy: only the CLI test needs them)."""
+    return run_validate(tree / "docker-compose.yml", tree / "deploy" / "k8s", sections=sections)
 
 
 def replace_once(path: Path, old: str, new: str) -> None:
@@ -71,17 +77,35 @@ def replace_once(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
 
 
+def line_of(path: Path, text: str) -> int:
+    """1-based number of the first line of `path` containing `text`."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
 def test_repository_files_pass() -> None:
     result = run_validate()
     assert result.returncode == 0, result.stdout + result.stderr
     assert failed_checks(result.stdout) == []
     assert "validate-deploy: OK" in result.stdout
-    assert "ok    package: compose and Kubernetes commands parse with the mutualrl CLI" in (
-        result.stdout
-    )
+    ok = set(re.findall(r"^ok    (.+)$", result.stdout, flags=re.MULTILINE))
     # The base and each overlay, each rendered, schema-checked and rule-checked.
     for target in TARGETS:
-        assert f"ok    kubernetes {target}: schema (kubernetes-validate --strict)" in result.stdout
+        assert f"kubernetes {target}: schema (kubernetes-validate --strict)" in ok
+    # Each image read from its Dockerfile, and run as the images run it.
+    for image in ("service", "trainer"):
+        for check in (CONTEXT_CHECK, PIPS_CHECK, CLOSURE_CHECK):
+            assert check.format(image) in ok
+        imports = f"package: Dockerfile.{image} modules import with only that image's distributions"
+        assert imports in ok
+    assert "constraints: only name==version pins" in ok
+    assert "copies: deploy/docker/constraints-gpu.txt follows constraints.txt" in ok
+    assert "package: compose and Kubernetes commands parse with their image's mutualrl CLI" in ok
+    # The GPU target's sglang is not installed here: said, not hidden.
+    assert "(target gpu): not followed further" in result.stdout
+    assert "sglang: not installed here" in result.stdout
 
 
 def test_compose_key_typo_and_dangling_depends_on_fail(tree: Path) -> None:
@@ -89,7 +113,7 @@ def test_compose_key_typo_and_dangling_depends_on_fail(tree: Path) -> None:
     compose = tree / "docker-compose.yml"
     replace_once(compose, '    command: ["redis-server"', '    comand: ["redis-server"')
     replace_once(compose, "    see:\n      condition:", "    sea:\n      condition:")
-    result = validate_tree(tree)
+    result = validate_tree(tree, "compose")
     assert result.returncode == 1
     assert failed_checks(result.stdout) == [
         "compose: Compose specification schema",
@@ -107,7 +131,7 @@ def test_deployment_invalid_field_fails(tree: Path) -> None:
         "          image: mutualrl/service\n",
         "          image: mutualrl/service\n          imagePullPolice: Always\n",
     )
-    result = validate_tree(tree)
+    result = validate_tree(tree, "kubernetes")
     assert result.returncode == 1
     # The base and every overlay built on it carry the bad Deployment.
     assert sorted(failed_checks(result.stdout)) == sorted(
@@ -120,7 +144,7 @@ def test_deployment_invalid_field_fails(tree: Path) -> None:
 def test_unknown_kind_fails(tree: Path) -> None:
     # kubernetes-validate only warns about a kind it has no schema for; the script fails on it.
     replace_once(tree / "deploy/k8s/base/mwra.yaml", "kind: Deployment", "kind: Deploymnt")
-    result = validate_tree(tree)
+    result = validate_tree(tree, "kubernetes")
     assert result.returncode == 1
     assert "kubernetes base: schema (kubernetes-validate --strict)" in failed_checks(result.stdout)
     assert "Couldn't find schema for kind Deploymnt" in result.stdout
@@ -132,7 +156,7 @@ def test_broken_kustomization_fails(tree: Path) -> None:
         "  - mwra.yaml\n",
         "  - mwra.yaml\n  - missing-service.yaml\n",
     )
-    result = validate_tree(tree)
+    result = validate_tree(tree, "kubernetes")
     assert result.returncode == 1
     assert sorted(failed_checks(result.stdout)) == sorted(
         f"kubernetes {t}: kustomize build" for t in TARGETS
@@ -146,36 +170,177 @@ def test_container_without_limits_fails(tree: Path) -> None:
         '            limits:\n              cpu: "2"\n              memory: 2Gi\n',
         "",
     )
-    result = validate_tree(tree)
+    result = validate_tree(tree, "kubernetes")
     assert result.returncode == 1
     assert "kubernetes base: references and rules" in failed_checks(result.stdout)
     assert "deployment/thl container server: resources.limits.memory is not set" in result.stdout
 
 
 def test_drifted_copies_fail(tree: Path) -> None:
-    requirements = tree / "deploy/docker/requirements-service.txt"
-    requirements.write_text(requirements.read_text() + "torch>=2.5,<3\n")
+    replace_once(tree / "deploy/docker/constraints-gpu.txt", "sglang==0.5.23", "sglang==0.5.22")
     (tree / "configs/demo.yaml").write_text("# edited after the copy was made\n")
-    result = validate_tree(tree)
+    result = validate_tree(tree, "copies")
     assert result.returncode == 1
     assert failed_checks(result.stdout) == [
-        "copies: service image requirements match pyproject.toml",
+        "copies: deploy/docker/constraints-gpu.txt follows constraints.txt",
         "copies: deploy/k8s/base/run.yaml is configs/demo.yaml",
     ]
-    assert "'torch' does not belong in the service image" in result.stdout
+    assert "constraints-gpu.txt: does not follow" in result.stdout
     assert "refresh it with: cp " in result.stdout
 
 
-def test_healthcheck_that_does_not_parse_fails(tree: Path) -> None:
+def test_pip_install_without_constraints_fails(tree: Path) -> None:
+    dockerfile = tree / SERVICE
+    line = line_of(dockerfile, "pip install -c constraints.txt")
+    replace_once(dockerfile, "pip install -c constraints.txt", "pip install")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert failed_checks(result.stdout) == [PIPS_CHECK.format("service")]
+    assert f"{SERVICE}:{line - 1}: pip install (stage builder): no -c constraints.txt" in (
+        result.stdout
+    )
+
+
+def test_service_image_that_would_pull_torch_fails(tree: Path) -> None:
+    # The trainer planted cleanly (copied, admitted, under the constraints): only the closure
+    # check can see what it drags in.
+    dockerfile = tree / SERVICE
+    replace_once(dockerfile, "COPY services/mwra ./services/mwra\n",
+                 "COPY services/mwra ./services/mwra\nCOPY services/trainer ./services/trainer\n")
+    replace_once(dockerfile, "./services/mwra \\\n", "./services/mwra ./services/trainer \\\n")
+    ignore = tree / f"{SERVICE}.dockerignore"
+    replace_once(ignore, "!services/mwra\n", "!services/mwra\n!services/trainer\n")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert failed_checks(result.stdout) == [CLOSURE_CHECK.format("service")]
+    install = line_of(dockerfile, "RUN --mount=type=cache")
+    for name in ("torch", "tensorboard"):
+        assert (
+            f"{SERVICE} (target runtime): {name} does not belong in this image; it comes in "
+            f"through {SERVICE}:{install}: mutualrl-trainer -> {name}"
+        ) in result.stdout
+
+
+def test_constraints_line_that_is_not_a_pin_fails(tree: Path) -> None:
+    constraints = tree / "constraints.txt"
+    first = len(constraints.read_text().splitlines()) + 1
+    with constraints.open("a") as out:
+        out.write("--index-url https://mirror.example/simple\nnumpy>=1.26\n"
+                  "./vendor/thing-1.0-py3-none-any.whl\n-e services/see\n"
+                  "--find-links /wheels\n")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert failed_checks(result.stdout) == ["constraints: only name==version pins"]
+    for offset, why in enumerate(
+        ("an index URL", "not an exact pin", "a local path", "an editable install",
+         "--find-links")
+    ):
+        assert f"constraints.txt:{first + offset}: " in result.stdout
+        assert why in result.stdout
+
+
+def test_dependency_missing_from_constraints_fails(tree: Path) -> None:
+    constraints = tree / "constraints.txt"
+    text = constraints.read_text()
+    pin = next(line for line in text.splitlines() if line.startswith("fastapi=="))
+    constraints.write_text(text.replace(pin + "\n", ""))
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    # fastapi is SEE's: the service image's closure lacks its pin (the GPU copy is stale too).
+    assert failed_checks(result.stdout) == [
+        CLOSURE_CHECK.format("service"),
+        "copies: deploy/docker/constraints-gpu.txt follows constraints.txt",
+    ]
+    assert "mutualrl-see -> fastapi: fastapi is not pinned in -c /src/constraints.txt" in (
+        result.stdout
+    )
+
+
+def test_package_directory_not_copied_fails(tree: Path) -> None:
+    dockerfile = tree / SERVICE
+    install = line_of(dockerfile, "RUN --mount=type=cache")
+    replace_once(dockerfile, "COPY services/mwra ./services/mwra\n", "")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    # The install names a directory nothing copied; the allow-list admits one nothing uses.
+    assert failed_checks(result.stdout) == [
+        CONTEXT_CHECK.format("service"),
+        PIPS_CHECK.format("service"),
+    ]
+    assert (
+        f"{SERVICE}:{install - 1}: pip install (stage builder): ./services/mwra is "
+        "/src/services/mwra, which no COPY from the build context puts into stage builder"
+    ) in result.stdout
+    assert "admits services/mwra, which no COPY of deploy/docker/Dockerfile.service uses" in (
+        result.stdout
+    )
+
+
+def test_package_directory_that_is_not_a_package_fails(tree: Path) -> None:
+    shutil.rmtree(tree / "services/mwra")
+    (tree / "services/mwra").mkdir()
+    (tree / "services/mwra/README.md").write_text("moved\n")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert PIPS_CHECK.format("service") in failed_checks(result.stdout)
+    assert "./services/mwra is the build context's services/mwra, which is not a package " in (
+        result.stdout
+    )
+
+
+def test_ignore_files_that_keep_out_a_package_or_let_in_secrets_fail(tree: Path) -> None:
+    replace_once(tree / f"{SERVICE}.dockerignore", "!services/see\n", "")
+    with (tree / f"{TRAINER}.dockerignore").open("a") as out:
+        out.write("!.env\n")
+    (tree / ".env").write_text("MUTUALRL_AUTH_TOKEN=secret\n")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert failed_checks(result.stdout) == [
+        CONTEXT_CHECK.format("service"),
+        CONTEXT_CHECK.format("trainer"),
+    ]
+    assert "Dockerfile.service.dockerignore: keeps out services/see/pyproject.toml" in (
+        result.stdout
+    )
+    assert "Dockerfile.trainer.dockerignore: admits .env, which no COPY" in result.stdout
+
+
+def test_requirements_file_and_uncopied_constraints_fail(tree: Path) -> None:
+    dockerfile = tree / TRAINER
+    replace_once(dockerfile, "COPY constraints.txt ./\n", "")
+    replace_once(dockerfile, "pip install -c constraints.txt \\\n",
+                 "pip install -r requirements.txt -c constraints.txt \\\n")
+    result = validate_tree(tree, "images copies")
+    assert result.returncode == 1
+    assert CONTEXT_CHECK.format("trainer") in failed_checks(result.stdout)  # admits it unused
+    assert PIPS_CHECK.format("trainer") in failed_checks(result.stdout)
+    assert "installs a requirements file (-r requirements.txt)" in result.stdout
+    assert ("-c /src/constraints.txt: no COPY from the build context puts it into stage "
+            "cpu-builder") in result.stdout
+
+
+def test_commands_that_do_not_parse_in_their_image_fail(tree: Path) -> None:
+    compose = tree / "docker-compose.yml"
     replace_once(
-        tree / "docker-compose.yml",
+        compose,
         '"mutualrl", "health", "--addr", "127.0.0.1:50052"',
         '"mutualrl", "health", "--adr", "127.0.0.1:50052"',
     )
-    result = validate_tree(tree, package=True)
-    assert result.returncode == 1
-    assert "package: compose and Kubernetes commands parse with the mutualrl CLI" in (
-        failed_checks(result.stdout)
+    # `train` exists, but in the trainer image: the service image's CLI does not have it.
+    replace_once(
+        compose,
+        'command: ["see", "serve", "--config", "/etc/mutualrl/run.yaml", "--host", "0.0.0.0"]',
+        'command: ["train", "-c", "/etc/mutualrl/run.yaml", "--policy", "gpt2-bpe"]',
     )
+    result = validate_tree(tree, "compose packages")
+    assert result.returncode == 1
+    assert failed_checks(result.stdout) == [
+        "package: compose and Kubernetes commands parse with their image's mutualrl CLI"
+    ]
     assert "services.thl.healthcheck" in result.stdout
-    assert "`mutualrl health --adr 127.0.0.1:50052` does not parse" in result.stdout
+    assert "`mutualrl health --adr 127.0.0.1:50052` does not parse in " in result.stdout
+    assert "services.see.command" in result.stdout
+    assert (
+        "`mutualrl train -c /etc/mutualrl/run.yaml --policy gpt2-bpe` does not parse in "
+        f"{SERVICE} (target runtime)"
+    ) in result.stdout

@@ -31,6 +31,7 @@ PIP_VALUE_OPTIONS = {
 }
 SHORT_VALUE_OPTIONS = ("-c", "-r", "-e", "-i", "-f")  # also written glued: -cconstraints.txt
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;"}
+SUBSTITUTION = re.compile(r"\$\((?:[^()]|\([^()]*\))*\)|`[^`]*`")
 VARIABLE = re.compile(r"\$(?:\{(\w+)(?::?[-+]([^}]*))?\}|(\w+))")
 
 
@@ -136,12 +137,15 @@ class Dockerfile:
             for copy in reversed(current.copies):
                 if copy.from_stage:
                     continue
-                for dest, source, is_dir in copy.entries:
+                # Later sources of one COPY overwrite earlier ones; directories merge.
+                for dest, source, is_dir in reversed(copy.entries):
                     if target == dest:
                         return source
                     if is_dir and target.startswith(dest.rstrip("/") + "/"):
                         rest = target[len(dest.rstrip("/")) + 1:]
-                        return posixpath.normpath(posixpath.join(source, rest))
+                        inner = posixpath.normpath(posixpath.join(source, rest))
+                        if (self.context / inner).exists():
+                            return inner
             current = self.parent(current)
         return None
 
@@ -210,9 +214,22 @@ def arguments(rest: str) -> list[str]:
 
 
 def shell_commands(script: str) -> Iterator[list[str]]:
-    """Simple commands of a POSIX shell line, split at &&, ||, ;, | (no expansion)."""
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    """Simple commands of a POSIX shell line, split at &&, ||, ;, | (no expansion; a command
+    substitution `$(...)` or `...` stays one word, as written)."""
+    substitutions: list[str] = []
+
+    def hide(match: re.Match[str]) -> str:
+        substitutions.append(match.group(0))
+        return f"\0{len(substitutions) - 1}\0"
+
+    hidden = SUBSTITUTION.sub(hide, script)
+
+    def shown(word: str) -> str:
+        return re.sub("\0(\\d+)\0", lambda m: substitutions[int(m.group(1))], word)
+
+    lexer = shlex.shlex(hidden, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
+    lexer.wordchars += "\0"
     command: list[str] = []
     try:
         for token in lexer:
@@ -221,7 +238,7 @@ def shell_commands(script: str) -> Iterator[list[str]]:
                     yield command
                 command = []
             else:
-                command.append(token)
+                command.append(shown(token))
     except ValueError:  # unbalanced quotes: what was read so far
         pass
     if command:

@@ -144,14 +144,24 @@ if want compose; then
             fail "compose: references and rules" "$out"
         fi
         compose_cli=()
+        compose_v1=""
         if docker compose version >/dev/null 2>&1; then
             compose_cli=(docker compose)
         elif command -v docker-compose >/dev/null 2>&1; then
-            compose_cli=(docker-compose)
+            # Compose 1.x (Debian 12's docker-compose package) predates the Compose
+            # Specification: it rejects the top-level `name`, so its verdict means nothing here.
+            version="$(docker-compose version --short 2>/dev/null || true)"
+            if [[ "$version" == 1.* ]]; then
+                compose_v1="$version"
+            else
+                compose_cli=(docker-compose)
+            fi
         fi
         compose_dir="$(dirname "$COMPOSE_FILE")"
-        if [ "${#compose_cli[@]}" -eq 0 ]; then
-            say "skip  compose: '${compose_cli[*]:-docker compose} config' (no Docker Compose CLI here)"
+        if [ -n "$compose_v1" ]; then
+            say "skip  compose: 'docker-compose config' (docker-compose $compose_v1 predates the Compose Specification; Compose v2 checks this)"
+        elif [ "${#compose_cli[@]}" -eq 0 ]; then
+            say "skip  compose: 'docker compose config' (no Docker Compose CLI here)"
         elif [ ! -f "$compose_dir/.env" ]; then
             say "skip  compose: '${compose_cli[*]} config' (no .env next to the file: cp .env.example .env)"
         elif out="$("${compose_cli[@]}" -f "$COMPOSE_FILE" --profile cpu --profile gpu config --quiet 2>&1)"; then

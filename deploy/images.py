@@ -57,7 +57,8 @@ class Package:
         )
 
     def needed_files(self, context: Path) -> list[str]:
-        """Context paths its build reads: pyproject.toml, its readme, the sources under src/."""
+        """Context paths its build reads: pyproject.toml, its readme, everything under src/
+        (modules, stubs, protos, package data such as SEE's dashboard pages)."""
         base = context / self.directory
         files = [f"{self.directory}/pyproject.toml"]
         readme = self.project.get("readme")
@@ -69,8 +70,7 @@ class Package:
             files += sorted(
                 p.relative_to(context).as_posix()
                 for p in (base / "src").rglob("*")
-                if p.is_file() and p.suffix in (".py", ".pyi", ".proto", ".typed")
-                and "__pycache__" not in p.parts
+                if p.is_file() and p.suffix != ".pyc" and "__pycache__" not in p.parts
             )
         return files
 

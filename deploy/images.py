@@ -362,18 +362,16 @@ def check_pips(path: Path, context: Path) -> list[str]:
             if requested in packages:
                 errors.append(f"{where}: installs {requested} by name, from an index; install "
                               f"./{packages[requested].directory} from the build context")
-        for requirements in pip.requirement_files:
-            errors.append(f"{where}: installs a requirements file (-r {requirements}); install "
-                          "the package directories under -c constraints.txt instead")
-        for editable in pip.editables:
-            errors.append(f"{where}: -e {editable}: an image installs packages, not editable "
-                          "checkouts")
-        for arg in pip.unresolved:
-            errors.append(f"{where}: '{arg}' is computed by the shell; name the package "
-                          "directories so this check can follow them")
-        for url in pip.urls:
-            errors.append(f"{where}: installs '{url}' from a URL; pin it in the constraints "
-                          "and install it by name")
+        for items, template in (
+            (pip.requirement_files, "installs a requirements file (-r {}); install the package "
+                                    "directories under -c constraints.txt instead"),
+            (pip.editables, "-e {}: an image installs packages, not editable checkouts"),
+            (pip.unresolved, "'{}' is computed by the shell; name the package directories so "
+                             "this check can follow them"),
+            (pip.urls, "installs '{}' from a URL; pin it in the constraints and install it by "
+                       "name"),
+        ):
+            errors += [f"{where}: {template.format(item)}" for item in items]
         if not pip.constraints:
             errors.append(f"{where}: no -c constraints.txt; every version an image installs "
                           "comes from the constraints file")

@@ -39,8 +39,8 @@ def test_copy_of_a_directory_copies_its_contents_and_files_keep_their_name(conte
         "COPY proto ./proto\n"
         "COPY services/see proto /merged/\n"  # two directories: their contents, merged
     ))
-    stage = parse(dockerfile, context).stages[0]
     built = parse(dockerfile, context)
+    stage = built.stages[0]
     assert stage.copies[0].entries == [("/src/constraints.txt", "constraints.txt", False)]
     assert built.context_path(stage, "/src/proto/pyproject.toml") == "proto/pyproject.toml"
     assert built.context_path(stage, "/merged/pyproject.toml") == "proto/pyproject.toml"  # last

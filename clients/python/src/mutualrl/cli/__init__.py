@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
@@ -33,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's fork handlers restart its poller in a child made by fork(); `subprocess` with a
+    # preexec_fn (the supervisor's parent-death signal) forks, closes the fds (gRPC's epoll fd
+    # among them) and the restarted poller aborts the child before it can exec. MutualRL never
+    # uses a channel across fork() (SEE's workers are spawned), so fork support stays off unless
+    # the user turns it on. It must be set before grpc is first imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,18 @@ def test_unknown_command_exits_with_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["no-such-command"])
     assert exc.value.code == 2
+
+
+def test_cli_turns_grpc_fork_support_off_unless_the_user_chose() -> None:
+    # The supervisor forks children while its channels are busy; with fork support on, gRPC's
+    # handlers abort or hang those children (tests/integration/test_supervisor.py).
+    code = ("import os; from mutualrl.cli import main; main(['version']); "
+            "print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    assert out.splitlines()[-1] == "false"
+    env["GRPC_ENABLE_FORK_SUPPORT"] = "true"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    assert out.splitlines()[-1] == "true"

@@ -7,6 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
+# Where pip finds the CPU build of torch when plain `pip install torch` would take a CUDA one
+# (e.g. `make setup TORCH_INDEX_URL=<PyTorch's CPU wheel index>`); empty: pip's own settings.
+TORCH_INDEX_URL ?=
+TORCH_FROM := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
@@ -28,7 +32,7 @@ setup: $(STAMP)
 $(STAMP): constraints.txt pyproject.toml $(addsuffix /pyproject.toml,$(PACKAGES))
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip "setuptools>=75"
-	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q $(TORCH_FROM) "torch==$(TORCH_VERSION)"
 	$(PIP) install -q --no-build-isolation -c constraints.txt $(EDITABLE) --group dev
 	bash scripts/ensure_chromium.sh
 	touch $(STAMP)
@@ -38,7 +42,7 @@ constraints:
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip "setuptools>=75"
-	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q $(TORCH_FROM) "torch==$(TORCH_VERSION)"
 	$(PIP) install -q --no-build-isolation $(EDITABLE) --group dev
 	$(PY) scripts/constraints.py
 	touch $(STAMP)

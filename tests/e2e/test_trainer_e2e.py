@@ -60,8 +60,8 @@ class _Services:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.prefix = f"e2e{uuid.uuid4().hex[:10]}"
-        self.run_ids: list[str] = []
-        """Runs that used all three services."""
+        self.run_ids: dict[str, int] = {}
+        """Runs that used all three services, with how many policies (THL tokenizers) each."""
         self.see_only_runs: list[str] = []
         """Runs that used SEE only (THL in-process, no MWRA)."""
 
@@ -93,9 +93,11 @@ def services() -> Iterator[_Services]:
         # DeleteRun on every service removes every key the runs made, and nothing is left.
         from mutualrl.client.runs import delete_run
 
-        for run_id in s.run_ids:
+        for run_id, n_policies in s.run_ids.items():
             deleted = delete_run(run_id, see=s.see, thl=s.thl, mwra=s.mwra)
-            assert deleted["see"] > 0 and deleted["mwra"] > 0 and deleted["thl"] == 2, deleted
+            assert deleted["see"] > 0 and deleted["mwra"] > 0, deleted
+            # THL keeps one tokenizer key per policy of the run.
+            assert deleted["thl"] == n_policies, (run_id, deleted)
         for run_id in s.see_only_runs:
             deleted = delete_run(run_id, see=s.see, thl=s.thl, mwra=s.mwra)
             assert deleted["see"] > 0 and deleted["mwra"] == 0 and deleted["thl"] == 0, deleted
@@ -137,7 +139,7 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     from mutualrl.trainer.session import build_session
 
     run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
-    services.run_ids.append(run_id)
+    services.run_ids[run_id] = len(names)
     mwra = MwraClient(services.mwra)
     mwra.register_local_worker(run_id, "e2e-worker", slots=slots)
     keep = mwra.keepalive(run_id, "e2e-worker", 2.0)

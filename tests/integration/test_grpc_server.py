@@ -59,3 +59,57 @@ async def test_unary_call_without_token_is_unauthenticated_and_counted() -> None
     finally:
         await running.stop(0)
     assert GRPC_REQUESTS.labels(method, "UNAUTHENTICATED")._value.get() == before + 2
+
+
+async def test_undecodable_body_is_invalid_argument_without_error_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """#14 item 1: bytes that do not parse (invalid UTF-8 in a string field, a truncated varint)
+    are INVALID_ARGUMENT with the token and UNAUTHENTICATED without it, never UNKNOWN, and grpc
+    logs no ERROR for them, for unary and server-streaming methods alike."""
+    import logging
+
+    from mutualrl.v1 import experience_pb2, experience_pb2_grpc
+
+    class Exchange(experience_pb2_grpc.ExperienceExchangeServicer):
+        async def GetRun(self, request, context):
+            return experience_pb2.Run()
+
+        async def Subscribe(self, request, context):
+            yield experience_pb2.ExperienceEvent()
+
+    def add(server: grpc.aio.Server) -> None:
+        experience_pb2_grpc.add_ExperienceExchangeServicer_to_server(Exchange(), server)
+
+    running = await start_server(ServiceConfig(port=0, auth_token="tok"), add,
+                                 ["mutualrl.v1.ExperienceExchange"])
+    bad_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (run_id, a string) = two bytes of invalid UTF-8
+    truncated = b"\x08\xff"  # a varint that never ends
+    auth = (("authorization", "Bearer tok"),)
+    caplog.set_level(logging.DEBUG)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            for path, streaming in [("/mutualrl.v1.ExperienceExchange/GetRun", False),
+                                    ("/mutualrl.v1.ExperienceExchange/Subscribe", True)]:
+                call = (channel.unary_stream if streaming else channel.unary_unary)(path)
+                for body in (bad_utf8, truncated):
+                    for metadata, code in [(auth, grpc.StatusCode.INVALID_ARGUMENT),
+                                           ((), grpc.StatusCode.UNAUTHENTICATED)]:
+                        with pytest.raises(grpc.aio.AioRpcError) as err:
+                            reply = call(body, metadata=metadata, timeout=5)
+                            if streaming:
+                                async for _ in reply:  # type: ignore[union-attr]
+                                    pass
+                            else:
+                                await reply
+                        assert err.value.code() == code, (path, body, metadata)
+                        if code == grpc.StatusCode.INVALID_ARGUMENT:
+                            message = path.rsplit("/", 1)[1]
+                            assert (f"request: body is not a valid mutualrl.v1.{message}Request"
+                                    in (err.value.details() or ""))
+            ok = await channel.unary_unary("/mutualrl.v1.ExperienceExchange/GetRun")(
+                b"", metadata=auth, timeout=5)
+            assert ok == b""
+    finally:
+        await running.stop(0)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []

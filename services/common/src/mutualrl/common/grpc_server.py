@@ -21,6 +21,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 from mutualrl.common.auth import BearerAuthInterceptor
 from mutualrl.common.config import ServiceConfig
+from mutualrl.common.request_parsing import RequestParsingInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -195,11 +196,13 @@ async def start_server(
     with SO_REUSEPORT so several worker processes share one port (the kernel spreads
     connections over them); otherwise a port already in use is an error.
     """
-    # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too.
+    # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too;
+    # parsing innermost, so auth's refusal also gets a deserializer that never raises.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     token = cfg.resolved_token()
     if token:
         interceptors.append(BearerAuthInterceptor(token))
+    interceptors.append(RequestParsingInterceptor())
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),

@@ -1,21 +1,15 @@
 """gRPC `mutualrl.v1.Alignment`: a thin shell over `AlignmentEngine` plus Prometheus metrics.
 
-Requests are parsed by our own deserializer: a body that is not valid protobuf — in practice a
-`string` field carrying invalid UTF-8, which protobuf refuses to parse — becomes INVALID_ARGUMENT
-naming the request instead of the INTERNAL "Exception deserializing request" grpc would give.
-Engine work (tokenization, alignment) runs in worker threads so the event loop keeps answering
-health checks and other calls.
+A body that is not valid protobuf becomes INVALID_ARGUMENT in the shared server
+(`mutualrl.common.request_parsing`). Engine work (tokenization, alignment) runs in worker
+threads so the event loop keeps answering health checks and other calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.errors import InvalidArgument, grpc_errors
@@ -27,19 +21,6 @@ from mutualrl.v1 import runs_pb2 as runs_pb
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
 
-@dataclass(frozen=True)
-class UnparsableRequest:
-    """Stands in for a request body protobuf could not parse."""
-
-    message_type: str
-    error: str
-
-
-def _check_parsed(request: Any) -> None:
-    if isinstance(request, UnparsableRequest):
-        raise InvalidArgument("request", f"body is not a valid {request.message_type} "
-                              f"(string fields must be valid UTF-8): {request.error}")
-
 
 class AlignmentServicer:
     """Implements the Alignment RPCs on an engine."""
@@ -50,7 +31,6 @@ class AlignmentServicer:
     @grpc_errors
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest,
                                 context: grpc.aio.ServicerContext) -> pb.TokenizerInfo:
-        _check_parsed(request)
         info = await asyncio.to_thread(self.engine.register, request.tokenizer_id, request.path,
                                        request.overwrite, request.run_id)
         return wire.info_to_pb(info)
@@ -58,21 +38,18 @@ class AlignmentServicer:
     @grpc_errors
     async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
-        _check_parsed(request)
         deleted = await asyncio.to_thread(self.engine.delete_run, request.run_id)
         return runs_pb.DeleteRunResponse(run_id=request.run_id, deleted=deleted)
 
     @grpc_errors
     async def ListTokenizers(self, request: pb.ListTokenizersRequest,
                              context: grpc.aio.ServicerContext) -> pb.ListTokenizersResponse:
-        _check_parsed(request)
         infos = await asyncio.to_thread(self.engine.list)
         return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
 
     @grpc_errors
     async def Retokenize(self, request: pb.RetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.RetokenizeResponse:
-        _check_parsed(request)
         results = await asyncio.to_thread(
             self.engine.retokenize, request.tokenizer_id, list(request.texts),
             request.add_special_tokens, request.apply_chat_template)
@@ -87,7 +64,6 @@ class AlignmentServicer:
     @grpc_errors
     async def AlignTrace(self, request: pb.AlignTraceRequest,
                          context: grpc.aio.ServicerContext) -> pb.AlignTraceResponse:
-        _check_parsed(request)
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
         if request.placement not in wire.PLACEMENT_FROM_PB:
@@ -112,16 +88,6 @@ class AlignmentServicer:
         return wire.result_to_pb(result)
 
 
-def _parser(message_type: Any) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except DecodeError as err:
-            return UnparsableRequest(message_type.DESCRIPTOR.full_name, str(err))
-
-    return parse
-
-
 _METHODS = (
     ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo),
     ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse),
@@ -132,10 +98,10 @@ _METHODS = (
 
 
 def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer with request parsing that maps bad bodies to INVALID_ARGUMENT."""
+    """Register the servicer (the shared server answers unparsable bodies)."""
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name), request_deserializer=_parser(req),
+            getattr(servicer, name), request_deserializer=req.FromString,
             response_serializer=resp.SerializeToString)
         for name, req, resp in _METHODS
     }

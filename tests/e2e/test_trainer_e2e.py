@@ -169,7 +169,8 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
         rows[n] = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rows[n]] == list(range(ROUNDS))
         assert any((d / "tb").iterdir())
-        assert (d / "checkpoints" / f"round-{ROUNDS:06d}" / "state.pt").exists()
+        assert (d / "checkpoints" / f"round-{ROUNDS:06d}" / "policy" / "config.json").exists()
+        assert (d / "checkpoints" / f"round-{ROUNDS:06d}" / "resume.pt").exists()
         assert "heldout/mean" in rows[n][-1]
         assert sum(r["fallback"] for r in rows[n]) == 0
     with SeeClient(ClientOptions(address=services.see)) as see:

@@ -50,6 +50,21 @@ def _sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    import sys
+
+    from mutualrl.trainer.export import ExportError, export, find_checkpoint
+
+    try:
+        ckpt = find_checkpoint(args.run, args.policy, args.round, args.output_dir)
+        out = export(ckpt, args.out, overwrite=args.overwrite)
+    except ExportError as e:
+        print(f"mutualrl export: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"checkpoint": str(ckpt), "out": str(out)}, indent=2))
+    return 0
+
+
 def register(commands: Commands) -> None:
     """Add the trainer's commands to the `mutualrl` CLI."""
     p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool).",
@@ -71,6 +86,18 @@ def register(commands: Commands) -> None:
     p.add_argument("--cache-dir", type=Path, help="Preset cache directory.")
     p.add_argument("--out", type=Path, help="Checkpoint directory.")
     p.add_argument("--no-progress", action="store_true", help="No progress bar.")
+
+    e = commands.add(("export",), "Write a trained policy as a save_pretrained directory "
+                     "(LoRA adapters merged) that transformers / SGLang / vLLM load.", _export)
+    e.add_argument("--run", required=True,
+                   help="Run directory (<output_dir>/<run_id>) or run id under --output-dir.")
+    e.add_argument("--policy", required=True, help="Policy name.")
+    e.add_argument("--round", type=int, default=None,
+                   help="Checkpoint after this many rounds (default: the latest).")
+    e.add_argument("--out", type=Path, required=True, help="Output directory (new or empty).")
+    e.add_argument("--output-dir", type=Path, default=Path("runs"),
+                   help="Where run ids are looked up (the trainer's output_dir).")
+    e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
     # ---- `mutualrl train` and `mutualrl bench trainer` are registered below this line ----
     from mutualrl.trainer.train_cli import register_train_commands

@@ -70,6 +70,8 @@ class Session:
     run_dir: Path
     tokenizer_id: str
     max_new_tokens: int
+    base_dir: Path | None = None
+    """The directory the policy's weights started from (a LoRA adapter's base)."""
     start_round: int = 0
 
     def save(self, rounds_done: int) -> Path:
@@ -80,7 +82,8 @@ class Session:
             "policy": self.policy.name,
         }
         return checkpoint.save(self.run_dir / "checkpoints", rounds_done, self.model,
-                               self.optimizer, self.scheduler, extra, self.cfg.checkpoint.keep)
+                               self.tokenizer, self.optimizer, self.scheduler, extra,
+                               self.cfg.checkpoint.keep, base=self.base_dir)
 
     def close(self) -> None:
         self.metrics.close()
@@ -159,7 +162,7 @@ def build_session(
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
         probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
         allocator=allocator, metrics=_metrics_sink(cfg, policy.name, run_dir),
-        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new)
+        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new, base_dir=start)
     if resume:
         last = checkpoint.latest(run_dir / "checkpoints")
         if last is not None:
@@ -168,6 +171,7 @@ def build_session(
             if exchange is not None and state.get("see_consumer"):
                 exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
             session.start_round = int(state["round"])
+            engine.sync_weights(model)  # an engine with its own copy (SGLang) starts at `start`
             session.metrics.truncate_from(session.start_round)
             log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
     return session

@@ -3,6 +3,7 @@ where the receiver's current log-probs of the peer tokens are at hand)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -58,11 +59,14 @@ class PRPProbe(Probe):
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "pending": self.pending}
+        # Plain dicts: resume state loads with torch.load(weights_only=True).
+        return {**super().state_dict(), "pending": [asdict(r) for r in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.pending = list(state.get("pending", []))
+        self.pending = [
+            PeerRollout(**{**r, "offsets": [tuple(o) for o in r["offsets"]]})
+            for r in state.get("pending", [])]
 
 
 def group_peer_rollouts(

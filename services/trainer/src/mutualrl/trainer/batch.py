@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -59,19 +60,80 @@ def pack(
     )
 
 
-def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> Tensor:
-    """``[B, T]`` log pi(y_t | x, y_<t) of the completion tokens, at sampling temperature
-    (padding positions hold finite junk; multiply by the mask)."""
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
+def completion_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+) -> Tensor:
+    """``[B, T]`` log pi(y_t | x, y_<t) of the completion tokens at sampling temperature
+    (0 at padding positions).
+
+    The body runs once; the LM head and the log-softmax then run over the real completion
+    tokens in chunks of `chunk_tokens` positions, each recomputed in backward
+    (torch.utils.checkpoint), so the logits held at any time are ``chunk_tokens x V``, never
+    ``[B, T, V]``. None: one chunk (small models, tests). Models whose head is not a plain
+    linear map of the body's last hidden state (logit soft-capping, a logit scale) fall back to
+    the full logits.
+    """
     t = batch.completion_ids.shape[1]
-    logits = out.logits[:, batch.prompt_len - 1 : batch.prompt_len - 1 + t].float()
+    picked_ids = batch.completion_ids
+    real = batch.completion_mask.bool()
+    head = _plain_head(model)
+    if head is None:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False)
+        logits = out.logits[:, batch.prompt_len - 1 : batch.prompt_len - 1 + t]
+        return torch.where(real, _token_logp(logits, picked_ids, temperature),
+                           logits.new_zeros(()).to(_wide(logits.dtype)))
+    body, lm_head = head
+    hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                  position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    # Column j of the hidden states predicts token j + 1: completions start at prompt_len.
+    h = hidden[:, batch.prompt_len - 1 : batch.prompt_len - 1 + t][real]
+    ids = picked_ids[real]
+    step = max(1, chunk_tokens or max(1, h.shape[0]))
+    parts = []
+    for i in range(0, h.shape[0], step):
+        if torch.is_grad_enabled() and h.requires_grad:
+            part = checkpoint(_chunk_logp, h[i : i + step], ids[i : i + step], lm_head,
+                              temperature, use_reentrant=False)
+        else:
+            part = _chunk_logp(h[i : i + step], ids[i : i + step], lm_head, temperature)
+        parts.append(part)
+    dtype = parts[0].dtype if parts else _wide(hidden.dtype)
+    out_logp = hidden.new_zeros(real.shape, dtype=dtype)
+    if parts:
+        out_logp = out_logp.masked_scatter(real, torch.cat(parts))
+    return out_logp
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """Log-softmax precision: at least float32 (bf16 logits), float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _token_logp(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    logits = logits.to(_wide(logits.dtype))
     if temperature != 1.0:
         logits = logits / temperature
     # gather - logsumexp: avoids materialising the full log_softmax over the vocabulary.
-    picked = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _chunk_logp(h: Tensor, ids: Tensor, lm_head: torch.nn.Module, temperature: float) -> Tensor:
+    return _token_logp(lm_head(h), ids, temperature)
+
+
+def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(body, LM head) of a transformers causal LM whose logits are head(last hidden state)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(
+            cfg, "logit_scale", None) not in (None, 1.0):
+        return None
+    get_head = getattr(model, "get_output_embeddings", None)
+    get_body = getattr(model, "get_decoder", None)
+    head = get_head() if callable(get_head) else None
+    body = get_body() if callable(get_body) else None
+    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+        return None
+    return body, head

@@ -27,7 +27,8 @@ class GRPOSettings(Config):
     group_size: int = Field(8, ge=2)
     """G: completions sampled per prompt; advantages are normalised within each group."""
     prompts_per_round: int = Field(16, ge=1)
-    """Prompts of the shared order answered per round (one optimizer step per round)."""
+    """Prompts of the shared order answered per round (`mini_batches` x `epochs` optimizer
+    steps per round)."""
     rounds: int = Field(300, ge=1)
     """Rounds to train (the run stops after this many optimizer steps)."""
     lr: float = Field(3e-4, gt=0)
@@ -62,8 +63,43 @@ class GRPOSettings(Config):
     """Token budget per completion; None takes the task's default (short 6, worked 26)."""
     ratio_to_behaviour: bool = False
     """True: rho = pi_theta / pi_behaviour with the sampler's log-probs (shows sampler-trainer
-    mismatch, e.g. SGLang on GPU). False: rho against the pre-step policy (detached), which is
-    exact for one optimizer step per round and saves nothing but noise."""
+    mismatch, e.g. SGLang on GPU). False: rho against the policy before the round's first step
+    (detached; exactly 1 in value with one step per round)."""
+
+    micro_batch_tokens: int = Field(16384, ge=1)
+    """Token budget of one forward/backward pass: a round's rows (own samples, peer rows, SGT
+    demonstrations) go through the model in micro-batches of at most this many padded tokens
+    (rows x (longest prompt + longest completion)), gradients accumulating; the loss and its
+    gradient do not depend on it. Bounds activation memory; one row must fit."""
+    logit_chunk_tokens: int = Field(2048, ge=1)
+    """Completion positions whose logits (x vocabulary) exist at once: the LM head and the
+    log-softmax run over a micro-batch's tokens in chunks of this many, recomputed in backward."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per round and epoch: the round's rows split into this many mini-batches
+    (like verl's ppo_mini_batch_size, as a count). With more than one step per round the ratio is
+    taken against the log-probs from before the round's first step, so the clip acts."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the round's mini-batches (like verl's ppo_epochs)."""
+    activation_checkpointing: bool = False
+    """Recompute the model body's activations in backward (transformers gradient
+    checkpointing): less memory per micro-batch for about one more forward pass."""
+    autocast_bf16: bool = False
+    """Run forward passes under bf16 autocast on CUDA (log-softmax stays float32); ignored on
+    CPU."""
+
+    @model_validator(mode="after")
+    def _bounds_hold(self) -> GRPOSettings:
+        if self.max_new_tokens is not None and self.micro_batch_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"grpo.micro_batch_tokens={self.micro_batch_tokens} cannot hold one completion "
+                f"of grpo.max_new_tokens={self.max_new_tokens} plus its prompt; raise "
+                "grpo.micro_batch_tokens")
+        if self.mini_batches > self.prompts_per_round * self.group_size:
+            raise ValueError(
+                f"grpo.mini_batches={self.mini_batches} exceeds the round's "
+                f"{self.prompts_per_round * self.group_size} own samples "
+                "(grpo.prompts_per_round x grpo.group_size); lower grpo.mini_batches")
+        return self
 
     @field_validator("aggregation", mode="before")
     @classmethod

@@ -1,8 +1,10 @@
-"""The training loop of one policy: one optimizer step per round.
+"""The training loop of one policy: one round = rollouts, then `mini_batches` x `epochs`
+optimizer steps.
 
     allocation (MWRA) -> prompts of round k (shared order) -> rollouts -> rewards
-    -> publish (SEE) -> what the probe needs (SEE, THL; deadline -> GRPO) -> loss
-    -> AdamW step (grad clip, lr schedule) -> cost (MWRA) -> metrics -> checkpoint
+    -> publish (SEE) -> what the probe needs (SEE, THL; deadline -> GRPO) -> loss over
+    micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost (MWRA) -> metrics
+    -> checkpoint
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from mutualrl.trainer import diagnostics
 from mutualrl.trainer.exchange import round_records
 from mutualrl.trainer.probes import RoundData
 from mutualrl.trainer.session import Session
-from mutualrl.trainer.update import round_loss
+from mutualrl.trainer.step import optimise
 
 
 def run_round(s: Session, k: int) -> dict[str, float]:
@@ -57,12 +59,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     diag = diagnostics.measure(s, k, data, plan, prompt_ids)  # before the step; no gradient
     if diag:
         diag["diag_s"] = time.perf_counter() - t2
-    loss = round_loss(s.model, s.ref_model, prompt_ids, data, plan, g, s.cfg.probe,
+    update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, g, s.cfg.probe,
                       s.tokenizer.pad_token_id, s.max_new_tokens)
-    s.optimizer.zero_grad(set_to_none=True)
-    loss.total.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), g.grad_clip)
-    s.optimizer.step()
     s.scheduler.step()
     s.engine.sync_weights(s.model)
 
@@ -72,7 +70,6 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     return {
         "reward_mean": float(rewards.mean()),
         "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
-        "grad_norm": float(grad_norm),
         "lr": s.scheduler.get_last_lr()[0],
         "step_s": step_s,
         "rollout_s": t_rollout,
@@ -81,7 +78,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "threads": float(alloc.threads),
         "publish_failed": float(not published),
         **plan.stats,
-        **loss.stats,
+        **update.stats,
         **diag,
     }
 

@@ -2,7 +2,8 @@
 (live dashboard, `live_metrics.py`) and optionally Weights & Biases (`wandb_log.py`).
 
 Every sink gets the same flat dict of floats per round; names are stable (plots and tests read
-them): reward_mean, pass_rate, loss, loss_pg, loss_sgt, kl, clip_frac, rescued_prompts,
+them): reward_mean, pass_rate, loss, loss_pg, loss_sgt, kl, clip_frac, approx_kl (old -> new
+policy over the round's updates), updates, grad_norm, rescued_prompts,
 baseline_shift, prp_w_mean/var/kept/clipped, thl_multi_token_chunk_share, tokens_per_s,
 step_s, heldout/<skill>, fallback ...
 """

@@ -129,6 +129,8 @@ def build_session(
     start = weights_dir(policy)
     model, tok = load_policy(start, policy.dtype, policy.device)
     model.train()
+    if cfg.grpo.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
     # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
     # diagnostic measures against the same copy.

@@ -1,10 +1,12 @@
 """The round's loss (docs/design.md (8)): GRPO (3)-(5) over own (+ PRP peer) rows, weighted
 by PRP's importance weights (9), plus SGT's rescue term (7).
 
-One forward pass scores own and peer rows together; PRP's importance weights use the
-receiver's current (pre-step) log-probs of the peer tokens, detached, so they are constants of
-the step as the estimator requires. Sequences are given as token-id lists; prompts in the
-receiver's tokens are shared by own rows, peer rows and demonstrations.
+`round_loss` is the definition, in one forward pass over every row: fine for tests and tiny
+models, but it holds the logits of the whole batch. Training runs `step.optimise`, which takes
+the same loss over micro-batches (and mini-batches, epochs) in bounded memory. In both, PRP's
+importance weights use the receiver's pre-step log-probs of the peer tokens, detached, so they
+are constants of the step as the estimator requires. Sequences are given as token-id lists;
+prompts in the receiver's tokens are shared by own rows, peer rows and demonstrations.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def _receiver_chunk_logp(logp: Tensor, token_chunk: Tensor, n_chunks: int) -> Te
     return logp.new_zeros(logp.shape[0], n_chunks).scatter_add(-1, idx, vals)
 
 
-def _peer_weights(
+def peer_weights(
     logp: Tensor, mask: Tensor, plan: LossInputs, probe: ProbeSettings
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """[M, T] weights and [M, T] mask of peer rows after the weight mode, with statistics."""
+    """[M, T] weights and [M, T] mask of peer rows after the weight mode, with statistics;
+    `logp` holds the receiver's pre-step log-probs of the peer tokens."""
     peers = plan.peers
     assert peers is not None
     lp = logp.detach()
@@ -114,7 +117,7 @@ def round_loss(
     advantages = plan.advantages.reshape(-1).to(logp)
     weights = None
     if peers is not None and len(peers.token_ids):
-        peer_w, peer_mask, wstats = _peer_weights(logp[n_own:], mask[n_own:], plan, probe)
+        peer_w, peer_mask, wstats = peer_weights(logp[n_own:], mask[n_own:], plan, probe)
         weights = torch.cat([torch.ones_like(logp[:n_own]), peer_w])
         mask = torch.cat([mask[:n_own], peer_mask])
         advantages = torch.cat([advantages, peers.advantages.to(logp)])

@@ -52,7 +52,8 @@ class PRPProbe(Probe):
             prompt_index=prompt_index,
             token_ids=[a.token_ids for a in aligned],
             advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
-            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned]),
+            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned],
+                                         dtype=torch.float64),
             token_chunk=[a.token_chunk for a in aligned] if chunk else None,
             chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
         )

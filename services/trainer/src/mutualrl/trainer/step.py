@@ -1,0 +1,312 @@
+"""The round's optimisation, memory-bounded: the loss of `update.round_loss` (docs/design.md
+(8)) taken over micro-batches with gradient accumulation, in mini-batches and epochs.
+
+Every loss the trainer optimises is a sum over rows of per-token values times a per-row
+coefficient that depends on the whole mini-batch (the aggregation's denominator, SGT's
+per-prompt averaging). The coefficients are fixed before any forward pass, so summing the
+micro-batches' losses gives the mini-batch's loss exactly, whatever the split: token-mean
+denominators are global, never per micro-batch.
+
+Rows are own samples and PRP's peer rows (the policy-gradient rows) and SGT's demonstrations.
+`logp_old`, the ratio's denominator, is the pre-update log-prob of each row (or the sampler's
+with `ratio_to_behaviour`), taken once before the first update, so the clip acts from the
+second mini-batch on. PRP's importance weights use the same pre-update log-probs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mutualrl.trainer.algos.aggregation import aggregation_mode
+from mutualrl.trainer.algos.grpo import nonzero_variance_groups, token_loss
+from mutualrl.trainer.batch import completion_logprobs, pack
+from mutualrl.trainer.config import GRPOSettings, ProbeSettings
+from mutualrl.trainer.probes.base import LossInputs, RoundData
+from mutualrl.trainer.update import peer_weights
+
+
+@dataclass
+class Rows:
+    """A round's rows, completions right-padded to a common T (masks say what is real)."""
+
+    prompts: list[Sequence[int]]
+    completions: list[Sequence[int]]
+    advantages: Tensor
+    """[N] advantage (policy-gradient rows; 0 for demonstrations)."""
+    mask: Tensor
+    """[N, T] 1 on the tokens that enter the loss (filtered groups, dropped peers: 0)."""
+    weights: Tensor
+    """[N, T] PRP importance weights (1 for own rows)."""
+    demo: Tensor
+    """[N] bool: an SGT demonstration (NLL term) rather than a policy-gradient row."""
+    group: Tensor
+    """[N] SGT's prompt label of a demonstration (-1 otherwise)."""
+    own: Tensor
+    """[N] bool: one of this policy's samples."""
+    logp_old: Tensor | None = None
+    """[N, T] pre-update log-probs (None: the detached current ones, one update per round)."""
+    ref_logp: Tensor | None = None
+    """[N, T] reference log-probs (beta > 0)."""
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def width(self, i: int) -> int:
+        """Tokens row i takes in a batch: prompt + completion."""
+        return len(self.prompts[i]) + len(self.completions[i])
+
+
+@dataclass
+class StepResult:
+    """What a round's updates did."""
+
+    stats: dict[str, float]
+    updates: list[dict[str, float]] = field(default_factory=list)
+    """Per optimizer step (mini-batch x epoch, in order): loss, clip_frac, approx_kl, ..."""
+
+
+def round_rows(prompt_ids: Sequence[Sequence[int]], data: RoundData, plan: LossInputs,
+               grpo: GRPOSettings) -> tuple[Rows, dict[str, float]]:
+    """Own samples, peer rows and demonstrations of a round as one table (before weights)."""
+    p_n, g_n = data.rewards.shape
+    own = [s for row in data.samples for s in row]
+    prompts: list[Sequence[int]] = [prompt_ids[p] for p in range(p_n) for _ in range(g_n)]
+    completions: list[Sequence[int]] = [s.token_ids for s in own]
+    adv = [float(a) for a in plan.advantages.reshape(-1)]
+    keep = [1.0] * len(own)
+    stats: dict[str, float] = {}
+    if grpo.filter_zero_variance:
+        nz = nonzero_variance_groups(data.rewards)
+        keep = [float(v) for v in nz.reshape(-1)]
+        stats["filtered_groups"] = float(p_n - int(nz[:, 0].sum()))
+    groups = [-1] * len(own)
+    peers = plan.peers
+    if peers is not None and len(peers.token_ids):
+        prompts += [prompt_ids[i] for i in peers.prompt_index]
+        completions += peers.token_ids
+        adv += [float(a) for a in peers.advantages]
+        keep += [1.0] * len(peers.token_ids)
+        groups += [-1] * len(peers.token_ids)
+    n_pg = len(completions)
+    demos = plan.demos
+    if demos is not None and demos.token_ids:
+        prompts += (demos.prompt_token_ids or [prompt_ids[i] for i in demos.prompt_index])
+        completions += demos.token_ids
+        adv += [0.0] * len(demos.token_ids)
+        keep += [1.0] * len(demos.token_ids)
+        groups += list(demos.prompt_index)
+    n = len(completions)
+    t = max(max((len(c) for c in completions), default=1), 1)
+    mask = torch.zeros(n, t, dtype=torch.float64)
+    for i, c in enumerate(completions):
+        mask[i, : len(c)] = keep[i]
+    return Rows(
+        prompts=prompts, completions=completions,
+        advantages=torch.tensor(adv, dtype=torch.float64), mask=mask,
+        weights=torch.ones(n, t, dtype=torch.float64),
+        demo=torch.arange(n) >= n_pg, group=torch.tensor(groups, dtype=torch.long),
+        own=torch.arange(n) < len(own)), stats
+
+
+def micro_batches(rows: Rows, index: Sequence[int], budget: int) -> list[list[int]]:
+    """Rows `index` in micro-batches whose padded size (rows x (longest prompt + longest
+    completion)) stays within `budget` tokens; rows are taken shortest first, which keeps
+    padding low and does not change the sums."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    lp = lc = 0
+    for i in sorted(index, key=lambda j: (len(rows.completions[j]), len(rows.prompts[j]), j)):
+        if rows.width(i) > budget:
+            raise ValueError(
+                f"grpo.micro_batch_tokens={budget} cannot hold one row of {rows.width(i)} "
+                f"tokens (prompt {len(rows.prompts[i])} + completion "
+                f"{len(rows.completions[i])}); raise grpo.micro_batch_tokens")
+        nlp, nlc = max(lp, len(rows.prompts[i])), max(lc, len(rows.completions[i]))
+        if cur and (len(cur) + 1) * (nlp + nlc) > budget:
+            out.append(cur)
+            cur, nlp, nlc = [], len(rows.prompts[i]), len(rows.completions[i])
+        cur.append(i)
+        lp, lc = nlp, nlc
+    if cur:
+        out.append(cur)
+    return out
+
+
+def mini_batches(rows: Rows, n: int) -> list[list[int]]:
+    """`n` near-equal parts of the rows, each taking a contiguous share of own rows (prompt
+    groups stay together), of peer rows and of demonstrations; empty parts are left out."""
+    parts: list[list[int]] = [[] for _ in range(n)]
+    kinds = (rows.own, ~rows.own & ~rows.demo, rows.demo)
+    for kind in kinds:
+        idx = torch.nonzero(kind).reshape(-1)
+        for j, chunk in enumerate(torch.tensor_split(idx, n)):
+            parts[j] += [int(i) for i in chunk]
+    return [p for p in parts if p]
+
+
+def coefficients(rows: Rows, index: Sequence[int], aggregation: str, max_len: int,
+                 sgt_lambda: float) -> Tensor:
+    """[len(index)] per-row factor c_i so that sum_i c_i sum_t v_it m_it is the mini-batch's
+    loss: the aggregation (docs/design.md (4)) over its policy-gradient rows and SGT's
+    -lambda mean over prompts of mean over demonstrations of the mean token log-prob (7)."""
+    idx = torch.tensor(list(index), dtype=torch.long)
+    m = rows.mask[idx]
+    lengths = m.sum(-1)
+    demo = rows.demo[idx]
+    pg = ~demo
+    live = pg & (lengths > 0)
+    n_live = float(live.sum().clamp(min=1))
+    mode = aggregation_mode(aggregation)
+    c = torch.zeros(len(idx), dtype=torch.float64)
+    if mode == "token_mean":
+        c[pg] = 1.0 / float(lengths[pg].sum().clamp(min=1.0))
+    elif mode == "sequence_mean":
+        c[pg] = 1.0 / (lengths[pg].clamp(min=1.0) * n_live)
+    else:  # constant_length
+        c[pg] = 1.0 / (n_live * max_len)
+    if bool(demo.any()):
+        labels = rows.group[idx][demo]
+        _, g = torch.unique(labels, return_inverse=True)
+        per_prompt = torch.bincount(g).to(torch.float64)
+        c[demo] = -sgt_lambda / (len(per_prompt) * per_prompt[g]
+                                 * lengths[demo].clamp(min=1.0))
+    return c
+
+
+def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], temperature: float,
+          grpo: GRPOSettings, pad_id: int, device: torch.device) -> Tensor:
+    """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched."""
+    out = torch.zeros_like(rows.mask)
+    with torch.no_grad(), _autocast(grpo, device):
+        for mb in micro_batches(rows, index, grpo.micro_batch_tokens):
+            batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
+                         pad_id, device)
+            lp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
+            out[mb, : lp.shape[1]] = lp.to(out)
+    return out
+
+
+def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Rows,
+            data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
+            pad_id: int) -> dict[str, float]:
+    """Everything fixed before the first update: logp_old (when more than one update or a
+    sampler ratio needs it), reference log-probs, PRP weights; returns the weights' stats."""
+    device = next(model.parameters()).device
+    pg = [i for i in range(len(rows)) if not rows.demo[i]]
+    peer = [i for i in pg if not rows.own[i]]
+    several = grpo.mini_batches * grpo.epochs > 1
+    stats: dict[str, float] = {}
+    if several or peer or grpo.ratio_to_behaviour:
+        # Demonstrations need none: their term is a plain log-likelihood, no ratio.
+        old = score(model, rows, pg if several else peer, grpo.temperature, grpo, pad_id,
+                    device)
+        if peer:
+            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan, probe)
+            rows.weights[peer] = w.to(rows.weights)
+            rows.mask[peer] = keep.to(rows.mask)
+            stats.update({f"prp_w_{k}": float(v) for k, v in wstats.items()})
+        if grpo.ratio_to_behaviour:
+            for i, s in enumerate(c for row in data.samples for c in row):
+                old[i] = 0.0
+                old[i, : len(s.logprobs)] = torch.tensor(s.logprobs, dtype=old.dtype)
+        rows.logp_old = old if several or grpo.ratio_to_behaviour else None
+    if ref_model is not None and grpo.beta > 0:
+        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device)
+    return stats
+
+
+def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: GRPOSettings,
+               probe: ProbeSettings, pad_id: int, max_len: int) -> dict[str, float]:
+    """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
+    up in .grad); returns its loss parts and the ratio statistics."""
+    device = next(model.parameters()).device
+    coef = dict(zip(index, coefficients(rows, index, grpo.aggregation, max_len,
+                                        probe.sgt_lambda).tolist(), strict=True))
+    acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
+                         "clip_high", "approx_kl_sum"), 0.0)
+    pg = [i for i in index if not rows.demo[i]]
+    demo = [i for i in index if rows.demo[i]]
+    for kind, temperature in ((pg, grpo.temperature), (demo, 1.0)):
+        for mb in micro_batches(rows, kind, grpo.micro_batch_tokens):
+            batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
+                         pad_id, device)
+            with _autocast(grpo, device):
+                logp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
+            t = logp.shape[1]
+            m = rows.mask[mb, :t].to(logp)
+            c = torch.tensor([coef[i] for i in mb], dtype=torch.float64).to(logp).unsqueeze(-1)
+            if kind is demo:
+                loss = (logp * m * c).sum()
+                acc["loss_sgt"] += float(loss.detach())
+            else:
+                old = (rows.logp_old[mb, :t].to(logp) if rows.logp_old is not None
+                       else logp.detach())
+                ref = rows.ref_logp[mb, :t].to(logp) if rows.ref_logp is not None else None
+                parts = token_loss(logp, old, rows.advantages[mb].to(logp), grpo.eps_lo,
+                                   grpo.eps_hi, grpo.beta, ref, rows.weights[mb, :t].to(logp))
+                loss = (parts.total * m * c).sum()
+                with torch.no_grad():
+                    log_rho = logp.detach() - old
+                    acc["loss_pg"] += float((parts.pg * m * c).sum())
+                    acc["kl_sum"] += float((parts.kl * m).sum())
+                    acc["tokens"] += float(m.sum())
+                    acc["clip_low"] += float((parts.clipped_low.to(m) * m).sum())
+                    acc["clip_high"] += float((parts.clipped_high.to(m) * m).sum())
+                    acc["approx_kl_sum"] += float(((log_rho.exp() - 1 - log_rho) * m).sum())
+            loss.backward()
+            acc["loss"] += float(loss.detach())
+    n = max(acc["tokens"], 1.0)
+    return {"loss": acc["loss"], "loss_pg": acc["loss_pg"], "loss_sgt": acc["loss_sgt"],
+            "kl": acc["kl_sum"] / n, "tokens": acc["tokens"],
+            "clip_frac": (acc["clip_low"] + acc["clip_high"]) / n,
+            "clip_frac_low": acc["clip_low"] / n, "clip_frac_high": acc["clip_high"] / n,
+            "approx_kl": acc["approx_kl_sum"] / n}
+
+
+def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
+             optimizer: torch.optim.Optimizer, prompt_ids: Sequence[Sequence[int]],
+             data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
+             pad_id: int, max_len: int) -> StepResult:
+    """The round's updates: `epochs` passes over `mini_batches` mini-batches, one clipped
+    AdamW step each (the caller steps the lr schedule once per round)."""
+    rows, stats = round_rows(prompt_ids, data, plan, grpo)
+    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id))
+    updates: list[dict[str, float]] = []
+    for _ in range(grpo.epochs):
+        for index in mini_batches(rows, grpo.mini_batches):
+            optimizer.zero_grad(set_to_none=True)
+            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len)
+            u["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                                  grpo.grad_clip))
+            optimizer.step()
+            updates.append(u)
+    stats.update(summarise(updates))
+    return StepResult(stats=stats, updates=updates)
+
+
+def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
+    """Round metrics over its updates: losses and grad norm averaged per update, ratio
+    statistics per token over all of them, `updates` counted."""
+    if not updates:
+        return {"updates": 0.0}
+    n = len(updates)
+    tokens = sum(u["tokens"] for u in updates)
+    per_token = {k: sum(u[k] * u["tokens"] for u in updates) / max(tokens, 1.0)
+                 for k in ("kl", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl")}
+    means = {k: sum(u[k] for u in updates) / n
+             for k in ("loss", "loss_pg", "loss_sgt", "grad_norm")}
+    return {**means, **per_token, "tokens": updates[0]["tokens"] if n == 1 else tokens / n,
+            "updates": float(n)}
+
+
+def _autocast(grpo: GRPOSettings, device: torch.device) -> contextlib.AbstractContextManager[
+        object]:
+    if grpo.autocast_bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -84,7 +85,7 @@ def services() -> Iterator[_Services]:
     common = dict(port=0, metrics_port=None, auth_token=None, grace_seconds=0.2,
                   key_prefix=s.prefix)
     see = s.call(start_see(SeeConfig(redis_url=REDIS_URL, rest_port=None, **common)))
-    thl = s.call(start_thl(ThlConfig(**common)))
+    thl = s.call(start_thl(ThlConfig(tokenizer_roots=[tempfile.gettempdir()], **common)))
     mwra = s.call(start_mwra(MwraConfig(redis_url=REDIS_URL, **common)))
     s.see, s.thl, s.mwra = see.address, thl.address, mwra.address
     r = redis.Redis.from_url(REDIS_URL)

@@ -5,6 +5,7 @@ sensibly."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,7 +38,8 @@ async def _start(redis_url: str, prefix: str) -> Stack:
     common: dict[str, Any] = dict(port=0, metrics_port=None, auth_token=None,
                                   grace_seconds=0.2, key_prefix=prefix)
     see = await start_see(make_config(redis_url, rest_port=None, **common))
-    thl = await start_thl(ThlConfig(redis_url=redis_url, **common))
+    thl = await start_thl(ThlConfig(redis_url=redis_url, tokenizer_roots=[tempfile.gettempdir()],
+                                    **common))
     # Long leases: a lapse would add a `lost` key mid-test on a slow machine.
     mwra = await start_mwra(MwraConfig(redis_url=redis_url, lock_ttl_seconds=1.0,
                                        tick_seconds=0.05, worker_lease_seconds=120,

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -33,6 +34,8 @@ from mutualrl.thl.testing import trained_tokenizers
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
 
+# Every tokenizer the tests register lives under the temporary directory.
+TOKENIZER_ROOTS = [tempfile.gettempdir()]
 TEXTS = ["Hello  wörld, 日本語 🎉 e\u0301!", "", "the quick fox\n\n  jumps 42"]
 
 
@@ -43,7 +46,7 @@ def paths() -> dict[str, str]:
 
 def _cfg(redis_url: str, run_id: str, **kw: object) -> ThlConfig:
     fields: dict[str, object] = {"port": 0, "metrics_port": None, "redis_url": redis_url,
-                                 "key_prefix": run_id, **kw}
+                                 "key_prefix": run_id, "tokenizer_roots": TOKENIZER_ROOTS, **kw}
     return ThlConfig.model_validate(fields)
 
 
@@ -243,6 +246,7 @@ def test_thl_serve_command(tmp_path: Path, paths: dict[str, str]) -> None:
     port = _free_port()
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"thl:\n  port: {port}\n  metrics_port: null\n  state_dir: {tmp_path}\n"
+                   f"  tokenizer_roots: [{tempfile.gettempdir()}]\n"
                    f"  tokenizers:\n    char: {paths['char']}\n")
     exe = Path(sys.executable).parent / "mutualrl"
     proc = subprocess.Popen([str(exe), "thl", "serve", "--config", str(cfg)],
@@ -292,7 +296,8 @@ async def test_concurrent_calls_share_tokenizers_safely(server: ThlServer) -> No
 
 async def test_redis_down_is_unavailable_not_internal(paths: dict[str, str]) -> None:
     dead = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens there
-    srv = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=dead))
+    srv = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=dead,
+                                    tokenizer_roots=TOKENIZER_ROOTS))
     try:
         async with AsyncThlClient(ClientOptions(address=srv.address, retries=0)) as thl:
             await _expect(grpc.StatusCode.UNAVAILABLE, "redis", thl.register("a",

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mutualrl.common.alignment_types import AlignedTrace, TraceItem
@@ -151,9 +151,17 @@ ascii_texts = st.text(string.ascii_lowercase + string.digits + string.punctuatio
 
 @SETTINGS
 @given(text=ascii_texts, family=st.sampled_from(FAMILIES[:-1]))
+@example(text=" ", family="unigram_first").via("issue 14: a lone space")
+@example(text=" a", family="unigram_first").via("a leading space")
+@example(text=" ", family="unigram").via("a lone space, prepend never")
 def test_ascii_text_round_trips_with_zero_residual(text: str, family: str) -> None:
     enc = engine().retokenize(family, [text])[0]
-    assert enc.residual.roundtrip_mismatch_chars == 0, engine().registry.get(family).hf.decode(
-        enc.token_ids.tolist())
+    decoded = engine().registry.get(family).backend.decode(enc.token_ids.tolist())
+    # SentencePiece's "first" scheme: the decoder drops the `▁` that starts the first piece, the
+    # one it would have prepended itself. A text that already starts with a space has that `▁`
+    # from its own space, so decoding loses that one space: a real, measured residual of 1.
+    lost = 1 if family == "unigram_first" and text.startswith(" ") else 0
+    assert decoded == text[lost:]
+    assert enc.residual.roundtrip_mismatch_chars == lost, decoded
     assert enc.residual.uncovered_bytes == 0
     assert enc.residual.normalized_changed_chars == 0

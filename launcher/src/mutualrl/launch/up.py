@@ -62,6 +62,22 @@ def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_resta
                        restart=restart, max_restarts=max_restarts, stop_group=1)
 
 
+def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> list[str]:
+    """THL's `tokenizer_roots` for a launched run: what the config lists (else THL's default),
+    plus the directories the trainers register tokenizers from: the run's `output_dir`
+    (presets, warm starts) and every policy's `model_path` and `sft_checkpoint`."""
+    from mutualrl.thl.config import ThlConfig
+
+    roots = [str(r) for r in (configured if configured is not None
+                              else ThlConfig().tokenizer_roots)]
+    roots.append(str(Path(trainer["output_dir"]).resolve()))
+    for policy in trainer["policies"]:
+        for key in ("model_path", "sft_checkpoint"):
+            if policy.get(key):
+                roots.append(str(Path(policy[key]).resolve()))
+    return list(dict.fromkeys(roots))
+
+
 def make_launch_plan(config: Path, redis_url: str | None,
               token: str | None) -> tuple[LaunchPlan, list[ProcessSpec]]:
     """Read the run YAML, choose ports, write the effective YAML, list the processes."""
@@ -121,6 +137,7 @@ def make_launch_plan(config: Path, redis_url: str | None,
                                 log_path=run_dir / "logs" / f"sft-{policy['name']}.log",
                                 finishes=True, stop_group=2))
 
+    thl["tokenizer_roots"] = tokenizer_roots(thl.get("tokenizer_roots"), tr)
     eff_path = run_dir / "run.yaml"
     eff_path.write_text(yaml.safe_dump(eff, sort_keys=False))
     env = {"MUTUALRL_AUTH_TOKEN": token} if token else {}

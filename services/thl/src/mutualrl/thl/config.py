@@ -30,6 +30,14 @@ class ThlConfig(ServiceConfig):
     """Largest text per entry, in UTF-8 bytes."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
+    tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])
+    """Directories RegisterTokenizer may read from: a path a client sends must lie under one of
+    them, also after following symlinks, or the call is INVALID_ARGUMENT (the same answer
+    whether or not anything exists there). Relative entries resolve against THL's working
+    directory. The default covers `runs/` (the trainer's default `output_dir`) and `/data/run`
+    (the run volume of the Compose and Kubernetes deployments); `mutualrl up` adds the run's
+    `output_dir` and every policy's `model_path` and `sft_checkpoint`. An empty list refuses
+    every registration over gRPC (start-up `tokenizers` still load)."""
     tokenizers: dict[TokenizerId, str] = Field(default_factory=dict)
     """Tokenizers to register at start-up: id -> local path (directory or tokenizer.json);
     an id already registered with another path is overwritten."""

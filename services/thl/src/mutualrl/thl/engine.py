@@ -26,7 +26,7 @@ from mutualrl.common.alignment_types import (
     TraceItem,
     aggregate_residual,
 )
-from mutualrl.common.errors import FailedPrecondition, InvalidArgument
+from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from mutualrl.thl import align as core
 from mutualrl.thl.registry import LoadedTokenizer, TokenizerRegistry
 from mutualrl.thl.residual import edit_distance, uncovered_bytes
@@ -45,6 +45,33 @@ class EngineLimits:
     """Largest text in UTF-8 bytes."""
     align_block_items: int = 64
     """Items aligned per vectorised pass (keeps the working set in cache)."""
+    max_response_bytes: int | None = 64 * 1024 * 1024
+    """Largest response a call may produce (the server's max message size); None: no limit."""
+
+
+# A tokenizer never makes more tokens of a text than the text has UTF-8 bytes (byte-level BPE
+# and byte fallback reach one per byte), plus the special tokens a template or post-processor
+# adds; this slack covers those.
+_SPECIAL_TOKENS_SLACK = 16
+# Per TokenizedText: the tags and lengths of its fields and a Residual (4 fields of <= 11 bytes).
+_TOKENIZED_OVERHEAD = 96
+
+
+def _varint_bytes(n: int) -> int:
+    return max(1, (max(n, 1).bit_length() + 6) // 7)
+
+
+def retokenize_response_bound(texts: Sequence[str], vocab_size: int) -> int:
+    """An upper bound on the serialized RetokenizeResponse for `texts`, from their sizes alone:
+    the text echoed back, and per token an id and two offsets at most one token per byte."""
+    total = 0
+    id_bytes = _varint_bytes(vocab_size)
+    for text in texts:
+        size = len(text.encode("utf-8"))
+        tokens = size + _SPECIAL_TOKENS_SLACK
+        per_token = id_bytes + 2 * _varint_bytes(len(text))
+        total += size + tokens * per_token + _TOKENIZED_OVERHEAD
+    return total
 
 
 def _check_text(text: Any, field: str, limit: int) -> None:
@@ -71,7 +98,8 @@ class AlignmentEngine:
     def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
                  run_id: str = "") -> TokenizerInfo:
         """Register (or confirm) a fast tokenizer at a local path under `tokenizer_id`; for
-        `run_id` when given (`delete_run` releases it)."""
+        `run_id` when given (`delete_run` releases it). The path must lie under the registry's
+        roots (when it has any)."""
         return self.registry.register(tokenizer_id, path, overwrite, run_id)
 
     def delete_run(self, run_id: str) -> int:
@@ -96,6 +124,7 @@ class AlignmentEngine:
                                          f"tokenizer {tokenizer_id!r} has no chat template")
             texts = [tok.hf.apply_chat_template([{"role": "user", "content": t}],
                                                 tokenize=False) for t in texts]
+        self._check_response(texts, tok)
         encs = tok.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         out = []
         for text, enc in zip(texts, encs, strict=True):
@@ -149,6 +178,19 @@ class AlignmentEngine:
         return AlignTraceResult(results, agg)
 
     # -- helpers --------------------------------------------------------------------------
+    def _check_response(self, texts: Sequence[str], tok: LoadedTokenizer) -> None:
+        """Refuse, before any encoding, a batch whose response could exceed the message limit
+        (it would fail only after all the work, with the same code)."""
+        limit = self.limits.max_response_bytes
+        if limit is None:
+            return
+        bound = retokenize_response_bound(texts, tok.info.vocab_size)
+        if bound > limit:
+            raise ResourceExhausted(
+                "texts", f"{len(texts)} texts of {sum(len(t.encode('utf-8')) for t in texts)} "
+                f"UTF-8 bytes in all could make a response of up to {bound} bytes, over the "
+                f"{limit}-byte message limit; send them in smaller batches")
+
     def _check_batch(self, seq: Sequence[Any], field: str) -> None:
         if len(seq) > self.limits.max_batch:
             raise InvalidArgument(field, f"{len(seq)} entries, over the limit of "

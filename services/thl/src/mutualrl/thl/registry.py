@@ -8,6 +8,14 @@ cache. Only fast (Rust-backed) tokenizers are accepted: alignment needs characte
 A registration may be made for a run (`run_id`): its record lists the runs that hold it, and
 `delete_run` releases the run's hold, dropping the registration once no run holds it and it was
 never made without a run ("pinned": start-up config, `mutualrl thl register`).
+
+Paths a client sends are confined to the registry's `roots` (THL's `thl.tokenizer_roots`): a path
+outside them — before or after following symlinks — is refused with one message whatever is
+there, so the service never tells a caller whether a file exists elsewhere on its host.
+
+A loaded tokenizer encodes with truncation and padding off, whatever its tokenizer.json says
+(BERT-family checkpoints ship `truncation: 128` and fixed padding): THL's ids and offsets must be
+the text's full encoding, the one a sender's token trace was made of.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -179,6 +187,67 @@ class LoadedTokenizer:
         return self.hf.backend_tokenizer
 
 
+MAX_PATH_CHARS = 4096
+"""Longest path RegisterTokenizer accepts (Linux PATH_MAX)."""
+MAX_NAME_BYTES = 255
+"""Longest path component in UTF-8 bytes (Linux NAME_MAX)."""
+
+
+def check_path_text(path: str, field: str = "path") -> None:
+    """Refuse what no file system call should see: NUL bytes, over-long paths or names, text
+    that is not valid Unicode (each would otherwise surface as an OS error)."""
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(field, "must be a local tokenizer directory or tokenizer.json")
+    if "\x00" in path:
+        raise InvalidArgument(field, "contains a NUL byte")
+    if len(path) > MAX_PATH_CHARS:
+        raise InvalidArgument(field, f"is {len(path)} characters long, over the "
+                              f"{MAX_PATH_CHARS}-character limit")
+    try:
+        names = [len(part.encode("utf-8")) for part in path.split("/")]
+    except UnicodeEncodeError as err:
+        raise InvalidArgument(field, f"is not valid Unicode text ({err.reason})") from err
+    if max(names) > MAX_NAME_BYTES:
+        raise InvalidArgument(field, f"has a component of {max(names)} bytes, over the "
+                              f"{MAX_NAME_BYTES}-byte limit of a file name")
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def confine(path: str, roots: Sequence[Path] | None, field: str = "path") -> str:
+    """The absolute, symlink-free form of `path`, which must lie under one of `roots` (None:
+    anywhere). The lexical form is checked before the file system is touched and the resolved
+    form after, both with the same message, so the answer for a path outside the roots says
+    nothing about what exists there."""
+    check_path_text(path, field)
+    outside = InvalidArgument(field, f"{path!r} is not under a directory THL may read "
+                              "tokenizers from (its thl.tokenizer_roots, logged at start-up)")
+    lexical = Path(os.path.normpath(os.path.abspath(path)))
+    if roots is not None and not _inside(lexical, roots):
+        raise outside
+    try:
+        resolved = lexical.resolve()
+    except (OSError, RuntimeError, ValueError) as err:  # RuntimeError: a symlink loop
+        raise InvalidArgument(field, f"{path!r} cannot be resolved: "
+                              f"{type(err).__name__}") from err
+    if roots is not None and not _inside(resolved, roots):
+        raise outside  # a symlink inside a root that points out of it
+    return str(resolved)
+
+
+def _plain_encoding(tok: Any) -> Any:
+    """Switch off the truncation and padding a tokenizer.json may carry: THL encodes texts
+    whole, exactly as the tokenizer does with both off."""
+    backend = tok.backend_tokenizer
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    return tok
+
+
 # transformers resolves its names lazily and that is not thread-safe: two first registrations
 # in parallel threads can see a half-initialised module ("cannot import name 'AutoTokenizer'").
 _TRANSFORMERS_IMPORT = threading.Lock()
@@ -190,11 +259,11 @@ def load_fast_tokenizer(path: str) -> Any:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = Path(path)
-    if not p.exists():
-        raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
     # transformers' loaders return one of several backend classes; `is_fast` decides below.
     tok: Any
     try:
+        if not p.exists():
+            raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
         if p.is_file():
             if p.suffix != ".json":
                 raise InvalidArgument("path", f"{path!r} is a file but not a tokenizer.json")
@@ -209,7 +278,7 @@ def load_fast_tokenizer(path: str) -> Any:
         raise InvalidArgument(
             "path", f"{path!r} loads as {type(tok).__name__}, a slow (Python) tokenizer; THL "
             "needs a fast tokenizer (tokenizer.json) because alignment uses its character offsets")
-    return tok
+    return _plain_encoding(tok)
 
 
 def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
@@ -236,8 +305,12 @@ def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
 class TokenizerRegistry:
     """Thread-safe registry: persisted registrations + an LRU of loaded tokenizers."""
 
-    def __init__(self, store: RegistryStore | None = None, cache_size: int = 16) -> None:
+    def __init__(self, store: RegistryStore | None = None, cache_size: int = 16,
+                 roots: Sequence[str | Path] | None = None) -> None:
         self._store: RegistryStore = store if store is not None else MemoryStore()
+        self.roots: list[Path] | None = (None if roots is None
+                                         else [Path(r).resolve() for r in roots])
+        """Directories `register` may read from (None: anywhere, for in-process use)."""
         self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
         self._cache_size = max(1, cache_size)
         self._lock = threading.RLock()
@@ -249,16 +322,15 @@ class TokenizerRegistry:
         ids.check_tokenizer_id(tokenizer_id, field)
 
     def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
-                 run_id: str = "") -> TokenizerInfo:
+                 run_id: str = "", *, confined: bool = True) -> TokenizerInfo:
         """Register (or confirm) `tokenizer_id` at `path`; for `run_id` when given (released by
         `delete_run`), else pinned. An id registered with another path is ALREADY_EXISTS
-        unless `overwrite` (which keeps the runs that hold it)."""
+        unless `overwrite` (which keeps the runs that hold it). The path must lie under the
+        registry's roots unless `confined` is False (THL's own start-up config)."""
         self.check_id(tokenizer_id)
         if run_id:
             ids.check_run_id(run_id)
-        if not path:
-            raise InvalidArgument("path", "must be a local tokenizer directory or tokenizer.json")
-        path = str(Path(path).resolve())
+        path = confine(path, self.roots if confined else None)
         existing = self._store.get(tokenizer_id)
         if existing is not None and not overwrite and existing.get("path") != path:
             raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} is registered with path "

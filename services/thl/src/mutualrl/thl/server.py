@@ -33,12 +33,16 @@ def build_store(cfg: ThlConfig) -> RegistryStore:
 
 def build_engine(cfg: ThlConfig) -> AlignmentEngine:
     """The engine a THL process serves (also what an in-process trainer can build from config)."""
-    registry = TokenizerRegistry(build_store(cfg), cfg.cache_size)
+    registry = TokenizerRegistry(build_store(cfg), cfg.cache_size, cfg.tokenizer_roots)
+    log.info("THL reads tokenizers registered over gRPC from under: %s",
+             ", ".join(str(r) for r in registry.roots or []) or "(nowhere)")
     engine = AlignmentEngine(registry, EngineLimits(max_batch=cfg.max_batch,
                                                     max_text_bytes=cfg.max_text_bytes,
-                                                    align_block_items=cfg.align_block_items))
+                                                    align_block_items=cfg.align_block_items,
+                                                    max_response_bytes=cfg.max_message_bytes))
     for tokenizer_id, path in cfg.tokenizers.items():
-        info = engine.register(tokenizer_id, path, overwrite=True)
+        # The operator's own config: not confined to the roots clients are held to.
+        info = registry.register(tokenizer_id, path, overwrite=True, confined=False)
         log.info("registered tokenizer %s (%s, %d ids) from %s", tokenizer_id, info.model_type,
                  info.vocab_size, path)
     return engine

@@ -1,0 +1,207 @@
+"""THL under odd and hostile input, over real gRPC (port 0) with registrations in the real Redis:
+registration confined to `tokenizer_roots` with one answer whatever lies outside them, odd paths
+refused as INVALID_ARGUMENT, Retokenize batches too large to answer refused before any work,
+and BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole (issue 14,
+items 4, 8 and 9)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from mutualrl.client.thl import AsyncThlClient
+from mutualrl.common.alignment_types import TraceItem
+from mutualrl.common.channel import ClientOptions
+from mutualrl.thl.config import ThlConfig
+from mutualrl.thl.server import ThlServer, start_thl
+from mutualrl.thl.testing import trained_tokenizers
+
+pytestmark = pytest.mark.timeout(120)
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.fixture(scope="module")
+def paths() -> dict[str, str]:
+    return trained_tokenizers()
+
+
+@pytest.fixture
+def root(tmp_path: Path, paths: dict[str, str]) -> Path:
+    """The only directory THL may read from, holding a copy of two trained tokenizers."""
+    base = tmp_path / "root"
+    base.mkdir()
+    for name in ("byte_bpe", "wordpiece"):
+        shutil.copytree(paths[name], base / name)
+    return base
+
+
+async def _start(redis_url: str, run_id: str, roots: list[Path], **kw: object) -> ThlServer:
+    return await start_thl(ThlConfig.model_validate({
+        "port": 0, "metrics_port": None, "redis_url": redis_url, "key_prefix": run_id,
+        "tokenizer_roots": [str(r) for r in roots], **kw}))
+
+
+@pytest.fixture
+async def server(redis_url: str, run_id: str, root: Path) -> AsyncIterator[ThlServer]:
+    srv = await _start(redis_url, run_id, [root])
+    yield srv
+    await srv.stop(0)
+
+
+def _client(srv: ThlServer) -> AsyncThlClient:
+    return AsyncThlClient(ClientOptions(address=srv.address, retries=0, timeout=60))
+
+
+async def _error(call: object) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call  # type: ignore[misc]
+    return err.value
+
+
+async def test_odd_paths_are_invalid_argument_naming_the_path(server: ThlServer,
+                                                              root: Path) -> None:
+    odd = {
+        "a 300-character name": str(root / ("x" * 300)),
+        "a NUL byte": str(root / "byte_bpe") + "\x00/tokenizer.json",
+        "a NUL byte outside the roots": "/etc/passwd\x00",
+        "a 5000-character path": str(root) + "/a" * 2500,
+        "a 300-character name outside the roots": "/" + "y" * 300,
+    }
+    async with _client(server) as thl:
+        for what, path in odd.items():
+            err = await _error(thl.register("odd", path))
+            assert err.code() == INVALID, (what, err.code(), err.details())
+            assert (err.details() or "").startswith("path:"), (what, err.details())
+        # still serving, and nothing was registered
+        assert [i.tokenizer_id for i in await thl.list()] == []
+        info = await thl.register("ok", str(root / "byte_bpe"))
+        assert info.model_type == "BPE" and info.path == str((root / "byte_bpe").resolve())
+
+
+async def test_paths_outside_the_roots_get_one_answer_whatever_exists_there(
+        server: ThlServer, root: Path, tmp_path: Path, paths: dict[str, str]) -> None:
+    (root / "escape").symlink_to(paths["char"])  # a link inside the root to a real tokenizer
+    (root / "passwd").symlink_to("/etc/passwd")
+    outside = {
+        "a system file": "/etc/passwd",
+        "a directory": "/etc",
+        "nothing": "/etc/no-such-file-here",
+        "a real tokenizer": paths["char"],
+        "a real tokenizer.json": str(Path(paths["char"]) / "tokenizer.json"),
+        "a dot-dot escape": str(root / ".." / ".." / "etc" / "passwd"),
+        "a link out of the root": str(root / "escape"),
+        "a link to a system file": str(root / "passwd"),
+        "a relative path": "etc/passwd",
+    }
+    answers = {}
+    async with _client(server) as thl:
+        for what, path in outside.items():
+            err = await _error(thl.register("x", path))
+            assert err.code() == INVALID, (what, err.details())
+            # the path is echoed; everything else is the same for every case
+            answers[what] = (err.details() or "").replace(repr(path), "<path>")
+        assert len(set(answers.values())) == 1, answers
+        assert "tokenizer_roots" in next(iter(answers.values()))
+        # inside the root the answers are as helpful as before
+        err = await _error(thl.register("x", str(root / "missing")))
+        assert err.code() == INVALID and "does not exist" in (err.details() or "")
+        assert [i.tokenizer_id for i in await thl.list()] == []
+
+
+async def test_start_up_tokenizers_are_the_operators_and_not_confined(
+        redis_url: str, run_id: str, root: Path, paths: dict[str, str]) -> None:
+    srv = await _start(redis_url, run_id, [root], tokenizers={"char": paths["char"]})
+    try:
+        async with _client(srv) as thl:
+            assert [i.tokenizer_id for i in await thl.list()] == ["char"]
+            out = await thl.retokenize("char", ["abc"])
+            assert out[0].token_ids.shape == (3,)
+    finally:
+        await srv.stop(0)
+
+
+async def test_retokenize_too_large_to_answer_is_refused_up_front(
+        redis_url: str, run_id: str, root: Path) -> None:
+    limit = 4 << 20
+    srv = await _start(redis_url, run_id, [root], max_message_bytes=limit,
+                       max_text_bytes=1 << 20, tokenizers={"bpe": str(root / "byte_bpe")})
+    try:
+        async with _client(srv) as thl:
+            text = "the quick brown fox jumps over 42 lazy dogs. " * 9000  # 405 kB
+            err = await _error(thl.retokenize("bpe", [text] * 8))  # 3.2 MB: the request fits
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            assert (err.details() or "").startswith("texts:"), err.details()
+            assert f"{limit}-byte message limit" in (err.details() or "")
+            # a batch whose worst case fits is answered
+            out = await thl.retokenize("bpe", [text[:20000]] * 8)
+            assert [len(r.text) for r in out] == [20000] * 8
+    finally:
+        await srv.stop(0)
+
+
+def _truncating_padding_bert(source_dir: str, target: Path) -> Path:
+    """A WordPiece checkpoint whose tokenizer.json truncates at 128 and pads to 128, as BERT
+    checkpoints ship."""
+    shutil.copytree(source_dir, target)
+    spec = json.loads((target / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["truncation"] = {"direction": "Right", "max_length": 128, "strategy": "LongestFirst",
+                          "stride": 0}
+    spec["padding"] = {"strategy": {"Fixed": 128}, "direction": "Right",
+                       "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
+                       "pad_token": "<pad>"}
+    (target / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return target
+
+
+async def test_bert_tokenizer_that_truncates_and_pads_is_encoded_whole(
+        server: ThlServer, root: Path, paths: dict[str, str]) -> None:
+    bert = _truncating_padding_bert(paths["wordpiece"], root / "bert")
+    shipped = Tokenizer.from_file(str(bert / "tokenizer.json"))
+    assert shipped.truncation is not None and shipped.padding is not None
+    assert len(shipped.encode("hi").ids) == 128  # what the checkpoint does by itself
+    plain = Tokenizer.from_file(str(bert / "tokenizer.json"))
+    plain.no_truncation()
+    plain.no_padding()
+    texts = ["the quick fox jumps over 12 lazy dogs, " * 20, "hi", ""]
+    expected = [plain.encode(t, add_special_tokens=False) for t in texts]
+    assert len(expected[0].ids) > 128 and len(expected[1].ids) < 128 and expected[2].ids == []
+    async with _client(server) as thl:
+        await thl.register("bert", str(bert))
+        await thl.register("bpe", str(root / "byte_bpe"))
+        out = await thl.retokenize("bert", texts)
+        for r, e in zip(out, expected, strict=True):
+            assert r.token_ids.tolist() == e.ids
+            assert r.offsets.tolist() == [list(o) for o in e.offsets]
+        assert out[0].residual.uncovered_bytes == 0
+        # as the source of a trace: ids without offsets must be its own (whole) encoding
+        items = [TraceItem(t, e.ids, np.linspace(-1.0, 0.0, len(e.ids)).tolist())
+                 for t, e in zip(texts, expected, strict=True)]
+        res = await thl.align_trace("bert", "bpe", items)
+        for item, aligned in zip(items, res.results, strict=True):
+            assert float(np.sum(aligned.chunks.value)) == pytest.approx(sum(item.values))
+            assert aligned.mass_error == 0.0
+        assert res.results[2].target_token_ids.tolist() == []
+        # an empty text with explicitly empty offsets, in either direction
+        empty = TraceItem("", [], [], np.zeros((0, 2), dtype=np.int64))
+        for src, tgt in (("bert", "bpe"), ("bpe", "bert")):
+            res = await thl.align_trace(src, tgt, [empty])
+            assert res.results[0].target_token_ids.tolist() == []
+            assert len(res.results[0].chunks) == 1
+
+
+def test_error_names_the_configured_roots_only_by_their_setting() -> None:
+    # The roots are the operator's business: the refusal names the setting, not directories.
+    from mutualrl.common.errors import InvalidArgument
+    from mutualrl.thl.registry import confine
+
+    with pytest.raises(InvalidArgument) as err:
+        confine("/etc/passwd", [Path("/srv/tokenizers")])
+    assert "/srv" not in str(err.value) and re.search(r"thl\.tokenizer_roots", str(err.value))

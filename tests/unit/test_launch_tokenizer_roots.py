@@ -1,0 +1,36 @@
+"""`mutualrl up` lets THL read exactly the tokenizers its trainers register (issue 14, item 4):
+the run's output_dir (presets, warm starts) and every policy's model_path / sft_checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from mutualrl.launch.up import make_launch_plan
+
+
+def test_launch_plan_gives_thl_the_trainers_tokenizer_directories(tmp_path: Path) -> None:
+    model = tmp_path / "ckpt" / "my-model"
+    sft = tmp_path / "elsewhere" / "sft"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "trainer": {
+            "run_id": "roots", "output_dir": str(tmp_path / "out"),
+            "policies": [{"name": "a", "model_path": str(model)},
+                         {"name": "b", "preset": "llama-char", "sft_checkpoint": str(sft)}]},
+        "thl": {"tokenizer_roots": ["/srv/tokenizers"]}}))
+    plan, _ = make_launch_plan(cfg, "redis://127.0.0.1:6379/0", None)
+    eff = yaml.safe_load(plan.config_path.read_text())
+    assert eff["thl"]["tokenizer_roots"] == [
+        "/srv/tokenizers", str((tmp_path / "out").resolve()), str(model.resolve()),
+        str(sft.resolve())]
+    # without roots in the config THL's defaults stay, with the run's directories added
+    cfg.write_text(yaml.safe_dump({"trainer": {
+        "run_id": "roots", "output_dir": str(tmp_path / "out"),
+        "policies": [{"name": "a", "model_path": str(model)}]}}))
+    plan, _ = make_launch_plan(cfg, "redis://127.0.0.1:6379/0", None)
+    eff = yaml.safe_load(plan.config_path.read_text())
+    assert eff["thl"]["tokenizer_roots"] == ["runs", "/data/run",
+                                             str((tmp_path / "out").resolve()),
+                                             str(model.resolve())]

@@ -1,5 +1,5 @@
 """The SDK installs alone: proto + common + sdk from the local paths, under constraints.txt, into
-a clean virtual environment, with no torch, transformers, numba or redis, and its `mutualrl`
+a clean virtual environment, with no torch, transformers or redis, and its `mutualrl`
 lists only the SDK's commands (the services and the trainer register theirs when installed)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "transformers", "numba", "redis", "tokenizers", "fastapi")
+HEAVY = ("torch", "transformers", "redis", "tokenizers", "fastapi")
 
 
 def _run(*argv: str | Path, timeout: float = 480) -> str:

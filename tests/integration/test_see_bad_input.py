@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mutualrl.client.see import ClientOptions, SeeClient
+from mutualrl.common import token_arrays as ta
 from mutualrl.see.testing import make_config, rollout, stats_record, success_record
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -76,6 +78,14 @@ def mutated(base: pb.ExperienceRecord, change: Callable[[pb.ExperienceRecord], A
     return rec
 
 
+def set_at(rec: pb.ExperienceRecord, field: str, i: int, value: float) -> None:
+    """Change element `i` of one of the record's packed per-token arrays."""
+    dtype = ta.F32 if field == "logprobs_f32" else ta.I32
+    arr = np.frombuffer(getattr(rec, field), dtype=dtype).copy()
+    arr[i] = value
+    setattr(rec, field, arr.tobytes())
+
+
 BAD_RECORDS: list[tuple[str, Callable[[pb.ExperienceRecord], Any], str]] = [
     ("nan reward", lambda r: setattr(r, "reward", math.nan), "records[1].reward"),
     ("inf reward", lambda r: setattr(r, "reward", math.inf), "records[1].reward"),
@@ -86,18 +96,25 @@ BAD_RECORDS: list[tuple[str, Callable[[pb.ExperienceRecord], Any], str]] = [
     ("unknown kind", lambda r: setattr(r, "kind", 9), "records[1].kind"),
     ("negative round", lambda r: setattr(r, "round", -1), "records[1].round"),
     ("no prompt", lambda r: setattr(r, "prompt_id", ""), "records[1].prompt_id"),
-    ("short offsets", lambda r: r.offset_ends.pop(), "records[1].offset_ends"),
-    ("long logprobs", lambda r: r.logprobs.append(-1.0), "records[1].logprobs"),
-    ("nan logprob", lambda r: r.logprobs.__setitem__(3, math.nan), "records[1].logprobs"),
-    ("negative token", lambda r: r.token_ids.__setitem__(2, -7), "records[1].token_ids"),
-    ("offset past text", lambda r: r.offset_ends.__setitem__(4, 10_000),
-     "records[1].offset_ends"),
-    ("end before start", lambda r: r.offset_ends.__setitem__(4, r.offset_starts[4] - 1),
-     "records[1].offset_ends"),
+    ("short offsets", lambda r: setattr(r, "offset_ends_i32", r.offset_ends_i32[:-4]),
+     "records[1].offset_ends_i32"),
+    ("long logprobs", lambda r: setattr(r, "logprobs_f32", r.logprobs_f32 + ta.pack_f32([-1])),
+     "records[1].logprobs_f32"),
+    ("ragged token bytes", lambda r: setattr(r, "token_ids_i32", r.token_ids_i32 + b"\0"),
+     "records[1].token_ids_i32"),
+    ("nan logprob", lambda r: set_at(r, "logprobs_f32", 3, math.nan), "records[1].logprobs_f32"),
+    ("negative token", lambda r: set_at(r, "token_ids_i32", 2, -7), "records[1].token_ids_i32"),
+    ("offset past text", lambda r: set_at(r, "offset_ends_i32", 4, 10_000),
+     "records[1].offset_ends_i32"),
+    ("negative start", lambda r: set_at(r, "offset_starts_i32", 0, -1),
+     "records[1].offset_starts_i32"),
+    ("end before start", lambda r: set_at(r, "offset_ends_i32", 4,
+                                          int(ta.offset_starts(r)[4]) - 1),
+     "records[1].offset_ends_i32"),
     ("other run", lambda r: setattr(r, "run_id", "other-run"), "records[1].run_id"),
-    ("no tokens", lambda r: (r.ClearField("token_ids"), r.ClearField("offset_starts"),
-                             r.ClearField("offset_ends"), r.ClearField("logprobs")),
-     "records[1].token_ids"),
+    ("no tokens", lambda r: (r.ClearField("token_ids_i32"), r.ClearField("offset_starts_i32"),
+                             r.ClearField("offset_ends_i32"), r.ClearField("logprobs_f32")),
+     "records[1].token_ids_i32"),
     ("verified but truncated", lambda r: (setattr(r, "verified", True),
                                           setattr(r, "finish_reason", pb.FINISH_REASON_LENGTH)),
      "records[1].verified"),
@@ -105,6 +122,18 @@ BAD_RECORDS: list[tuple[str, Callable[[pb.ExperienceRecord], Any], str]] = [
     ("too much meta", lambda r: r.meta.update({f"k{i}": "v" for i in range(40)}),
      "records[1].meta"),
 ]
+
+
+def test_contract_v1_arrays_are_refused_naming_the_change(c: SeeClient, run_id: str) -> None:
+    """A writer still on contract version 1 (repeated arrays in fields 11-14) is told so."""
+    c.create_run(run_id, ["a", "b"], tau=1.0, exist_ok=True)
+    rec = rollout("a", 0, "p1", 0)
+    for f in ("token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32"):
+        rec.ClearField(f)
+    # Field 11 (v1 token_ids), packed varints 5, 6, 7: an unknown field for contract v2.
+    old = pb.ExperienceRecord.FromString(rec.SerializeToString() + b"\x5a\x03\x05\x06\x07")
+    msg = expect(INVALID, "records[0].token_ids_i32", lambda: c.publish(run_id, [old]))
+    assert "contract version 1" in msg, msg
 
 
 @pytest.mark.parametrize(("name", "change", "field"), BAD_RECORDS, ids=[b[0] for b in BAD_RECORDS])
@@ -177,7 +206,7 @@ def test_bad_requests_on_every_rpc(c: SeeClient, run_id: str) -> None:
     raw = c.channel.unary_unary("/mutualrl.v1.ExperienceExchange/Publish")
     expect(INVALID, "records", lambda: raw(b"\x12\xff\xff\xff\x0f", timeout=5))
     head = pb.PublishRequest(run_id=run_id).SerializeToString()
-    expect(INVALID, "records[0]", lambda: raw(head + b"\x12\x03\xff\xff\xff", timeout=5))
+    expect(INVALID, "records", lambda: raw(head + b"\x12\x03\xff\xff\xff", timeout=5))
     # Still serving.
     assert c.publish(run_id, [rollout("a", 0, "p", 0)]).stored == 1
     assert c.get_run(run_id).config.run_id == run_id
@@ -209,10 +238,14 @@ def random_record(draw: st.DrawFn) -> pb.ExperienceRecord:
         prompt_id=draw(_ids), kind=draw(st.integers(0, 4)),
         text=draw(st.text(max_size=20)), prompt_text=draw(st.text(max_size=10)),
         tokenizer_id=draw(_ids),
-        token_ids=draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=n, max_size=n)),
-        offset_starts=draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=m, max_size=m)),
-        offset_ends=draw(st.lists(st.integers(-5, 25), min_size=n, max_size=n)),
-        logprobs=draw(st.lists(st.floats(width=32), min_size=n, max_size=n)),
+        token_ids_i32=ta.pack_i32(draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=n,
+                                                max_size=n))),
+        offset_starts_i32=ta.pack_i32(draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=m,
+                                                    max_size=m))),
+        offset_ends_i32=ta.pack_i32(draw(st.lists(st.integers(-5, 25), min_size=n,
+                                                  max_size=n))) + draw(st.sampled_from(
+                                                      [b"", b"", b"", b"\1"])),
+        logprobs_f32=ta.pack_f32(draw(st.lists(st.floats(width=32), min_size=n, max_size=n))),
         reward=draw(_finite), verified=draw(st.booleans()),
         finish_reason=draw(st.integers(0, 4)),
         meta=draw(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3)))

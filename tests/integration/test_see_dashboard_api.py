@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from mutualrl.client.see import AsyncSeeClient, ClientOptions, metric_row
+from mutualrl.common import token_arrays as ta
 from mutualrl.see.testing import make_config, rollout, running_see, stats_record, success_record
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -63,13 +64,12 @@ def _encoded(path: str, text: str, tokenizer_id: str, policy: str, record_id: st
     tok = AutoTokenizer.from_pretrained(path)
     enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
     n = len(enc["input_ids"])
-    return pb.ExperienceRecord(
+    return ta.set_tokens(pb.ExperienceRecord(
         record_id=record_id, policy_id=policy, round=round_, prompt_id="p0", kind=pb.ROLLOUT,
-        prompt_text="rev:3871=", text=text, tokenizer_id=tokenizer_id,
-        token_ids=enc["input_ids"], offset_starts=[s for s, _ in enc["offset_mapping"]],
-        offset_ends=[e for _, e in enc["offset_mapping"]],
-        logprobs=[-0.25 - 0.01 * i for i in range(n)], reward=1.0, verified=True,
-        finish_reason=pb.FINISH_REASON_STOP)
+        prompt_text="rev:3871=", text=text, tokenizer_id=tokenizer_id, reward=1.0,
+        verified=True, finish_reason=pb.FINISH_REASON_STOP),
+        enc["input_ids"], [s for s, _ in enc["offset_mapping"]],
+        [e for _, e in enc["offset_mapping"]], [-0.25 - 0.01 * i for i in range(n)])
 
 
 async def test_metric_rows_round_trip_with_cursor_and_policy_filter(see: Any,
@@ -235,9 +235,9 @@ async def test_alignment_shows_every_receiver_with_thl_chunks(see: Any, run_id: 
         url = f"/v1/runs/{run_id}/alignment"
         a = (await h.get(url, params={"record_id": rec.record_id})).json()
         assert (a["text"], a["kind"], a["sender"]["source"]) == (text, "ROLLOUT", "record")
-        assert [t["id"] for t in a["sender"]["tokens"]] == list(rec.token_ids)
+        assert [t["id"] for t in a["sender"]["tokens"]] == ta.token_ids(rec).tolist()
         assert [t["logprob"] for t in a["sender"]["tokens"]] == \
-            pytest.approx(list(rec.logprobs))
+            pytest.approx(ta.logprobs(rec).tolist())
         by = {r["policy_id"]: r for r in a["receivers"]}
         assert set(by) == {"b", "c", "d"}
         for policy, family in (("b", "char"), ("c", "wordpiece")):
@@ -247,10 +247,10 @@ async def test_alignment_shows_every_receiver_with_thl_chunks(see: Any, run_id: 
             ids = AutoTokenizer.from_pretrained(tokenizers[family])(
                 text, add_special_tokens=False)["input_ids"]
             assert [t["id"] for t in r["tokens"]] == ids
-            _check_tiles(text, r["chunks"], len(rec.token_ids), len(ids))
+            _check_tiles(text, r["chunks"], ta.n_tokens(rec), len(ids))
             # Mass is conserved: the chunks' log-prob sums add up to the record's.
             assert sum(ch["logprob_sum"] for ch in r["chunks"]) == \
-                pytest.approx(sum(rec.logprobs), abs=1e-5)
+                pytest.approx(float(ta.logprobs(rec).sum()), abs=1e-5)
             assert 0.0 <= r["residual"]["multi_token_chunk_share"] <= 1.0
         # d has published nothing: its tokenizer is unknown, said so in place of the alignment.
         assert "published no record" in by["d"]["error"]

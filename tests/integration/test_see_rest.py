@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
+from mutualrl.common import token_arrays as ta
 from mutualrl.see.testing import make_config, rollout, running_see, stats_record, success_record
 
 
@@ -111,10 +112,10 @@ async def test_one_record_in_full(see: Any, run_id: str) -> None:
         rec = (await h.get(f"/v1/runs/{run_id}/records/b/2/p3/0")).json()
         assert rec["record_id"] == "b/2/p3/0" and rec["run_id"] == run_id
         assert rec["text"] == expected.text
-        assert rec["token_ids"] == list(expected.token_ids)
-        assert rec["offset_starts"] == list(expected.offset_starts)
-        assert rec["offset_ends"] == list(expected.offset_ends)
-        assert rec["logprobs"] == pytest.approx(list(expected.logprobs), rel=1e-6)
+        assert rec["token_ids"] == ta.token_ids(expected).tolist()
+        assert rec["offset_starts"] == ta.offset_starts(expected).tolist()
+        assert rec["offset_ends"] == ta.offset_ends(expected).tolist()
+        assert rec["logprobs"] == pytest.approx(ta.logprobs(expected).tolist(), rel=1e-6)
         assert rec["reward"] == 1.0 and rec["finish_reason"] == "EOS"
         assert rec["meta"] == {"skill": "add"}
         st = (await h.get(f"/v1/runs/{run_id}/records/a/0/p0/stats")).json()

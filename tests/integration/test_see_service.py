@@ -87,8 +87,8 @@ async def test_publish_and_fetch_rollouts_excludes_own_and_stale(
     assert first.delivery_count == 1
     assert first.record.run_id == run_id
     assert first.record.created_unix_ms > 0
-    assert list(first.record.token_ids) == list(recs[3].token_ids)
-    assert list(first.record.logprobs) == pytest.approx(list(recs[3].logprobs))
+    assert first.record.token_ids_i32 == recs[3].token_ids_i32
+    assert first.record.logprobs_f32 == recs[3].logprobs_f32
     assert await client.ack(run_id, "b", [d.delivery_id for d in out.deliveries]) == 4
     again = await client.fetch_rollouts(run_id, "b", "b-0", max_records=100)
     assert len(again.deliveries) == 0

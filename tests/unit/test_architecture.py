@@ -1,6 +1,6 @@
 """Dependencies point one way (the import-linter contracts in pyproject.toml):
 proto <- common <- {see, thl, mwra, sdk}; trainer -> sdk (+ THL's engine); launcher -> all;
-nothing imports the CLI from below; the SDK needs no torch, transformers, numba or redis.
+nothing imports the CLI from below; the SDK needs no torch, transformers or redis.
 
 The second test plants violations in a temporary copy of two packages and checks that they
 are reported, so the first cannot pass by checking nothing."""
@@ -41,5 +41,5 @@ def test_planted_violations_are_reported(tmp_path: Path) -> None:
     out = result.stdout
     assert "common imports only proto BROKEN" in out
     assert "mutualrl.common.planted -> mutualrl.cli" in out
-    assert "needs no torch, transformers, numba or redis BROKEN" in out
+    assert "needs no torch, transformers or redis BROKEN" in out
     assert "mutualrl.client.planted -> torch" in out

@@ -1,4 +1,4 @@
-"""SEE's wire-format helpers agree with protobuf itself; the reference validator's rules."""
+"""SEE's wire-format helper agrees with protobuf itself; entry headers, keys, stats rules."""
 
 from __future__ import annotations
 
@@ -8,25 +8,15 @@ import pytest
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see import wire
 from mutualrl.see.config import SeeConfig, SeeLimits
+from mutualrl.see.entries import Header
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store import Header, pack_command
-from mutualrl.see.testing import rollout, stats_record
+from mutualrl.see.testing import stats_record
 from mutualrl.see.validate import normalise_text, text_digest, validate_record
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN = pb.RunConfig(run_id="r1", policies=["a", "b"], tau=1.0)
 POL = frozenset(RUN.policies)
 LIM = SeeLimits()
-
-
-def test_stamp_sets_run_and_created_without_reserializing() -> None:
-    rec = rollout("a", 0, "p", 0)
-    rec.run_id = "someone-else"
-    stamped = rec.SerializeToString() + wire.stamp_suffix(wire.string_field(2, "r1"),
-                                                          1_700_000_000_123)
-    back = pb.ExperienceRecord.FromString(stamped)
-    assert back.run_id == "r1" and back.created_unix_ms == 1_700_000_000_123
-    assert list(back.token_ids) == list(rec.token_ids) and back.text == rec.text
 
 
 def test_publish_response_is_protobufs_own_encoding() -> None:
@@ -44,11 +34,6 @@ def test_publish_response_is_protobufs_own_encoding() -> None:
                  for i, f in zip(ids, flags, strict=True)],
         stored=flags.count("1"), duplicates=flags.count("0"))
     assert wire.publish_response(ids, flags) == expected.SerializeToString()
-
-
-def test_pack_command_is_resp() -> None:
-    assert pack_command(("SET", "k", b"\x00v", 12)) == (
-        b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00v\r\n$2\r\n12\r\n")
 
 
 def test_header_round_trip_and_keys() -> None:

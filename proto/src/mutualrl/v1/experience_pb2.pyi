@@ -52,7 +52,7 @@ class RewardStats(_message.Message):
     def __init__(self, count: _Optional[int] = ..., sum: _Optional[float] = ..., sum_sq: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
 
 class ExperienceRecord(_message.Message):
-    __slots__ = ("record_id", "run_id", "policy_id", "policy_version", "round", "prompt_id", "kind", "prompt_text", "text", "tokenizer_id", "token_ids", "offset_starts", "offset_ends", "logprobs", "reward", "verified", "finish_reason", "stats", "created_unix_ms", "meta")
+    __slots__ = ("record_id", "run_id", "policy_id", "policy_version", "round", "prompt_id", "kind", "prompt_text", "text", "tokenizer_id", "token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32", "reward", "verified", "finish_reason", "stats", "created_unix_ms", "meta")
     class MetaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,10 +70,10 @@ class ExperienceRecord(_message.Message):
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_STARTS_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_ENDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_I32_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_STARTS_I32_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_ENDS_I32_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_F32_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -90,17 +90,17 @@ class ExperienceRecord(_message.Message):
     prompt_text: str
     text: str
     tokenizer_id: str
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    offset_starts: _containers.RepeatedScalarFieldContainer[int]
-    offset_ends: _containers.RepeatedScalarFieldContainer[int]
-    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    token_ids_i32: bytes
+    offset_starts_i32: bytes
+    offset_ends_i32: bytes
+    logprobs_f32: bytes
     reward: float
     verified: bool
     finish_reason: FinishReason
     stats: RewardStats
     created_unix_ms: int
     meta: _containers.ScalarMap[str, str]
-    def __init__(self, record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., round: _Optional[int] = ..., prompt_id: _Optional[str] = ..., kind: _Optional[_Union[RecordKind, str]] = ..., prompt_text: _Optional[str] = ..., text: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., offset_starts: _Optional[_Iterable[int]] = ..., offset_ends: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., verified: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[RewardStats, _Mapping]] = ..., created_unix_ms: _Optional[int] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., round: _Optional[int] = ..., prompt_id: _Optional[str] = ..., kind: _Optional[_Union[RecordKind, str]] = ..., prompt_text: _Optional[str] = ..., text: _Optional[str] = ..., tokenizer_id: _Optional[str] = ..., token_ids_i32: _Optional[bytes] = ..., offset_starts_i32: _Optional[bytes] = ..., offset_ends_i32: _Optional[bytes] = ..., logprobs_f32: _Optional[bytes] = ..., reward: _Optional[float] = ..., verified: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[RewardStats, _Mapping]] = ..., created_unix_ms: _Optional[int] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("max_stream_len", "ttl_seconds", "max_rounds")

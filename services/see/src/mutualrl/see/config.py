@@ -31,6 +31,9 @@ class SeeLimits(Config):
     """Most `meta` entries per record."""
     max_meta_chars: int = Field(default=1024, ge=1)
     """Longest `meta` key or value in characters."""
+    max_cached_runs: int = Field(default=1024, ge=1, le=1_000_000)
+    """Run configs a SEE process keeps in memory (a few seconds each; the least recently read
+    go first): bounds its memory whatever run ids clients send."""
     max_successes_per_prompt: int = Field(default=256, ge=1)
     """Distinct (policy, normalised text) successes kept per prompt for GetVerifiedSuccesses;
     further distinct texts are still stored as records but not indexed."""

@@ -21,6 +21,7 @@ from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
+from mutualrl.common import token_arrays as ta
 from mutualrl.common.auth import token_matches
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
@@ -134,7 +135,7 @@ def _summary(cursor: str, rec: pb.ExperienceRecord) -> dict[str, object]:
                 policy_id=rec.policy_id, policy_version=rec.policy_version, round=rec.round,
                 prompt_id=rec.prompt_id, reward=rec.reward, verified=rec.verified,
                 finish_reason=FINISH_NAMES.get(rec.finish_reason, str(rec.finish_reason)),
-                num_tokens=len(rec.token_ids), text_preview=rec.text[:120],
+                num_tokens=ta.n_tokens(rec), text_preview=rec.text[:120],
                 created_unix_ms=rec.created_unix_ms)
 
 
@@ -262,8 +263,10 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
             stats = StatsModel(count=st.count, sum=st.sum, sum_sq=st.sum_sq, max=st.max)
         return RecordOut(**_summary(cursor, rec), run_id=rec.run_id, prompt_text=rec.prompt_text,
                          text=rec.text, tokenizer_id=rec.tokenizer_id,
-                         token_ids=list(rec.token_ids), offset_starts=list(rec.offset_starts),
-                         offset_ends=list(rec.offset_ends), logprobs=list(rec.logprobs),
+                         token_ids=ta.token_ids(rec).tolist(),
+                         offset_starts=ta.offset_starts(rec).tolist(),
+                         offset_ends=ta.offset_ends(rec).tolist(),
+                         logprobs=ta.logprobs(rec).tolist(),
                          stats=stats, meta=dict(rec.meta))
 
     @app.get("/v1/runs/{run_id}/stats", response_model=StatsOut, tags=["runs"],

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.see.entries import check_stream_id, redis_op
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store import SeeStore, check_stream_id, redis_op
+from mutualrl.see.store import SeeStore
 from mutualrl.v1 import run_metrics_pb2 as mpb
 
 MAX_ROWS = 1024
@@ -86,9 +87,7 @@ class RunMetricsStore:
             for row in req.rows:
                 fields = {"p": row.policy_id, "r": row.round, "t": row.unix_ms or now,
                           "v": json.dumps(dict(row.values), separators=(",", ":"))}
-                # redis-py's stub wants dict[FieldT, EncodableT] and refuses a dict of
-                # str -> str | int by invariance; the values are ones it encodes.
-                pipe.xadd(key, fields, maxlen=ret.max_stream_len,  # type: ignore[arg-type]
+                pipe.xadd(key, fields, maxlen=ret.max_stream_len,
                           approximate=True)
             pipe.expire(key, ret.ttl_seconds)
             await pipe.execute()

@@ -19,7 +19,6 @@ import grpc
 import uvicorn
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
-from mutualrl.see import hotpath
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
 from mutualrl.see.runmetrics_servicer import SERVICE_NAME as METRICS_SERVICE_NAME
@@ -62,9 +61,6 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
     """Connect to Redis, start the gRPC server and (unless rest_port is None) the REST app.
 
     `shared_port`: bind with SO_REUSEPORT (multi-worker serving)."""
-    # Compiled once per machine (numba's on-disk cache), loaded in ~1 s after that: done
-    # before serving so the first Publish does not pay for it.
-    await asyncio.to_thread(hotpath.warm_up)
     store = SeeStore(cfg)
     if not await store.ping():
         log.warning("Redis at %s does not answer yet; calls fail with UNAVAILABLE until it does",

@@ -7,11 +7,15 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
 from mutualrl.common.errors import InvalidArgument, NotFound, ServiceError, grpc_errors
 from mutualrl.see import metrics as m
+from mutualrl.see import requests
 from mutualrl.see.store import SeeStore
+from mutualrl.see.validate import validate_records
+from mutualrl.see.wire import publish_response
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
@@ -60,20 +64,34 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
 
     @grpc_errors
     async def Publish(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Registered with no (de)serializer: bytes in, bytes out (see `add_to_server`)."""
+        """Registered with no (de)serializer: bytes in, bytes out (see `add_to_server`): the
+        response is written straight as bytes (`wire.publish_response`)."""
         with _count_refusals("Publish"):
-            return await self.store.publish_request(request)
+            limits = self.store.cfg.limits
+            try:
+                req = pb.PublishRequest.FromString(request)
+            except DecodeError as err:
+                raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
+            requests.check_publish(req, limits.max_batch_records)
+            run = await self.store.get_run(req.run_id)
+            if not req.records:
+                return publish_response([], "")
+            validate_records(req.records, run.config, limits)
+            rids, flags = await self.store.publisher.publish(run, req.records)
+            return publish_response([r.encode() for r in rids], flags)
 
     @grpc_errors
     async def FetchRollouts(self, request: pb.FetchRolloutsRequest,
                             context: grpc.aio.ServicerContext) -> pb.FetchRolloutsResponse:
         with _count_refusals("FetchRollouts"):
+            requests.check_fetch(request, await self.store.get_run(request.run_id))
             return await self.store.fetch_rollouts(request, _deadline(context))
 
     @grpc_errors
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext
                   ) -> pb.AckResponse:
         with _count_refusals("Ack"):
+            requests.check_ack(request, await self.store.get_run(request.run_id))
             n = await self.store.ack(request.run_id, request.policy_id, request.delivery_ids)
         return pb.AckResponse(acked=n)
 
@@ -81,18 +99,22 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     async def GetRoundStats(self, request: pb.RoundStatsRequest,
                             context: grpc.aio.ServicerContext) -> pb.RoundStatsResponse:
         with _count_refusals("GetRoundStats"):
+            requests.check_round_stats(request, await self.store.get_run(request.run_id))
             return await self.store.round_stats(request, _deadline(context))
 
     @grpc_errors
     async def GetVerifiedSuccesses(self, request: pb.SuccessesRequest,
                                    context: grpc.aio.ServicerContext) -> pb.SuccessesResponse:
         with _count_refusals("GetVerifiedSuccesses"):
+            requests.check_successes(request, await self.store.get_run(request.run_id))
             return await self.store.successes(request)
 
     @grpc_errors
     async def Subscribe(self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[pb.ExperienceEvent]:
         with _count_refusals("Subscribe"):
+            await self.store.get_run(request.run_id)
+            requests.check_subscribe(request)
             stream = self.store.subscribe(request)
             try:
                 async for event in stream:

@@ -8,6 +8,7 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from mutualrl.common.token_arrays import set_tokens
 from mutualrl.see.config import SeeConfig
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -41,13 +42,12 @@ def rollout(policy: str, round_: int, prompt: str, sample: int, *, n_tokens: int
             verified: bool = False) -> pb.ExperienceRecord:
     seed = zlib.crc32(f"{policy}/{round_}/{prompt}/{sample}".encode())
     text, ids, starts, ends, lps = completion(n_tokens, seed=seed)
-    return pb.ExperienceRecord(
+    return set_tokens(pb.ExperienceRecord(
         record_id=f"{policy}/{round_}/{prompt}/{sample}", run_id=run_id, policy_id=policy,
         policy_version=round_ if version is None else version, round=round_, prompt_id=prompt,
         kind=pb.ROLLOUT, prompt_text=f"Question {prompt}?", text=text,
-        tokenizer_id=f"tok-{policy}", token_ids=ids, offset_starts=starts, offset_ends=ends,
-        logprobs=lps, reward=reward, verified=verified, finish_reason=pb.FINISH_REASON_EOS,
-        meta={"skill": "add"})
+        tokenizer_id=f"tok-{policy}", reward=reward, verified=verified,
+        finish_reason=pb.FINISH_REASON_EOS, meta={"skill": "add"}), ids, starts, ends, lps)
 
 
 def stats_record(policy: str, round_: int, prompt: str, rewards: list[float]

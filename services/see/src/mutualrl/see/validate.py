@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 
 import numpy as np
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument
@@ -59,116 +61,165 @@ def _finite(value: float, field: str) -> None:
         raise InvalidArgument(field, "not finite")
 
 
-def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
-                    policies: frozenset[str], limits: SeeLimits, size: int | None = None) -> int:
-    """Check one record of a Publish batch against the run; returns its serialized size.
+_ARRAY_FIELDS = ("token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32")
+_V1_ARRAY_FIELDS = frozenset((11, 12, 13, 14))
 
-    The reference validator: every rule, on a fully parsed record, with the offending field
-    named. `policies` is the run's policy set; `size` the record's serialized size when the
-    caller has its bytes. Publish runs it for every record the compiled scan
-    (`hotpath.scan_request`) does not accept.
+
+def _v1_arrays(rec: pb.ExperienceRecord) -> bool:
+    """The record carries contract version 1's repeated arrays (unknown fields 11-14 now)."""
+    try:
+        fields = UnknownFieldSet(rec)
+        return any(fields[i].field_number in _V1_ARRAY_FIELDS for i in range(len(fields)))
+    except Exception:
+        return False
+
+
+def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
+                     limits: SeeLimits) -> list[int]:
+    """Check a Publish batch against the run; returns each record's token count.
+
+    Every rule raises `InvalidArgument` naming the offending field (`records[3].reward`). The
+    per-record scalar rules run record by record; the per-token rules (ids >= 0, offsets inside
+    the text with start <= end, finite log-probs) run once over the whole batch: one
+    concatenation per array and a handful of numpy reductions, then the first offending element
+    is traced back to its record.
     """
+    policies = frozenset(run.policies)
+    counts = [_validate_scalars(rec, i, run, policies, limits) for i, rec in enumerate(records)]
+    _check_arrays(records, counts)
+    return counts
+
+
+def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
+                    policies: frozenset[str], limits: SeeLimits) -> int:
+    """One record on its own (every rule; as `validate_records` for a batch of one, with the
+    record's index `idx` in the field names); returns its token count."""
+    n = _validate_scalars(rec, idx, run, policies, limits)
+    _check_arrays([rec], [n], first=idx)
+    return n
+
+
+def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
+                      policies: frozenset[str], limits: SeeLimits) -> int:
+    """Every rule except the per-token values; returns the record's token count."""
     f = f"records[{idx}]"
     ids.check_record_key(rec.record_id, f"{f}.record_id")
     ids.check_record_key(rec.prompt_id, f"{f}.prompt_id")
     if rec.tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
         ids.check_tokenizer_id(rec.tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
-        raise InvalidArgument(f"records[{idx}].run_id",
-                              f"{rec.run_id!r} differs from the request's run_id")
+        raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
     if rec.policy_id not in policies:
-        raise InvalidArgument(f"records[{idx}].policy_id",
+        raise InvalidArgument(f"{f}.policy_id",
                               f"{rec.policy_id!r} is not a policy of run {run.run_id!r}")
     kind = rec.kind
     if kind not in KINDS:
-        raise InvalidArgument(f"records[{idx}].kind",
+        raise InvalidArgument(f"{f}.kind",
                               f"must be ROLLOUT, REWARD_STATS or VERIFIED_SUCCESS, got {kind}")
     if rec.round < 0:
-        raise InvalidArgument(f"records[{idx}].round", "must be >= 0")
+        raise InvalidArgument(f"{f}.round", "must be >= 0")
     if rec.policy_version < 0:
-        raise InvalidArgument(f"records[{idx}].policy_version", "must be >= 0")
+        raise InvalidArgument(f"{f}.policy_version", "must be >= 0")
     finish = rec.finish_reason
     if finish not in FINISH_VALUES:
-        raise InvalidArgument(f"records[{idx}].finish_reason", f"unknown value {finish}")
+        raise InvalidArgument(f"{f}.finish_reason", f"unknown value {finish}")
     text = rec.text
     if len(text) > limits.max_text_chars:
-        raise InvalidArgument(f"records[{idx}].text",
-                              f"longer than {limits.max_text_chars} characters")
+        raise InvalidArgument(f"{f}.text", f"longer than {limits.max_text_chars} characters")
     if len(rec.prompt_text) > limits.max_text_chars:
-        raise InvalidArgument(f"records[{idx}].prompt_text",
+        raise InvalidArgument(f"{f}.prompt_text",
                               f"longer than {limits.max_text_chars} characters")
     reward = rec.reward
     if not math.isfinite(reward):
-        raise InvalidArgument(f"records[{idx}].reward", "not finite")
+        raise InvalidArgument(f"{f}.reward", "not finite")
 
-    n = len(rec.token_ids)
+    nbytes = len(rec.token_ids_i32)
+    if nbytes % 4:
+        raise InvalidArgument(f"{f}.token_ids_i32",
+                              f"{nbytes} bytes is not a whole number of int32 values")
+    n = nbytes // 4
     if n > limits.max_tokens:
-        raise InvalidArgument(f"records[{idx}].token_ids", f"more than {limits.max_tokens} tokens")
-    for name in ("offset_starts", "offset_ends", "logprobs"):
-        if len(getattr(rec, name)) != n:
-            raise InvalidArgument(f"records[{idx}].{name}",
-                                  f"has {len(getattr(rec, name))} entries, token_ids has {n}")
-    if n:
-        _check_arrays(rec, f"records[{idx}]")
+        raise InvalidArgument(f"{f}.token_ids_i32", f"more than {limits.max_tokens} tokens")
+    for name in _ARRAY_FIELDS[1:]:
+        size = len(getattr(rec, name))
+        if size != nbytes:
+            raise InvalidArgument(f"{f}.{name}", f"has {size} bytes, token_ids_i32 has {nbytes}"
+                                  f" ({n} tokens of 4 bytes)")
 
     meta = rec.meta
     if meta:
         if len(meta) > limits.max_meta_entries:
-            raise InvalidArgument(f"records[{idx}].meta",
-                                  f"more than {limits.max_meta_entries} entries")
+            raise InvalidArgument(f"{f}.meta", f"more than {limits.max_meta_entries} entries")
         for key, value in meta.items():
             if len(key) > limits.max_meta_chars or len(value) > limits.max_meta_chars:
-                raise InvalidArgument(f"records[{idx}].meta[{key[:32]!r}]",
+                raise InvalidArgument(f"{f}.meta[{key[:32]!r}]",
                                       f"key or value longer than {limits.max_meta_chars} "
                                       "characters")
 
     verified = rec.verified
     if verified and finish == pb.FINISH_REASON_LENGTH:
-        raise InvalidArgument(f"records[{idx}].verified",
-                              "a truncated completion (LENGTH) is never verified")
+        raise InvalidArgument(f"{f}.verified", "a truncated completion (LENGTH) is never verified")
     if kind == pb.ROLLOUT:
         if n == 0:
-            raise InvalidArgument(f"records[{idx}].token_ids",
-                                  "a ROLLOUT needs its tokens and log-probs")
+            hint = (" (this client sends contract version 1's repeated arrays, fields 11-14;"
+                    " contract version 2 carries them as little-endian bytes: token_ids_i32,"
+                    " offset_starts_i32, offset_ends_i32, logprobs_f32)"
+                    if _v1_arrays(rec) else "")
+            raise InvalidArgument(f"{f}.token_ids_i32",
+                                  "a ROLLOUT needs its tokens and log-probs" + hint)
     elif kind == pb.REWARD_STATS:
-        _validate_stats(rec, f"records[{idx}]")
+        _validate_stats(rec, f)
     else:  # VERIFIED_SUCCESS
         if not verified:
-            raise InvalidArgument(f"records[{idx}].verified",
-                                  "a VERIFIED_SUCCESS must have verified=true")
+            raise InvalidArgument(f"{f}.verified", "a VERIFIED_SUCCESS must have verified=true")
         if reward < run.tau:
-            raise InvalidArgument(f"records[{idx}].reward",
-                                  f"{reward} is below the run's tau {run.tau}")
+            raise InvalidArgument(f"{f}.reward", f"{reward} is below the run's tau {run.tau}")
         if finish not in VERIFIABLE_FINISH:
-            raise InvalidArgument(f"records[{idx}].finish_reason",
+            raise InvalidArgument(f"{f}.finish_reason",
                                   "a VERIFIED_SUCCESS must have finished with STOP or EOS")
         if not text.strip():
-            raise InvalidArgument(f"records[{idx}].text",
-                                  "a VERIFIED_SUCCESS needs its completion text")
-    size = rec.ByteSize() if size is None else size
+            raise InvalidArgument(f"{f}.text", "a VERIFIED_SUCCESS needs its completion text")
+    size = rec.ByteSize()
     if size > limits.max_record_bytes:
-        raise InvalidArgument(f"records[{idx}]",
-                              f"serialized size {size} B exceeds {limits.max_record_bytes} B")
-    return size
+        raise InvalidArgument(f, f"serialized size {size} B exceeds {limits.max_record_bytes} B")
+    return n
 
 
-def _check_arrays(rec: pb.ExperienceRecord, f: str) -> None:
-    """Token ids >= 0, offsets inside the text with start <= end, log-probs finite."""
-    ids = np.array(rec.token_ids, dtype=np.int64)
-    starts = np.array(rec.offset_starts, dtype=np.int64)
-    ends = np.array(rec.offset_ends, dtype=np.int64)
-    lps = np.array(rec.logprobs, dtype=np.float64)
-    text_len = len(rec.text)
-    if ids.min() < 0:
-        raise InvalidArgument(f"{f}.token_ids", "must be >= 0")
-    if starts.min() < 0 or starts.max() > text_len:
-        raise InvalidArgument(f"{f}.offset_starts", f"must lie in [0, {text_len}]")
-    if ends.min() < 0 or ends.max() > text_len:
-        raise InvalidArgument(f"{f}.offset_ends", f"must lie in [0, {text_len}]")
-    if (starts > ends).any():
-        raise InvalidArgument(f"{f}.offset_ends", "an end lies before its start")
-    if not np.isfinite(lps).all():
-        raise InvalidArgument(f"{f}.logprobs", "not finite")
+def _check_arrays(records: Sequence[pb.ExperienceRecord], counts: Sequence[int],
+                  first: int = 0) -> None:
+    """Token ids >= 0, offsets inside the text with start <= end, log-probs finite: over the
+    whole batch at once. `counts` are the records' token counts (already checked to agree)."""
+    rows = [i for i, n in enumerate(counts) if n]
+    if not rows:
+        return
+    tok = np.frombuffer(b"".join([records[i].token_ids_i32 for i in rows]), dtype="<i4")
+    starts = np.frombuffer(b"".join([records[i].offset_starts_i32 for i in rows]), dtype="<i4")
+    ends = np.frombuffer(b"".join([records[i].offset_ends_i32 for i in rows]), dtype="<i4")
+    lps = np.frombuffer(b"".join([records[i].logprobs_f32 for i in rows]), dtype="<f4")
+    n_of = np.fromiter((counts[i] for i in rows), dtype=np.int64, count=len(rows))
+    text_len = np.fromiter((len(records[i].text) for i in rows), dtype=np.int64,
+                           count=len(rows))
+    limit = np.repeat(text_len, n_of)
+    # (bad elements, field, message) in the order the per-record validator checked them.
+    checks: list[tuple[np.ndarray, str, str | None]] = [
+        (tok < 0, "token_ids_i32", "must be >= 0"),
+        ((starts < 0) | (starts > limit), "offset_starts_i32", None),
+        ((ends < 0) | (ends > limit), "offset_ends_i32", None),
+        (starts > ends, "offset_ends_i32", "an end lies before its start"),
+        (~np.isfinite(lps), "logprobs_f32", "not finite"),
+    ]
+    if not any(bad.any() for bad, _, _ in checks):
+        return
+    bounds = np.cumsum(n_of)
+    # The first offending record, then the first rule it breaks.
+    firsts = [int(np.searchsorted(bounds, int(np.argmax(bad)), side="right"))
+              if bad.any() else len(rows) for bad, _, _ in checks]
+    rec_pos = min(firsts)
+    rule = firsts.index(rec_pos)
+    _, name, msg = checks[rule]
+    if msg is None:
+        msg = f"must lie in [0, {int(text_len[rec_pos])}]"
+    raise InvalidArgument(f"records[{first + rows[rec_pos]}].{name}", msg)
 
 
 def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:

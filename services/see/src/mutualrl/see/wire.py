@@ -1,15 +1,10 @@
-"""Protobuf wire-format helpers for the Publish path (pure: no grpc, no redis).
+"""The PublishResponse written straight as bytes (pure: no grpc, no redis).
 
-SEE stores each record as the exact bytes the client serialized plus two appended fields: in
-protobuf the last occurrence of a singular field wins, so appending `run_id` and
-`created_unix_ms` sets them without re-serializing ~5 KB per record. The response is written
-straight as bytes for the same reason.
+A batch of 4,096 records would otherwise build 4,096 PublishResult messages one by one; the
+bytes are protobuf's own encoding (tests/unit/test_see_wire.py compares them byte for byte).
 """
 
 from __future__ import annotations
-
-F_RUN_ID = 2  # ExperienceRecord.run_id
-_F_CREATED_TAG = b"\x98\x01"  # ExperienceRecord.created_unix_ms (field 19, varint)
 
 
 def encode_varint(value: int) -> bytes:
@@ -21,17 +16,6 @@ def encode_varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
-
-
-def stamp_suffix(run_id_field: bytes, created_ms: int) -> bytes:
-    """Appended to a serialized record, sets its run_id and created_unix_ms (appended fields
-    win on parse); the same for every record of a batch."""
-    return run_id_field + _F_CREATED_TAG + encode_varint(created_ms)
-
-
-def string_field(field: int, value: str) -> bytes:
-    data = value.encode()
-    return encode_varint((field << 3) | 2) + encode_varint(len(data)) + data
 
 
 def publish_response(record_ids: list[bytes], flags: str) -> bytes:

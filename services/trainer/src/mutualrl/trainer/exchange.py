@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mutualrl.common import token_arrays as ta
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
 
@@ -194,9 +195,10 @@ class PeerExchange:
             PeerRollout(
                 delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
                 prompt_id=d.record.prompt_id, text=d.record.text,
-                tokenizer_id=d.record.tokenizer_id, token_ids=list(d.record.token_ids),
-                offsets=list(zip(d.record.offset_starts, d.record.offset_ends, strict=True)),
-                logprobs=list(d.record.logprobs), reward=d.record.reward)
+                tokenizer_id=d.record.tokenizer_id, token_ids=ta.token_ids(d.record).tolist(),
+                offsets=list(zip(ta.offset_starts(d.record).tolist(),
+                                 ta.offset_ends(d.record).tolist(), strict=True)),
+                logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward)
             for d in resp.deliveries
         ]
         if out:
@@ -274,11 +276,10 @@ def round_records(
             finish = _FINISH.get(s.finish_reason, "FINISH_REASON_UNSPECIFIED")
             starts = [a for a, _ in s.offsets]
             ends = [b for _, b in s.offsets]
-            out.append(pb.ExperienceRecord(
-                record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text,
-                token_ids=list(s.token_ids), offset_starts=starts, offset_ends=ends,
-                logprobs=list(s.logprobs), reward=r, verified=good, finish_reason=finish,
-                **common))
+            out.append(ta.set_tokens(pb.ExperienceRecord(
+                record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text, reward=r,
+                verified=good, finish_reason=finish, **common),
+                s.token_ids, starts, ends, s.logprobs))
             if good and r >= tau and s.finish_reason != "length":
                 out.append(pb.ExperienceRecord(
                     record_id=f"{base}/{k}/s", kind=pb.VERIFIED_SUCCESS, text=s.text,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mutualrl.common import token_arrays as ta
 from mutualrl.see.dashboard.models import (
     ChunkOut,
     PairResidualOut,
@@ -15,15 +16,17 @@ from mutualrl.v1 import experience_pb2 as pb
 
 def has_tokens(rec: pb.ExperienceRecord) -> bool:
     """The record carries its own tokens with offsets (ROLLOUT records do)."""
-    return bool(rec.token_ids) and len(rec.offset_starts) == len(rec.token_ids)
+    n = len(rec.token_ids_i32)
+    return n > 0 and len(rec.offset_starts_i32) == n and len(rec.offset_ends_i32) == n
 
 
 def record_tokens(rec: pb.ExperienceRecord) -> list[TokenOut]:
     """The sender's tokens as the record carries them, with their behaviour log-probs."""
-    lps = list(rec.logprobs) if len(rec.logprobs) == len(rec.token_ids) else None
+    tok = ta.token_ids(rec).tolist()
+    lps = ta.logprobs(rec).tolist() if len(rec.logprobs_f32) == len(rec.token_ids_i32) else None
     return [TokenOut(id=t, start=s, end=e, logprob=lps[i] if lps else None)
-            for i, (t, s, e) in enumerate(zip(rec.token_ids, rec.offset_starts, rec.offset_ends,
-                                              strict=True))]
+            for i, (t, s, e) in enumerate(zip(tok, ta.offset_starts(rec).tolist(),
+                                              ta.offset_ends(rec).tolist(), strict=True))]
 
 
 def tokenized_tokens(tt: apb.TokenizedText) -> list[TokenOut]:

@@ -1,0 +1,56 @@
+"""What every part of the store shares: the Redis client, the run registry, typed reads."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from mutualrl.see import transfers
+from mutualrl.see.entries import Entry, StreamReply, s
+from mutualrl.see.runs import RunRegistry
+
+
+class StorePart:
+    """Base of the store's parts (publish, rollouts, round stats, successes, inspection)."""
+
+    def __init__(self, runs: RunRegistry, stopping: asyncio.Event) -> None:
+        self.runs = runs
+        self.r = runs.r
+        self.cfg = runs.cfg
+        self.stopping = stopping
+
+    async def _get(self, key: str) -> bytes | None:
+        return cast("bytes | None", await self.r.get(key))
+
+    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+        """Values of keys of one run (one hash slot: one MGET, also in a cluster)."""
+        return cast("list[bytes | None]", await self.r.mget(keys)) if keys else []
+
+    async def _xread(self, positions: dict[str, str], count: int,
+                     block: int | None = None) -> StreamReply:
+        # (redis-py wants a dict of its own key/id unions: invariance refuses dict[str, str])
+        reply = await self.r.xread(cast("dict[Any, Any]", positions), count=count, block=block)
+        return cast(StreamReply, reply or [])
+
+    async def _xreadgroup(self, group: str, consumer: str, stream: str, start: str, count: int,
+                          block: int | None = None) -> list[Entry]:
+        reply = await self.r.xreadgroup(group, consumer, {stream: start}, count=count,
+                                        block=block)
+        return cast(StreamReply, reply)[0][1] if reply else []
+
+    async def _pending_counts(self, stream: str, group: str, consumer: str, lo: str, hi: str,
+                              count: int) -> dict[str, int]:
+        """Delivery count per pending entry id of `consumer` in [lo, hi]."""
+        info = cast("list[dict[str, Any]]", await self.r.xpending_range(
+            stream, group, min=lo, max=hi, count=count, consumername=consumer))
+        return {s(p["message_id"]): int(p["times_delivered"]) for p in info}
+
+    async def _count_transfers(self, run_id: str, taker: str, kind: int,
+                               taken: dict[tuple[str, int], int]) -> None:
+        """Count delivered records: (source policy, record round) -> n (run totals and per
+        round, in one transaction: transfers.py)."""
+        rk = self.runs.keys(run_id)
+        ttl = self.runs.retention(await self.runs.get(run_id)).ttl_seconds
+        async with self.r.pipeline(transaction=True) as pipe:
+            transfers.queue_counts(pipe, rk, taker, kind, taken, ttl)
+            await pipe.execute()

@@ -1,0 +1,130 @@
+"""Publish: store a validated batch in one MULTI/EXEC (payload SETs, then the index script).
+
+Through redis-py's public API only: a transaction pipeline carries `SET <rec key> <payload> NX
+EX <ttl>` for every record and EVALSHA of the index script (`lua.py`, registered with
+`register_script`). Redis runs the transaction as one unit, so a record is never half stored
+and the reply only comes back once every record is in Redis; all keys share the run's hash
+tag, so a cluster runs it on one node.
+
+EVALSHA rather than the script object's own call: inside MULTI, the script object's
+load-if-missing would cost a SCRIPT EXISTS round trip per Publish. A NOSCRIPT error (script cache
+flushed, e.g. a restarted or failed-over Redis) only comes back after the SETs were applied;
+the batch is then run again after loading the script: the SETs are NX (no-ops the second time)
+and idempotency is decided by the script's index, so nothing is stored twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rexc
+
+from mutualrl.see import metrics as m
+from mutualrl.see.entries import SEP, redis_op, s
+from mutualrl.see.keys import KINDS, kind_name
+from mutualrl.see.lua import PUBLISH_LUA
+from mutualrl.see.runs import RunRegistry
+from mutualrl.see.validate import text_digest
+from mutualrl.v1 import experience_pb2 as pb
+
+
+class Publisher:
+    def __init__(self, runs: RunRegistry) -> None:
+        self.runs = runs
+        self.script = runs.r.register_script(PUBLISH_LUA)
+
+    async def publish(self, run: pb.Run, records: Sequence[pb.ExperienceRecord]
+                      ) -> tuple[list[str], str]:
+        """Store validated records of `run`: (record ids, flags) with flag "1" for newly stored
+        and "0" for a duplicate, in input order. The records get their run_id and
+        created_unix_ms set."""
+        if not records:
+            return [], ""
+        run_id = run.config.run_id
+        ret = self.runs.retention(run)
+        rk = self.runs.keys(run_id)
+        limits = self.runs.cfg.limits
+        keys = rk.fixed()
+        aux_keys: dict[str, int] = {}
+        # Trim once a stream is this far past its cap (amortises the trim like MAXLEN ~).
+        slack = max(1, min(100, ret.max_stream_len // 10))
+        args: list[bytes | str | int] = [
+            ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
+            limits.max_successes_per_prompt, len(records), rk.round_stats_prefix,
+            rk.rec_prefix, slack]
+        payloads: list[tuple[str, bytes]] = []
+        now_ms = int(time.time() * 1000)
+        rec_prefix = rk.rec_prefix
+        ids: list[str] = []
+        kinds: list[int] = []
+        for rec in records:
+            rec.run_id = run_id
+            rec.created_unix_ms = now_ms
+            rid = rec.record_id
+            kind = rec.kind
+            header = SEP.join((rid, rec.policy_id, rec.prompt_id, str(rec.round),
+                               "1" if rec.verified else "0", str(rec.policy_version)))
+            aux = ""
+            if kind != pb.ROLLOUT:
+                key = (rk.round_stats(rec.round) if kind == pb.REWARD_STATS
+                       else rk.successes(rec.prompt_id))
+                idx = aux_keys.get(key)
+                if idx is None:
+                    keys.append(key)
+                    idx = aux_keys[key] = len(keys)
+                if kind == pb.REWARD_STATS:
+                    st = rec.stats
+                    aux = SEP.join((str(idx), f"{rec.prompt_id}|{rec.policy_id}",
+                                    f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
+                                    str(rec.round)))
+                else:
+                    aux = SEP.join((str(idx), f"{rec.policy_id}|{text_digest(rec.text)}"))
+            args += (rid, kind, rec.policy_id, header, aux)
+            payloads.append((rec_prefix + rid, rec.SerializeToString()))
+            ids.append(rid)
+            kinds.append(kind)
+        async with redis_op("publish"):
+            reply = await self._transaction(payloads, ret.ttl_seconds, keys, args)
+        flags = s(reply[0])
+        tally: dict[tuple[int, bool], list[int]] = {}
+        for k, flag, (_, payload) in zip(kinds, flags, payloads, strict=True):
+            t = tally.setdefault((k, flag == "1"), [0, 0])
+            t[0] += 1
+            t[1] += len(payload)
+        for (k, stored), (count, nbytes) in tally.items():
+            name = kind_name(k)
+            m.RECORDS_IN.labels(name, "stored" if stored else "duplicate").inc(count)
+            if stored:
+                m.BYTES_IN.labels(name).inc(nbytes)
+        for k, tr in zip(KINDS, reply[1:4], strict=True):
+            if int(tr):
+                m.TRIMMED.labels(kind_name(k)).inc(int(tr))
+        if int(reply[4]):
+            m.TRIMMED.labels("round_stats").inc(int(reply[4]))
+        m.PUBLISH_BATCH.observe(len(records))
+        return ids, flags
+
+    async def _transaction(self, payloads: list[tuple[str, bytes]], ttl: int, keys: list[str],
+                           args: list[bytes | str | int]) -> Any:
+        """The MULTI/EXEC; returns the index script's reply."""
+        for attempt in (0, 1):
+            async with self.runs.r.pipeline(transaction=True) as pipe:
+                for key, payload in payloads:
+                    pipe.set(key, payload, nx=True, ex=ttl)
+                pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+            reply = replies[-1]
+            if isinstance(reply, rexc.NoScriptError) and attempt == 0:
+                await self._load_script()
+                continue
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise r
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _load_script(self) -> None:
+        # A cluster client sends SCRIPT LOAD to every primary; a plain one to its server.
+        await self.runs.r.script_load(PUBLISH_LUA)

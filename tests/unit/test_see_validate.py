@@ -1,0 +1,106 @@
+"""The batch validator (vectorised per-token rules) against a per-element oracle, and the
+contract-2 array rules (whole int32/float32 values, equal lengths)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mutualrl.common import token_arrays as ta
+from mutualrl.common.errors import InvalidArgument
+from mutualrl.see.config import SeeLimits
+from mutualrl.see.testing import rollout
+from mutualrl.see.validate import validate_records
+from mutualrl.v1 import experience_pb2 as pb
+
+RUN = pb.RunConfig(run_id="r1", policies=["a", "b"], tau=1.0)
+LIM = SeeLimits()
+
+
+def _oracle(records: list[pb.ExperienceRecord]) -> str | None:
+    """The field the first offending record breaks first, element by element in Python."""
+    for i, rec in enumerate(records):
+        n = len(rec.text)
+        tok, st_, en, lp = (ta.token_ids(rec).tolist(), ta.offset_starts(rec).tolist(),
+                            ta.offset_ends(rec).tolist(), ta.logprobs(rec).tolist())
+        rules = [
+            ("token_ids_i32", any(t < 0 for t in tok)),
+            ("offset_starts_i32", any(not 0 <= s <= n for s in st_)),
+            ("offset_ends_i32", any(not 0 <= e <= n for e in en)),
+            ("offset_ends_i32", any(s > e for s, e in zip(st_, en, strict=True))),
+            ("logprobs_f32", any(not math.isfinite(x) for x in lp)),
+        ]
+        for name, bad in rules:
+            if bad:
+                return f"records[{i}].{name}"
+    return None
+
+
+def _put(rec: pb.ExperienceRecord, field: str, i: int, value: float) -> None:
+    dtype = ta.F32 if field == "logprobs_f32" else ta.I32
+    arr = np.frombuffer(getattr(rec, field), dtype=dtype).copy()
+    arr[i] = value
+    setattr(rec, field, arr.tobytes())
+
+
+_CHANGES = st.tuples(
+    st.sampled_from(["token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32"]),
+    st.integers(0, 5),
+    st.one_of(st.integers(-3, 200), st.sampled_from([math.nan, math.inf, -math.inf, -2.5])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_CHANGES, max_size=3), min_size=1, max_size=6))
+def test_batch_rules_match_the_per_element_oracle(changes: list[list[tuple[str, int, float]]]
+                                                  ) -> None:
+    records = []
+    for j, recs_changes in enumerate(changes):
+        rec = rollout("a", 0, f"p{j}", j, n_tokens=6)
+        for field, i, value in recs_changes:
+            if field != "logprobs_f32" and isinstance(value, float):
+                continue  # ints only in int32 arrays
+            _put(rec, field, i, value)
+        records.append(rec)
+    expected = _oracle(records)
+    if expected is None:
+        assert validate_records(records, RUN, LIM) == [6] * len(records)
+        return
+    with pytest.raises(InvalidArgument) as err:
+        validate_records(records, RUN, LIM)
+    assert err.value.field == expected, (err.value.field, expected)
+
+
+def test_large_batch_names_the_last_record() -> None:
+    records = [rollout("a", 0, "p", i, n_tokens=32) for i in range(4096)]
+    assert validate_records(records, RUN, LIM) == [32] * 4096
+    _put(records[4095], "logprobs_f32", 31, math.nan)
+    with pytest.raises(InvalidArgument, match=r"records\[4095\]\.logprobs_f32"):
+        validate_records(records, RUN, LIM)
+
+
+@pytest.mark.parametrize(("field", "extra", "message"), [
+    ("token_ids_i32", b"\0\0", "not a whole number"),
+    ("offset_starts_i32", b"\0\0\0\0", "token_ids_i32 has"),
+    ("logprobs_f32", b"\0\0\0", "token_ids_i32 has"),
+])
+def test_array_lengths_are_whole_and_equal(field: str, extra: bytes, message: str) -> None:
+    rec = rollout("a", 0, "p", 0, n_tokens=4)
+    setattr(rec, field, getattr(rec, field) + extra)
+    with pytest.raises(InvalidArgument, match=message) as err:
+        validate_records([rec], RUN, LIM)
+    assert err.value.field == f"records[0].{field}"
+
+
+def test_views_are_zero_copy_and_little_endian() -> None:
+    rec = rollout("a", 0, "p", 0, n_tokens=3)
+    ta.set_tokens(rec, [1, 2, 70_000], [0, 1, 2], [1, 2, 3], [-0.5, -1.0, -2.0])
+    assert rec.token_ids_i32 == b"\x01\0\0\0\x02\0\0\0\x70\x11\x01\0"
+    raw = rec.token_ids_i32
+    view = np.frombuffer(raw, dtype=ta.I32)
+    assert not view.flags.owndata and view.tolist() == [1, 2, 70_000]
+    assert ta.logprobs(rec).dtype == np.float32 and ta.logprobs(rec).tolist() == [-0.5, -1, -2]
+    assert ta.n_tokens(rec) == 3

@@ -71,7 +71,8 @@ def support(s: Any, data: RoundData, plan: LossInputs, prompt_ids: Sequence[Sequ
         deadline = time.monotonic() + s.cfg.probe.deadline_seconds
         try:
             rescue = read_rescue(data, s.exchange, s.cfg.probe, s.policy.name, deadline)
-            demos = rescue_demos(data, s.exchange, rescue.texts) if rescue.texts else None
+            demos = (rescue_demos(data, s.exchange, rescue.texts, rescue.ends)
+                     if rescue.texts else None)
         except Exception as err:
             if not is_transient(err):
                 raise

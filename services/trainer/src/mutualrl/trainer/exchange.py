@@ -38,6 +38,9 @@ class PeerRollout:
     offsets: list[tuple[int, int]]
     logprobs: list[float]
     reward: float
+    stopped_by_eos: bool = False
+    """The sender's generation ended with its EOS token (the last of `token_ids`; the text,
+    decoded without special tokens, does not show it)."""
 
 
 @dataclass
@@ -175,7 +178,8 @@ class PeerExchange:
         return [
             PeerSuccess(
                 prompt_id=p.prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
-                truncated=r.finish_reason == pb.FINISH_REASON_LENGTH, verified=r.verified)
+                truncated=r.finish_reason == pb.FINISH_REASON_LENGTH, verified=r.verified,
+                stopped_by_eos=r.finish_reason == pb.FINISH_REASON_EOS)
             for p in resp.prompts
             for r in p.successes
         ]
@@ -198,7 +202,8 @@ class PeerExchange:
                 tokenizer_id=d.record.tokenizer_id, token_ids=ta.token_ids(d.record).tolist(),
                 offsets=list(zip(ta.offset_starts(d.record).tolist(),
                                  ta.offset_ends(d.record).tolist(), strict=True)),
-                logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward)
+                logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
+                stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS)
             for d in resp.deliveries
         ]
         if out:
@@ -210,37 +215,70 @@ class PeerExchange:
         return out
 
     # ---- tokens (THL) -----------------------------------------------------------------------
-    def retokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Texts in this policy's tokens (completion-style: no special tokens)."""
+    @property
+    def eos_token_id(self) -> int | None:
+        """This policy's end-of-sequence token (appended where a sender stopped by its own)."""
+        eos = getattr(self._tok, "eos_token_id", None)
+        return int(eos) if eos is not None else None
+
+    def retokenize(self, texts: Sequence[str], ends: Sequence[bool] | None = None
+                   ) -> list[list[int]]:
+        """Texts in this policy's tokens (completion-style: no special tokens); where `ends[i]`
+        (the sender stopped by EOS), this policy's EOS follows, so the receiver learns to stop
+        where the sender did."""
         if not texts:
             return []
-        return [r.token_ids.tolist() for r in self.thl.retokenize(self.tokenizer_id, texts)]
+        out = [r.token_ids.tolist() for r in self.thl.retokenize(self.tokenizer_id, texts)]
+        eos = self.eos_token_id
+        if ends is not None and eos is not None:
+            out = [[*ids, eos] if end else ids for ids, end in zip(out, ends, strict=True)]
+        return out
 
     def align(self, rollouts: Sequence[PeerRollout], chunk_level: bool) -> list[AlignedPeer]:
         """Move peer token traces (behaviour log-probs) onto this policy's tokens, one THL
-        call per source tokenizer; results keep the order of `rollouts`."""
+        call per source tokenizer; results keep the order of `rollouts`.
+
+        A sender's final EOS has no text, so THL aligns the text tokens only; the end of
+        sequence is then a chunk of its own: this policy's EOS against the sender's log p(EOS).
+        Both sides' sums then cover the same text and the same stop (without an EOS of this
+        policy, neither side counts one)."""
         from mutualrl.common.alignment_types import TraceItem
 
         slots: list[AlignedPeer | None] = [None] * len(rollouts)
         by_source: dict[str, list[int]] = {}
         for i, r in enumerate(rollouts):
             by_source.setdefault(r.tokenizer_id, []).append(i)
+        eos = self.eos_token_id
         for source, idx in by_source.items():
-            items = [TraceItem(text=rollouts[i].text, source_token_ids=rollouts[i].token_ids,
-                               values=rollouts[i].logprobs, source_offsets=rollouts[i].offsets)
-                     for i in idx]
+            text_len = [len(rollouts[i].token_ids)
+                        - int(rollouts[i].stopped_by_eos and bool(rollouts[i].token_ids))
+                        for i in idx]
+            items = [TraceItem(text=rollouts[i].text,
+                               source_token_ids=rollouts[i].token_ids[:n],
+                               values=rollouts[i].logprobs[:n],
+                               source_offsets=rollouts[i].offsets[:n])
+                     for i, n in zip(idx, text_len, strict=True)]
             res = self.thl.align_trace(source, self.tokenizer_id, items, mode="chunk")
-            for i, tr in zip(idx, res.results, strict=True):
+            for i, n, tr in zip(idx, text_len, res.results, strict=True):
                 ch = tr.chunks
-                token_chunk = [0] * len(tr.target_token_ids)
+                token_ids = tr.target_token_ids.tolist()
+                token_chunk = [0] * len(token_ids)
                 for c in range(len(ch)):
                     for t in range(int(ch.target_start[c]), int(ch.target_end[c])):
                         token_chunk[t] = c
+                chunk_logp = ch.value.tolist()
+                send = rollouts[i].logprobs
+                send_sum = float(sum(send[:n]))
+                if n < len(send) and eos is not None:
+                    token_chunk.append(len(chunk_logp))
+                    chunk_logp.append(float(send[n]))
+                    token_ids.append(eos)
+                    send_sum += float(send[n])
                 slots[i] = AlignedPeer(
-                    token_ids=tr.target_token_ids.tolist(),
-                    sender_logp_sum=float(sum(rollouts[i].logprobs)),
+                    token_ids=token_ids,
+                    sender_logp_sum=send_sum,
                     token_chunk=token_chunk if chunk_level else [],
-                    chunk_sender_logp=ch.value.tolist() if chunk_level else [],
+                    chunk_sender_logp=chunk_logp if chunk_level else [],
                     multi_token_chunk_share=tr.residual.multi_token_chunk_share)
         return [s for s in slots if s is not None]
 
@@ -260,9 +298,11 @@ def round_records(
     rewards: Sequence[Sequence[float]],
     correct: Sequence[Sequence[bool]],
     tau: float,
+    eos_token_id: int | None = None,
 ) -> list[Any]:
     """SEE records of one round: a ROLLOUT per sample, REWARD_STATS per prompt and a
-    VERIFIED_SUCCESS per verified sample (reward >= tau, not truncated)."""
+    VERIFIED_SUCCESS per verified sample (reward >= tau, not truncated). A sample that stopped
+    with `eos_token_id` as its last token finishes with EOS (receivers append their own)."""
     from mutualrl.v1 import experience_pb2 as pb
 
     out: list[Any] = []
@@ -273,7 +313,11 @@ def round_records(
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
                       meta={"skill": prompt.skill})
         for k, (s, r, good) in enumerate(zip(row, rs, ok, strict=True)):
-            finish = _FINISH.get(s.finish_reason, "FINISH_REASON_UNSPECIFIED")
+            reason = s.finish_reason
+            if (reason == "stop" and eos_token_id is not None and s.token_ids
+                    and s.token_ids[-1] == eos_token_id):
+                reason = "eos"
+            finish = _FINISH.get(reason, "FINISH_REASON_UNSPECIFIED")
             starts = [a for a, _ in s.offsets]
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(

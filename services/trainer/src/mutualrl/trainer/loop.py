@@ -46,7 +46,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     if s.exchange is not None:  # policy version = optimizer steps taken = k
         published = s.exchange.publish(round_records(
             s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
-            rewards.tolist(), correct, s.cfg.probe.tau))
+            rewards.tolist(), correct, s.cfg.probe.tau, s.tokenizer.eos_token_id))
 
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
                      correct=correct, peers_now=alloc.round_peers)

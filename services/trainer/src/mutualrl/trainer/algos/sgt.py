@@ -27,6 +27,8 @@ class PeerSuccess:
     reward: float
     truncated: bool = False
     verified: bool = True
+    stopped_by_eos: bool = False
+    """The peer's generation ended with its EOS (the text does not show it)."""
 
 
 def rescue_set(

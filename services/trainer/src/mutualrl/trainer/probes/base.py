@@ -165,6 +165,9 @@ class Rescue:
     """Some peer had published stats for a failed prompt."""
     donors: dict[tuple[str, str], str] = field(default_factory=dict)
     """(prompt id, text) -> the peer whose success it is (the first one offering the text)."""
+    ends: set[tuple[str, str]] = field(default_factory=set)
+    """(prompt id, text) that some donor ended with its EOS: the demonstration ends with EOS
+    (a verified success that stopped there)."""
 
     def by_skill_and_donor(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Demonstrations per skill and donor: {'rescue_demos/<skill>/<donor>': n}, the
@@ -193,18 +196,24 @@ def read_rescue(data: RoundData, ex: PeerExchange, s: ProbeSettings, policy: str
         solved, data.round - s.max_staleness_rounds, s.sgt_max_per_prompt, deadline)
     texts = rescue_set(mine, candidates, policy, s.tau, s.sgt_max_per_prompt)
     donors: dict[tuple[str, str], str] = {}
+    ends: set[tuple[str, str]] = set()
     for c in candidates:
+        if c.stopped_by_eos:
+            ends.add((c.prompt_id, c.text))
         donors.setdefault((c.prompt_id, c.text), c.policy)
     return Rescue(texts=texts, candidates=len(candidates), complete=complete,
-                  any_peer=bool(peer_best), donors=donors)
+                  any_peer=bool(peer_best), donors=donors, ends=ends)
 
 
-def rescue_demos(data: RoundData, ex: PeerExchange, texts: dict[str, list[str]]) -> Demos:
-    """Peer success texts (prompt id -> texts) as demonstrations in this policy's tokens."""
+def rescue_demos(data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
+                 ends: set[tuple[str, str]] | None = None) -> Demos:
+    """Peer success texts (prompt id -> texts) as demonstrations in this policy's tokens;
+    those in `ends` (the sender stopped by EOS) end with this policy's EOS."""
     where = index_of(data.prompts)
     pids = [pid for pid, ts in texts.items() for _ in ts]
     flat = [t for ts in texts.values() for t in ts]
-    return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(flat))
+    stop = [(p, t) in (ends or set()) for p, t in zip(pids, flat, strict=True)]
+    return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(flat, stop))
 
 
 def own_max(data: RoundData) -> dict[str, float]:

@@ -37,7 +37,7 @@ class SGTProbe(Probe):
         plan.stats["peers_complete"] = float(rescue.complete)
         if not rescue.texts:
             return plan
-        peer = rescue_demos(data, ex, rescue.texts)
+        peer = rescue_demos(data, ex, rescue.texts, rescue.ends)
         plan.support = peer
         plan.demos = self.demonstrations(data, ex, rescue.texts, peer, plan.stats)
         plan.stats.update(rescue.by_skill_and_donor(data.prompts))
@@ -69,7 +69,9 @@ class OracleProbe(SGTProbe):
         pids = list(texts)
         refs = [self.task.sft_target(data.prompts[where[pid]], random.Random(f"oracle:{pid}"))
                 for pid in pids]
-        return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(refs))
+        # A task that stops at EOS only (no stop strings): a perfect answer ends with EOS.
+        ends = [not getattr(self.task, "stop", None)] * len(refs)
+        return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(refs, ends))
 
 
 class SGTSelfProbe(SGTProbe):

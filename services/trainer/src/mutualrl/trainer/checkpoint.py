@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from mutualrl.trainer.lora import is_lora
+
 _NAME = re.compile(r"^round-(\d+)$")
 POLICY_DIR = "policy"
 ADAPTER_DIR = "adapter"
@@ -86,11 +88,6 @@ def check_plain(obj: Any, where: str = "state") -> None:
         return
     raise TypeError(f"{where} is a {type(obj).__name__}: resume state holds only tensors, "
                     "numbers, strings and lists/tuples/dicts of them")
-
-
-def is_lora(model: Any) -> bool:
-    """Whether `model` is a peft model (only its adapters are trained and saved)."""
-    return hasattr(model, "peft_config")
 
 
 def resume_state(round_k: int, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -211,6 +211,22 @@ class MetricsSettings(Config):
     """Also log to Weights & Biases (as TRL's and verl's `report_to`); None: no W&B."""
 
 
+class LoraSettings(Config):
+    """LoRA adapters through peft (README, "LoRA"): only they train and are checkpointed; the
+    reference policy is the base with the adapters disabled."""
+
+    rank: int = Field(16, ge=1)
+    """r: the rank of each adapter's B @ A."""
+    alpha: int = Field(32, ge=1)
+    """lora_alpha: the update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on each adapter's input while training (0 keeps the step deterministic)."""
+    target_modules: list[str] | Literal["all-linear"] | None = None
+    """Module names (or name suffixes) that get adapters, e.g. [q_proj, v_proj]; `all-linear`
+    for every linear layer but the output head; None: peft's default for the model family
+    (q_proj and v_proj for Llama and Qwen2, c_attn for GPT-2)."""
+
+
 class PolicySettings(Config):
     """One policy of the run."""
 
@@ -230,6 +246,8 @@ class PolicySettings(Config):
     """Rollout backend: HF generate with a KV cache (CPU) or an SGLang server (GPU)."""
     threads: int = Field(1, ge=1)
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""

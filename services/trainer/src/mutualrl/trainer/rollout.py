@@ -257,7 +257,9 @@ def _cache_kwarg(model: Any) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; accept either version."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # A peft model's forward passes **kwargs through: the wrapped model's name counts.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 def _cache_of(out: Any) -> Any:
@@ -285,6 +287,15 @@ def _sample(logits: Any, temperature: float, top_p: float, gen: Any) -> tuple[An
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
+def sync_tensors(model: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) of what an engine serving the base model's architecture must load."""
+    from mutualrl.trainer.lora import is_lora, merged_named_tensors
+
+    if is_lora(model):
+        return merged_named_tensors(model)
+    return [(name, p.detach()) for name, p in model.named_parameters()]
+
+
 class SGLangEngine:
     """Rollouts through `sglang.Engine` (GPU). sglang is imported here, only when selected.
 
@@ -309,9 +320,10 @@ class SGLangEngine:
         self.engine = sglang.Engine(model_path=str(model_path), **engine_kwargs)
 
     def sync_weights(self, model: Any) -> None:
-        """Push every parameter of `model` into the running engine (and flush its KV cache)."""
-        named = [(name, p.detach()) for name, p in model.named_parameters()]
-        self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=True)
+        """Push every parameter of `model` into the running engine (and flush its KV cache);
+        a LoRA policy's adapters are merged into the base weights first."""
+        self.engine.update_weights_from_tensor(named_tensors=sync_tensors(model),
+                                               flush_cache=True)
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mutualrl.trainer import checkpoint
+from mutualrl.trainer import checkpoint, lora
 from mutualrl.trainer.allocator import AllocatorClient
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
@@ -128,18 +128,23 @@ def build_session(
 
     start = weights_dir(policy)
     model, tok = load_policy(start, policy.dtype, policy.device)
+    if policy.lora is not None:
+        model = lora.wrap(model, policy.lora)
     model.train()
     if cfg.grpo.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref_model = None
+    ref_model: Any = None
     # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
-    # diagnostic measures against the same copy.
+    # diagnostic measures against the same copy. A LoRA policy's base is that point already.
     if cfg.grpo.beta > 0 or cfg.diagnostics.kl_every > 0:
-        ref_model, _ = load_policy(start, policy.dtype, policy.device)
-        ref_model.eval().requires_grad_(False)
+        if policy.lora is not None:
+            ref_model = lora.BaseReference(model)
+        else:
+            ref_model, _ = load_policy(start, policy.dtype, policy.device)
+            ref_model.eval().requires_grad_(False)
     g = cfg.grpo
-    optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, betas=g.adam_betas,
-                                  weight_decay=g.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=g.lr,
+                                  betas=g.adam_betas, weight_decay=g.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
     task = make_task(cfg.task)

@@ -21,7 +21,7 @@ from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, LoraSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, PeerRows, RoundData, make_probe
 from mutualrl.trainer.tasks import Prompt
-from mutualrl.trainer.update import round_loss
+from mutualrl.trainer.step import optimise
 
 torch.set_num_threads(1)
 PAD = 0
@@ -109,12 +109,13 @@ def test_only_adapters_train_and_the_reference_is_the_base() -> None:
     assert ref.config is model.config  # attributes read through
     batch = _own_batch()
     model.train()
-    with torch.no_grad():
-        want = completion_logprobs(frozen, batch)
-        got = completion_logprobs(ref, batch)
-        adapted = completion_logprobs(model, batch)
-    assert torch.equal(got, want)
-    assert not torch.allclose(adapted, want)  # the adapters do act when enabled
+    for chunk in (None, 5):  # the full forward and the chunked LM-head path
+        with torch.no_grad():
+            want = completion_logprobs(frozen, batch, 1.0, chunk)
+            got = completion_logprobs(ref, batch, 1.0, chunk)
+            adapted = completion_logprobs(model, batch, 1.0, chunk)
+        assert torch.equal(got, want), chunk
+        assert not torch.allclose(adapted, want)  # the adapters do act when enabled
     assert model.training  # the reference put the mode back
 
 
@@ -138,16 +139,17 @@ def test_every_probe_steps_only_the_adapters(kind: str) -> None:
         plan = make_probe(ProbeSettings(kind=kind), "A", None).plan(data)
         plan.demos = Demos(prompt_index=[1], token_ids=[[16, 18, 21, 2]])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grpo = GRPOSettings(beta=0.1)
-    out = round_loss(model, ref, prompt_ids, data, plan, grpo, ProbeSettings(kind=kind), PAD, 8)
+    # The training path: micro-batches, a chunked LM head, two mini-batches.
+    grpo = GRPOSettings(beta=0.1, micro_batch_tokens=24, logit_chunk_tokens=5, mini_batches=2,
+                        lr=1e-2)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=grpo.lr)
+    out = optimise(model, ref, opt, prompt_ids, data, plan, grpo, ProbeSettings(kind=kind), PAD,
+                   8)
     assert out.stats["kl"] > 0  # the adapted policy differs from its base reference
     if kind == "prp":
         assert out.stats["prp_w_mean"] > 0
     if kind == "sgt":
-        assert out.stats["loss_sgt"] > 0
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    out.total.backward()
-    opt.step()
+        assert out.stats["loss_sgt"] != 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".lora_" in n for n in changed), sorted(changed)[:3]
 

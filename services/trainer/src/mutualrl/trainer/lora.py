@@ -9,6 +9,8 @@ the merged weights W + scale * B @ A under the base model's parameter names.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,24 +34,46 @@ def wrap(model: Any, settings: LoraSettings) -> Any:
     return get_peft_model(model, cfg)
 
 
-class BaseReference(torch.nn.Module):
-    """The base of a peft model as a frozen reference: calls run with the adapters disabled
-    and in eval mode. It holds the policy without registering it, so it owns no parameters
-    (`.parameters()` is empty) and copies nothing; other attributes read through to it."""
+@contextmanager
+def base_mode(policy: Any) -> Iterator[None]:
+    """The peft `policy` computes its base: adapters disabled, eval mode (mode restored)."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        with policy.disable_adapter():
+            yield
+    finally:
+        policy.train(was_training)
 
-    def __init__(self, model: Any) -> None:
+
+class _InBaseMode(torch.nn.Module):
+    """`inner` (a part of `policy`) called with the policy in base mode; owns no parameters."""
+
+    def __init__(self, policy: Any, inner: Any) -> None:
         super().__init__()
-        object.__setattr__(self, "policy", model)  # not a submodule: no second set of params
+        object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "inner", inner)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        policy = self.policy
-        was_training = policy.training
-        policy.eval()
-        try:
-            with policy.disable_adapter():
-                return policy(*args, **kwargs)
-        finally:
-            policy.train(was_training)
+        with base_mode(self.policy):
+            return self.inner(*args, **kwargs)
+
+
+class BaseReference(_InBaseMode):
+    """The base of a peft model as a frozen reference: calls run with the adapters disabled
+    and in eval mode. It holds the policy without registering it, so it owns no parameters
+    (`.parameters()` is empty) and copies nothing; other attributes read through to it.
+
+    Its decoder (`get_decoder`, what a chunked LM-head pass runs the body through) runs in base
+    mode too; the output head is the policy's own, which a LoRA on `lm_head` would turn into a
+    peft layer that callers do not split off (they run the whole reference instead).
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model, model)
+
+    def get_decoder(self) -> Any:
+        return _InBaseMode(self.policy, self.policy.get_decoder())
 
     def __getattr__(self, name: str) -> Any:
         try:

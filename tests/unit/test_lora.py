@@ -20,8 +20,8 @@ from mutualrl.trainer.algos.xgrpo import RewardStats, xgrpo_advantages
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, LoraSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, PeerRows, RoundData, make_probe
-from mutualrl.trainer.tasks import Prompt
 from mutualrl.trainer.step import optimise
+from mutualrl.trainer.tasks import Prompt
 
 torch.set_num_threads(1)
 PAD = 0

@@ -49,6 +49,9 @@ def base_mode(policy: Any) -> Iterator[None]:
 class _InBaseMode(torch.nn.Module):
     """`inner` (a part of `policy`) called with the policy in base mode; owns no parameters."""
 
+    policy: Any
+    inner: Any
+
     def __init__(self, policy: Any, inner: Any) -> None:
         super().__init__()
         object.__setattr__(self, "policy", policy)

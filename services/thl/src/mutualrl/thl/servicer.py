@@ -68,6 +68,9 @@ class AlignmentServicer:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
         if request.placement not in wire.PLACEMENT_FROM_PB:
             raise InvalidArgument("placement", f"unknown Placement {request.placement}")
+        if len(request.items) > self.engine.limits.max_batch:  # before converting them all
+            raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
+                                  f"{self.engine.limits.max_batch} per call")
         items = [wire.item_from_pb(it, i) for i, it in enumerate(request.items)]
         result = await asyncio.to_thread(
             self.engine.align_trace, request.source_tokenizer_id, request.target_tokenizer_id,

@@ -121,6 +121,13 @@ async def test_idempotent_republish(client: AsyncSeeClient, run_id: str,
     stats = await client.run_stats(run_id)
     assert stats.duplicates == 6
     assert {p.policy_id: p.published["ROLLOUT"] for p in stats.policies} == {"a": 6, "b": 0}
+    # Every staged payload was moved into place or dropped; the first publish wins, with a TTL.
+    assert list(rds.scan_iter(match=k.base + "stage:*")) == []
+    assert rds.ttl(k.rec("a/0/p9/0")) > 0
+    changed = rollout("a", 0, "p1", 0, reward=123.0)
+    assert (await client.publish(run_id, [changed])).duplicates == 1
+    stored = pb.ExperienceRecord.FromString(rds.get(k.rec(changed.record_id)))
+    assert stored.reward == recs[1].reward and stored.run_id == run_id
 
 
 async def test_consumer_restart_redelivers_unacked(see: Any, run_id: str) -> None:

@@ -1,21 +1,23 @@
-"""Publish: store a validated batch in one MULTI/EXEC (payload SETs, then the index script).
+"""Publish: store a validated batch in one MULTI/EXEC (payloads staged, then the index script).
 
-Through redis-py's public API only: a transaction pipeline carries `SET <rec key> <payload> NX
-EX <ttl>` for every record and EVALSHA of the index script (`lua.py`, registered with
-`register_script`). Redis runs the transaction as one unit, so a record is never half stored
-and the reply only comes back once every record is in Redis; all keys share the run's hash
-tag, so a cluster runs it on one node.
+Through redis-py's public API only: a transaction pipeline carries one MSET that stages every
+payload and EVALSHA of the index script (`lua.py`, registered with `register_script`), which
+moves new records' payloads into place and drops duplicates'. Redis runs the transaction as one
+unit, so a record is never half stored and the reply only comes back once every record is in
+Redis; all keys share the run's hash tag, so a cluster runs it on one node.
 
 EVALSHA rather than the script object's own call: inside MULTI, the script object's
 load-if-missing would cost a SCRIPT EXISTS round trip per Publish. A NOSCRIPT error (script cache
-flushed, e.g. a restarted or failed-over Redis) only comes back after the SETs were applied;
-the batch is then run again after loading the script: the SETs are NX (no-ops the second time)
-and idempotency is decided by the script's index, so nothing is stored twice.
+flushed, e.g. a restarted or failed-over Redis) only comes back after the MSET was applied; the
+batch then runs again, after loading the script, under the same staging keys (the MSET
+overwrites them), and idempotency is decided by the script's index, so nothing is stored twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +26,7 @@ from redis import exceptions as rexc
 from mutualrl.see import metrics as m
 from mutualrl.see.entries import SEP, redis_op, s
 from mutualrl.see.keys import KINDS, kind_name
-from mutualrl.see.lua import PUBLISH_LUA
+from mutualrl.see.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
 from mutualrl.see.runs import RunRegistry
 from mutualrl.see.validate import text_digest
 from mutualrl.v1 import experience_pb2 as pb
@@ -55,8 +57,9 @@ class Publisher:
             limits.max_successes_per_prompt, len(records), rk.round_stats_prefix,
             rk.rec_prefix, slack]
         payloads: list[tuple[str, bytes]] = []
+        rows: list[str] = []
         now_ms = int(time.time() * 1000)
-        rec_prefix = rk.rec_prefix
+        stage = f"{rk.base}stage:{uuid.uuid4().hex}:"
         ids: list[str] = []
         kinds: list[int] = []
         for rec in records:
@@ -81,12 +84,13 @@ class Publisher:
                                     str(rec.round)))
                 else:
                     aux = SEP.join((str(idx), f"{rec.policy_id}|{text_digest(rec.text)}"))
-            args += (rid, kind, rec.policy_id, header, aux)
-            payloads.append((rec_prefix + rid, rec.SerializeToString()))
+            rows.append(FIELD_SEP.join((rid, str(kind), rec.policy_id, header, aux)))
+            payloads.append((f"{stage}{len(payloads)}", rec.SerializeToString()))
             ids.append(rid)
             kinds.append(kind)
+        args += (RECORD_SEP.join(rows), stage)
         async with redis_op("publish"):
-            reply = await self._transaction(payloads, ret.ttl_seconds, keys, args)
+            reply = await self._transaction(payloads, keys, args)
         flags = s(reply[0])
         tally: dict[tuple[int, bool], list[int]] = {}
         for k, flag, (_, payload) in zip(kinds, flags, payloads, strict=True):
@@ -106,19 +110,23 @@ class Publisher:
         m.PUBLISH_BATCH.observe(len(records))
         return ids, flags
 
-    async def _transaction(self, payloads: list[tuple[str, bytes]], ttl: int, keys: list[str],
+    async def _transaction(self, payloads: list[tuple[str, bytes]], keys: list[str],
                            args: list[bytes | str | int]) -> Any:
         """The MULTI/EXEC; returns the index script's reply."""
+        staged = dict(payloads)
         for attempt in (0, 1):
             async with self.runs.r.pipeline(transaction=True) as pipe:
-                for key, payload in payloads:
-                    pipe.set(key, payload, nx=True, ex=ttl)
+                pipe.mset(staged)
                 pipe.evalsha(self.script.sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
-            reply = replies[-1]
+            mset_reply, reply = replies
             if isinstance(reply, rexc.NoScriptError) and attempt == 0:
                 await self._load_script()
                 continue
+            if isinstance(reply, Exception) and not isinstance(mset_reply, Exception):
+                # The script failed after the MSET: drop what it left staged (no TTL there).
+                with contextlib.suppress(rexc.RedisError):
+                    await self.runs.r.delete(*staged)
             for r in replies:
                 if isinstance(r, Exception):
                     raise r

@@ -85,8 +85,13 @@ def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
     is traced back to its record.
     """
     policies = frozenset(run.policies)
-    counts = [_validate_scalars(rec, i, run, policies, limits) for i, rec in enumerate(records)]
-    _check_arrays(records, counts)
+    counts: list[int] = []
+    text_lens: list[int] = []
+    for i, rec in enumerate(records):
+        n, text_len = _validate_scalars(rec, i, run, policies, limits)
+        counts.append(n)
+        text_lens.append(text_len)
+    _check_arrays(records, counts, text_lens)
     return counts
 
 
@@ -94,19 +99,25 @@ def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
                     policies: frozenset[str], limits: SeeLimits) -> int:
     """One record on its own (every rule; as `validate_records` for a batch of one, with the
     record's index `idx` in the field names); returns its token count."""
-    n = _validate_scalars(rec, idx, run, policies, limits)
-    _check_arrays([rec], [n], first=idx)
+    n, text_len = _validate_scalars(rec, idx, run, policies, limits)
+    _check_arrays([rec], [n], [text_len], first=idx)
     return n
 
 
 def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
-                      policies: frozenset[str], limits: SeeLimits) -> int:
-    """Every rule except the per-token values; returns the record's token count."""
+                      policies: frozenset[str], limits: SeeLimits) -> tuple[int, int]:
+    """Every rule except the per-token values; returns the record's token count and text
+    length (characters)."""
     f = f"records[{idx}]"
-    ids.check_record_key(rec.record_id, f"{f}.record_id")
-    ids.check_record_key(rec.prompt_id, f"{f}.prompt_id")
-    if rec.tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
-        ids.check_tokenizer_id(rec.tokenizer_id, f"{f}.tokenizer_id")
+    # (valid() first: the field names are only built for an error)
+    rid, prompt_id, tokenizer_id = rec.record_id, rec.prompt_id, rec.tokenizer_id
+    if not ids.RECORD_KEY.valid(rid):
+        ids.check_record_key(rid, f"{f}.record_id")
+    if not ids.RECORD_KEY.valid(prompt_id):
+        ids.check_record_key(prompt_id, f"{f}.prompt_id")
+    # optional (REWARD_STATS records carry no tokens)
+    if tokenizer_id and not ids.TOKENIZER_ID.valid(tokenizer_id):
+        ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
         raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
     if rec.policy_id not in policies:
@@ -124,7 +135,8 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     if finish not in FINISH_VALUES:
         raise InvalidArgument(f"{f}.finish_reason", f"unknown value {finish}")
     text = rec.text
-    if len(text) > limits.max_text_chars:
+    text_len = len(text)
+    if text_len > limits.max_text_chars:
         raise InvalidArgument(f"{f}.text", f"longer than {limits.max_text_chars} characters")
     if len(rec.prompt_text) > limits.max_text_chars:
         raise InvalidArgument(f"{f}.prompt_text",
@@ -182,11 +194,11 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     size = rec.ByteSize()
     if size > limits.max_record_bytes:
         raise InvalidArgument(f, f"serialized size {size} B exceeds {limits.max_record_bytes} B")
-    return n
+    return n, text_len
 
 
 def _check_arrays(records: Sequence[pb.ExperienceRecord], counts: Sequence[int],
-                  first: int = 0) -> None:
+                  text_lens: Sequence[int], first: int = 0) -> None:
     """Token ids >= 0, offsets inside the text with start <= end, log-probs finite: over the
     whole batch at once. `counts` are the records' token counts (already checked to agree)."""
     rows = [i for i, n in enumerate(counts) if n]
@@ -197,8 +209,7 @@ def _check_arrays(records: Sequence[pb.ExperienceRecord], counts: Sequence[int],
     ends = np.frombuffer(b"".join([records[i].offset_ends_i32 for i in rows]), dtype="<i4")
     lps = np.frombuffer(b"".join([records[i].logprobs_f32 for i in rows]), dtype="<f4")
     n_of = np.fromiter((counts[i] for i in rows), dtype=np.int64, count=len(rows))
-    text_len = np.fromiter((len(records[i].text) for i in rows), dtype=np.int64,
-                           count=len(rows))
+    text_len = np.fromiter((text_lens[i] for i in rows), dtype=np.int64, count=len(rows))
     limit = np.repeat(text_len, n_of)
     # (bad elements, field, message) in the order the per-record validator checked them.
     checks: list[tuple[np.ndarray, str, str | None]] = [

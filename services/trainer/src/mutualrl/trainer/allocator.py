@@ -58,6 +58,8 @@ class AllocatorClient:
         self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
         self.current = self.fixed
         self.active_wait_s = active_wait_s
+        self.waited_s = 0.0
+        """Seconds spent waiting for a time-share turn so far (not part of a step's cost)."""
         self.warned_empty_pool = False
         self.client: Any = None
         if address is None:
@@ -74,7 +76,9 @@ class AllocatorClient:
         so every policy still answers every round of the shared prompt order."""
         if self.client is None:
             return self.fixed
-        give_up = time.monotonic() + self.active_wait_s
+        start = time.monotonic()
+        give_up = start + self.active_wait_s
+        turns = 0
         while True:
             a = self.client.get_allocation(self.run_id, self.policy, round_k)
             if a.pool_units == 0:
@@ -89,6 +93,9 @@ class AllocatorClient:
             if a.active or time.monotonic() > give_up:
                 break
             time.sleep(0.05)
+            turns += 1
+        if turns:
+            self.waited_s += time.monotonic() - start
         peers = None
         if a.strategy == "time-share" and a.active:
             table = self.client.list_allocations(self.run_id)
@@ -100,6 +107,8 @@ class AllocatorClient:
         return self.current
 
     def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:
+        """Report a round's cost: `seconds` of work, waits for peers, deadlines and turns
+        excluded (MWRA divides compute by it)."""
         if self.client is not None:
             self.client.report_step_cost(self.run_id, self.policy, round_k, max(seconds, 1e-6),
                                          tokens=tokens, samples=samples,

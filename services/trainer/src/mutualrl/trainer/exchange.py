@@ -101,6 +101,8 @@ class PeerExchange:
 
             self.thl = AlignmentEngine()
         self.publish_failures = 0
+        self.waited_s = 0.0
+        """Seconds spent in bounded waits for peers to publish a round (up to a deadline)."""
         self.consumer = f"{policy}-trainer"
         self.last_delivery_id = ""
         """Stream id of the last peer rollout acknowledged (saved with checkpoints)."""
@@ -150,7 +152,11 @@ class PeerExchange:
             run_id=self.run_id, round=round_k, prompt_ids=list(prompt_ids),
             policy_id=self.policy, wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
             expect_policies=list(expect or []))
-        resp = self.see.GetRoundStats(req, metadata=self._md, timeout=left + 1.0)
+        t0 = time.monotonic()
+        try:
+            resp = self.see.GetRoundStats(req, metadata=self._md, timeout=left + 1.0)
+        finally:
+            self.waited_s += time.monotonic() - t0
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}
         for p in resp.prompts:

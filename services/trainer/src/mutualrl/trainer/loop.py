@@ -3,8 +3,8 @@ optimizer steps.
 
     allocation (MWRA) -> prompts of round k (shared order) -> rollouts -> rewards
     -> publish (SEE) -> what the probe needs (SEE, THL; deadline -> GRPO) -> loss over
-    micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost (MWRA) -> metrics
-    -> checkpoint
+    micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost without waits (MWRA)
+    -> metrics -> checkpoint
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mutualrl.trainer.step import optimise
 def run_round(s: Session, k: int) -> dict[str, float]:
     """Train one round; returns its metrics."""
     t0 = time.perf_counter()
+    waited0 = waited_s(s)
     g = s.cfg.grpo
 
     alloc = s.allocator.allocation(k)
@@ -65,13 +66,16 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     s.engine.sync_weights(s.model)
 
     step_s = time.perf_counter() - t0
+    wait_s = waited_s(s) - waited0  # for a time-share turn, for peers, up to a deadline
     n_tokens = sum(len(y.token_ids) for row in samples for y in row)
-    s.allocator.report(k, step_s, n_tokens, len(prompts) * g.group_size)
+    s.allocator.report(k, step_s - wait_s, n_tokens, len(prompts) * g.group_size)
     return {
         "reward_mean": float(rewards.mean()),
         "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
         "lr": s.scheduler.get_last_lr()[0],
         "step_s": step_s,
+        "wait_s": wait_s,
+        "cost_s": step_s - wait_s,
         "rollout_s": t_rollout,
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
@@ -81,6 +85,12 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         **update.stats,
         **diag,
     }
+
+
+def waited_s(s: Session) -> float:
+    """Seconds this trainer has spent waiting on others so far: time-share turns (MWRA) and
+    bounded waits for peers' rounds (SEE). MWRA's cost is the round's time without them."""
+    return s.allocator.waited_s + (s.exchange.waited_s if s.exchange is not None else 0.0)
 
 
 @torch.no_grad()

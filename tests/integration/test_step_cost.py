@@ -1,0 +1,86 @@
+"""The step cost a trainer reports to MWRA is its own work: a round that waits out the deadline
+for a silent peer reports the round's time minus the wait (real SEE, real MWRA, THL in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DEADLINE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def services(redis_url: str) -> Iterator[dict[str, str]]:
+    import redis
+
+    from mutualrl.mwra.config import MwraConfig
+    from mutualrl.mwra.server import start_mwra
+    from mutualrl.see.config import SeeConfig
+    from mutualrl.see.server import start_see
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    prefix = f"cost{uuid.uuid4().hex[:10]}"
+
+    def call(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
+
+    common: dict[str, Any] = dict(port=0, metrics_port=None, auth_token=None,
+                                  grace_seconds=0.2, key_prefix=prefix, redis_url=redis_url)
+    see = call(start_see(SeeConfig(rest_port=None, **common)))
+    mwra = call(start_mwra(MwraConfig(**common)))
+    try:
+        yield {"see": see.address, "mwra": mwra.address}
+    finally:
+        for server in (see, mwra):
+            call(server.stop(0.2))
+        loop.call_soon_threadsafe(loop.stop)
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(f"{prefix}:*"))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, str],
+                                                           tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    from mutualrl.client.mwra import MwraClient
+    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.loop import run_round
+    from mutualrl.trainer.session import build_session
+
+    monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
+    run_id = f"cost-{uuid.uuid4().hex[:6]}"
+    cfg = TrainerConfig.model_validate({
+        "run_id": run_id, "output_dir": str(tmp_path),
+        "grpo": {"group_size": 2, "prompts_per_round": 2, "rounds": 1, "max_new_tokens": 4},
+        "probe": {"kind": "xgrpo", "deadline_seconds": DEADLINE_S},
+        "eval": {"every": 0}, "checkpoint": {"every": 0},
+        "metrics": {"tensorboard": False, "progress": False, "see": False},
+        "services": {"see": services["see"], "thl": None, "mwra": services["mwra"]},
+        # B is declared but never trains: A waits for it until the deadline, every round.
+        "policies": [{"name": "A", "preset": "llama-char"}, {"name": "B", "preset": "llama-char"}],
+    })
+    s = build_session(cfg, "A", cache_dir=tmp_path / "presets")
+    try:
+        m = run_round(s, 0)
+    finally:
+        s.close()
+    assert m["fallback"] == 1.0  # the deadline passed with nothing from B
+    assert m["wait_s"] >= DEADLINE_S - 0.2
+    assert m["cost_s"] == pytest.approx(m["step_s"] - m["wait_s"])
+    assert 0 < m["cost_s"] < m["step_s"] - (DEADLINE_S - 0.2)
+    with MwraClient(services["mwra"]) as mwra:
+        table = mwra.list_allocations(run_id)
+    (a,) = [p for p in table.policies if p.policy_id == "A"]
+    assert a.reports == 1 and a.last_round == 0
+    assert a.last_seconds == pytest.approx(m["cost_s"], rel=1e-6)

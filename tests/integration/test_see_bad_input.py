@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mutualrl.client.see import ClientOptions, SeeClient
 from mutualrl.common import token_arrays as ta
 from mutualrl.see.testing import make_config, rollout, stats_record, success_record
+from mutualrl.see.validate import MAX_TTL_SECONDS
 from mutualrl.v1 import experience_pb2 as pb
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -170,6 +171,32 @@ def test_kind_specific_rules(c: SeeClient, run_id: str) -> None:
         expect(INVALID, field, lambda rec=rec: c.publish(run_id, [rec]))
         assert c.publish(run_id, [ok]).results[0].status in (pb.PUBLISH_STATUS_STORED,
                                                              pb.PUBLISH_STATUS_DUPLICATE)
+
+
+def test_stream_ids_beyond_64_bits_are_invalid_argument(c: SeeClient, run_id: str) -> None:
+    """#14 item 2: a part above 2^64-1 passed the id check, then Redis refused it (INTERNAL)."""
+    c.create_run(run_id, ["a", "b"], tau=1.0, exist_ok=True)
+    for bad in (f"{2**64}-0", f"0-{2**64}", "99999999999999999999-1"):
+        msg = expect(INVALID, "delivery_ids[0]", lambda bad=bad: c.ack(run_id, "a", [bad]))
+        assert "2^64-1" in msg, msg
+        expect(INVALID, "after_id",
+               lambda bad=bad: next(iter(c.subscribe(run_id, after_id=bad))))
+    top = f"{2**64 - 1}-{2**64 - 1}"
+    assert c.ack(run_id, "a", [top]) == 0  # the largest id Redis takes is still accepted
+
+
+def test_retention_beyond_its_bounds_is_invalid_argument(c: SeeClient, run_id: str) -> None:
+    """#14 item 3: ttl_seconds = 2^63-1 reached Redis (invalid expire time: INTERNAL)."""
+    for name in ("ttl_seconds", "max_stream_len", "max_rounds"):
+        ret = pb.Retention(**{name: 2**63 - 1})
+        msg = expect(INVALID, f"config.retention.{name}", lambda ret=ret: c._call(
+            c.stub.CreateRun, pb.CreateRunRequest(config=pb.RunConfig(
+                run_id=run_id, policies=["a"], tau=1.0, retention=ret))))
+        assert "largest allowed" in msg, msg
+    ok = pb.RunConfig(run_id=run_id, policies=["a"], tau=1.0,
+                      retention=pb.Retention(ttl_seconds=MAX_TTL_SECONDS))
+    run = c._call(c.stub.CreateRun, pb.CreateRunRequest(config=ok))
+    assert run.config.retention.ttl_seconds == MAX_TTL_SECONDS
 
 
 def test_bad_requests_on_every_rpc(c: SeeClient, run_id: str) -> None:

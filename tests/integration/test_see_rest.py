@@ -98,6 +98,10 @@ async def test_records_filters_and_cursor_pagination(see: Any, run_id: str) -> N
         bad = await h.get(url, params={"cursor": "not-a-cursor"})
         assert bad.status_code == 400 and bad.json()["field"] == "cursor"
         assert "cursor" in bad.json()["detail"]
+        # #14 item 2: a stream id part above 2^64-1 was a 500 (Redis refused it).
+        bad = await h.get(url, params={"cursor": f"{2**64}-0"})
+        assert bad.status_code == 400 and bad.json()["field"] == "cursor", bad.text
+        assert "2^64-1" in bad.json()["detail"]
         bad = await h.get(url, params={"kind": "BOGUS"})
         assert bad.status_code == 400 and bad.json()["field"] == "kind"
         bad = await h.get(url, params={"limit": 0})

@@ -42,11 +42,11 @@ class SeeLimits(Config):
 class RetentionDefaults(Config):
     """Retention applied to runs that leave a Retention field at 0."""
 
-    max_stream_len: int = Field(default=100_000, ge=1)
+    max_stream_len: int = Field(default=100_000, ge=1, le=1_000_000_000)
     """Approximate cap on entries per record stream (XADD/XTRIM MAXLEN ~)."""
-    ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1, le=100 * 366 * 24 * 3600)
     """Seconds a run's keys live after its last write (refreshed on every write)."""
-    max_rounds: int = Field(default=1024, ge=1)
+    max_rounds: int = Field(default=1024, ge=1, le=10_000_000)
     """Rounds of REWARD_STATS kept queryable; older rounds are dropped."""
 
 

@@ -26,6 +26,13 @@ VERIFIABLE_FINISH = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_EOS)
 FINISH_VALUES = frozenset(pb.FinishReason.values())
 
 
+# Upper bounds of a run's retention: Redis refuses an expire time whose milliseconds overflow
+# int64, and the publish script reads these as Lua numbers (exact integers up to 2^53).
+MAX_TTL_SECONDS = 100 * 366 * 24 * 3600
+RETENTION_BOUNDS = {"max_stream_len": 1_000_000_000, "ttl_seconds": MAX_TTL_SECONDS,
+                    "max_rounds": 10_000_000}
+
+
 def normalise_text(text: str) -> str:
     """The text successes are deduplicated on: whitespace runs collapsed to one space, stripped."""
     return _WS.sub(" ", text).strip()
@@ -51,9 +58,13 @@ def validate_run_config(cfg: pb.RunConfig, limits: SeeLimits) -> None:
         seen.add(policy)
     if not math.isfinite(cfg.tau):
         raise InvalidArgument("config.tau", "not finite")
-    for name in ("max_stream_len", "ttl_seconds", "max_rounds"):
-        if getattr(cfg.retention, name) < 0:
+    for name, bound in RETENTION_BOUNDS.items():
+        value = getattr(cfg.retention, name)
+        if value < 0:
             raise InvalidArgument(f"config.retention.{name}", "must be >= 0")
+        if value > bound:
+            raise InvalidArgument(f"config.retention.{name}",
+                                  f"{value} is above the largest allowed, {bound}")
 
 
 def _finite(value: float, field: str) -> None:

@@ -10,8 +10,8 @@
 `ClientOptions`, an address or None, and keyword overrides are fields of `ClientOptions`.
 Each exposes `options` (the resolved `ClientOptions`) and `stub` (the generated gRPC stub, for
 calls that need their own per-call timeout or metadata), and has `delete_run(run_id)` (the
-DeleteRun every service answers, runs.proto). Unary calls retry UNAVAILABLE with exponential
-backoff (`ClientOptions.retries`).
+DeleteRun every service answers, runs.proto). Unary calls retry UNAVAILABLE through gRPC's retry
+policy (`ClientOptions.retries`), all attempts within the call's one deadline.
 """
 
 from __future__ import annotations
@@ -20,13 +20,7 @@ from typing import Any, ClassVar, Self
 
 import grpc
 
-from mutualrl.common.channel import (
-    ClientOptions,
-    acall_with_retry,
-    aio_channel,
-    call_with_retry,
-    sync_channel,
-)
+from mutualrl.common.channel import ClientOptions, aio_channel, sync_channel
 from mutualrl.v1 import runs_pb2
 
 Target = ClientOptions | str | None
@@ -66,12 +60,12 @@ class Client:
         return int(reply.deleted)
 
     def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
-        """One unary RPC (`method` a stub attribute) with the options' deadline, token and
-        retries; `timeout` replaces the deadline (server-side waits add their wait to it)."""
+        """One unary RPC (`method` a stub attribute) with the options' token and deadline;
+        `timeout` replaces the deadline (server-side waits add their wait to it). The channel
+        retries UNAVAILABLE within that one deadline."""
         opts = self.options
         deadline = opts.timeout if timeout is None else timeout
-        return call_with_retry(opts, lambda: method(request, timeout=deadline,
-                                                    metadata=opts.metadata()))
+        return method(request, timeout=deadline, metadata=opts.metadata())
 
     def close(self) -> None:
         self.channel.close()
@@ -103,8 +97,7 @@ class AsyncClient:
         """`Client._call` for asyncio."""
         opts = self.options
         deadline = opts.timeout if timeout is None else timeout
-        return await acall_with_retry(opts, lambda: method(request, timeout=deadline,
-                                                           metadata=opts.metadata()))
+        return await method(request, timeout=deadline, metadata=opts.metadata())
 
     async def close(self) -> None:
         await self.channel.close()

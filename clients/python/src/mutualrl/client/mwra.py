@@ -1,7 +1,8 @@
 """Clients of MWRA, the Multi-Worker Resource Allocation service (sync and asyncio).
 
-Every unary call retries UNAVAILABLE with exponential backoff (`ClientOptions.retries`), so a
-restarting MWRA costs a delay, not a crash; `watch_allocation` resubscribes after UNAVAILABLE.
+Every unary call retries UNAVAILABLE through gRPC's retry policy within its one deadline
+(`ClientOptions.retries`), so a restarting MWRA costs a delay, not a crash; `watch_allocation`
+resubscribes after UNAVAILABLE (a stream that already delivered is past gRPC's retries).
 Replies are the protobuf messages of `mutualrl.v1.allocation_pb2`.
 
 A trainer's round::

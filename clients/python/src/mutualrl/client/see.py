@@ -1,8 +1,10 @@
 """Clients of the Shared Experience Exchange: `SeeClient` (blocking) and `AsyncSeeClient`.
 
-Every RPC is retried with exponential backoff on UNAVAILABLE (a restarting SEE or a Redis hiccup
-costs a delay, not a crash). Retrying Publish is safe: records are idempotent by record_id, so a
-batch whose answer was lost stores nothing twice (the retry reports DUPLICATE for those).
+Every RPC is retried on UNAVAILABLE by gRPC's retry policy within the call's one deadline (a
+restarting SEE or a Redis hiccup costs a delay, not a crash). The reads take `timeout=`: the
+whole call's deadline, e.g. what is left of a training round. Retrying Publish is safe:
+records are idempotent by record_id, so a batch whose answer was lost stores nothing twice
+(the retry reports DUPLICATE for those).
 
     with SeeClient("127.0.0.1:50051") as see:
         see.create_run("run1", ["a", "b"], tau=1.0, exist_ok=True)
@@ -77,9 +79,11 @@ class SeeClient(Client):
         super().__init__(target, **overrides)
         self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
 
-    def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+    def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
+             timeout: float | None = None) -> Any:
+        """`timeout` (seconds, all attempts) replaces the options' timeout + `extra_timeout`."""
         return self._call(getattr(self.stub, method), request,
-                          self.options.timeout + extra_timeout)
+                          self.options.timeout + extra_timeout if timeout is None else timeout)
 
     # runs
     def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
@@ -109,16 +113,19 @@ class SeeClient(Client):
     def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
                        max_records: int = 256, block_ms: int = 0, current_round: int = -1,
                        max_round_lag: int = 0, min_policy_version: int = 0,
-                       claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
+                       claim_idle_ms: int = 0, timeout: float | None = None
+                       ) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
-        return self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000)
+        return self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000, timeout=timeout)
 
-    def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
+    def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str], *,
+            timeout: float | None = None) -> int:
         if not delivery_ids:
             return 0
         return int(self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
-                                                   delivery_ids=list(delivery_ids))).acked)
+                                                   delivery_ids=list(delivery_ids)),
+                             timeout=timeout).acked)
 
     def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
                            **kwargs: Any) -> list[pb.ExperienceRecord]:
@@ -133,19 +140,19 @@ class SeeClient(Client):
 
     def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
                     policy_id: str = "", expect_policies: Sequence[str] = (),
-                    wait_ms: int = 0) -> pb.RoundStatsResponse:
+                    wait_ms: int = 0, timeout: float | None = None) -> pb.RoundStatsResponse:
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        return self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+        return self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000, timeout=timeout)
 
     def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
-                  max_per_prompt: int = 0, min_round: int = 0
+                  max_per_prompt: int = 0, min_round: int = 0, timeout: float | None = None
                   ) -> dict[str, list[pb.ExperienceRecord]]:
         """Peer verified successes per prompt (deduplicated by normalised text)."""
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = self._rpc("GetVerifiedSuccesses", req)
+        resp = self._rpc("GetVerifiedSuccesses", req, timeout=timeout)
         return {p.prompt_id: list(p.successes) for p in resp.prompts}
 
     def run_stats(self, run_id: str) -> pb.RunStats:
@@ -174,9 +181,11 @@ class AsyncSeeClient(AsyncClient):
         super().__init__(target, **overrides)
         self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
 
-    async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0) -> Any:
+    async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
+                   timeout: float | None = None) -> Any:
         return await self._call(getattr(self.stub, method), request,
-                                self.options.timeout + extra_timeout)
+                                self.options.timeout + extra_timeout if timeout is None
+                                else timeout)
 
     async def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
                          exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
@@ -207,16 +216,20 @@ class AsyncSeeClient(AsyncClient):
     async def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
                              max_records: int = 256, block_ms: int = 0, current_round: int = -1,
                              max_round_lag: int = 0, min_policy_version: int = 0,
-                             claim_idle_ms: int = 0) -> pb.FetchRolloutsResponse:
+                             claim_idle_ms: int = 0, timeout: float | None = None
+                       ) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
-        return await self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000)
+        return await self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000,
+                               timeout=timeout)
 
-    async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
+    async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str], *,
+                  timeout: float | None = None) -> int:
         if not delivery_ids:
             return 0
         resp = await self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
-                                                     delivery_ids=list(delivery_ids)))
+                                                     delivery_ids=list(delivery_ids)),
+                               timeout=timeout)
         return int(resp.acked)
 
     async def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
@@ -227,18 +240,19 @@ class AsyncSeeClient(AsyncClient):
 
     async def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
                           policy_id: str = "", expect_policies: Sequence[str] = (),
-                          wait_ms: int = 0) -> pb.RoundStatsResponse:
+                          wait_ms: int = 0, timeout: float | None = None) -> pb.RoundStatsResponse:
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        return await self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000)
+        return await self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000,
+                               timeout=timeout)
 
     async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
-                        max_per_prompt: int = 0, min_round: int = 0
-                        ) -> dict[str, list[pb.ExperienceRecord]]:
+                        max_per_prompt: int = 0, min_round: int = 0,
+                        timeout: float | None = None) -> dict[str, list[pb.ExperienceRecord]]:
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = await self._rpc("GetVerifiedSuccesses", req)
+        resp = await self._rpc("GetVerifiedSuccesses", req, timeout=timeout)
         return {p.prompt_id: list(p.successes) for p in resp.prompts}
 
     async def run_stats(self, run_id: str) -> pb.RunStats:

@@ -3,8 +3,9 @@
 Both have the same methods, arguments and return types as the in-process
 `mutualrl.thl.engine.AlignmentEngine` (register, list, retokenize, align_trace), so a trainer can
 swap one for the other. Calls carry the bearer token from `ClientOptions` (or
-MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE with exponential backoff; other errors surface as
-`grpc.RpcError` with INVALID_ARGUMENT / NOT_FOUND / ... and a message naming the field.
+MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE (gRPC's retry policy, within the call's deadline);
+other errors surface as `grpc.RpcError` with INVALID_ARGUMENT / NOT_FOUND / ... and a message
+naming the field.
 
     with ThlClient("127.0.0.1:50052") as thl:
         thl.register("policy-a", "/ckpt/policy-a", run_id="run1")

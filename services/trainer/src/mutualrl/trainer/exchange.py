@@ -85,11 +85,9 @@ class PeerExchange:
         self.tau = tau
         self._tok = local_tokenizer
         opts = ClientOptions(address=see_address, token=token, timeout=timeout)
+        # Reads pass what is left of the round's deadline as the call's timeout: gRPC's
+        # retries of UNAVAILABLE happen within it.
         self.client = SeeClient(opts)
-        # Reads call the stub directly: each passes what is left of the round's deadline as its
-        # own gRPC timeout (the client's methods use one fixed timeout).
-        self.see = self.client.stub
-        self._md = opts.metadata()
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
         self.thl: Any
         if thl_address is not None:
@@ -145,16 +143,13 @@ class PeerExchange:
         """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
         and whether every expected peer had published when the call returned (waits up to
         deadline). `expect`: the policies to wait for (None: every policy of the run)."""
-        from mutualrl.v1 import experience_pb2 as pb
-
         left = remaining(deadline)
-        req = pb.RoundStatsRequest(
-            run_id=self.run_id, round=round_k, prompt_ids=list(prompt_ids),
-            policy_id=self.policy, wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-            expect_policies=list(expect or []))
         t0 = time.monotonic()
         try:
-            resp = self.see.GetRoundStats(req, metadata=self._md, timeout=left + 1.0)
+            resp = self.client.round_stats(
+                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
+                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
+                expect_policies=list(expect or []), timeout=left + 1.0)
         finally:
             self.waited_s += time.monotonic() - t0
         pooled: dict[str, RewardStats] = {}
@@ -177,17 +172,16 @@ class PeerExchange:
 
         if not prompt_ids:
             return []
-        req = pb.SuccessesRequest(
-            run_id=self.run_id, policy_id=self.policy, prompt_ids=list(prompt_ids),
-            max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = self.see.GetVerifiedSuccesses(req, metadata=self._md, timeout=remaining(deadline))
+        by_prompt = self.client.successes(
+            self.run_id, self.policy, list(prompt_ids), max_per_prompt=max_per_prompt,
+            min_round=min_round, timeout=remaining(deadline))
         return [
             PeerSuccess(
-                prompt_id=p.prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
+                prompt_id=prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
                 truncated=r.finish_reason == pb.FINISH_REASON_LENGTH, verified=r.verified,
                 stopped_by_eos=r.finish_reason == pb.FINISH_REASON_EOS)
-            for p in resp.prompts
-            for r in p.successes
+            for prompt_id, records in by_prompt.items()
+            for r in records
         ]
 
     def peer_rollouts(
@@ -197,10 +191,9 @@ class PeerExchange:
         is offered once; the consumer group position lives in SEE)."""
         from mutualrl.v1 import experience_pb2 as pb
 
-        req = pb.FetchRolloutsRequest(
-            run_id=self.run_id, policy_id=self.policy, consumer=self.consumer,
-            max_records=max_records, block_ms=0, current_round=round_k, max_round_lag=max_lag)
-        resp = self.see.FetchRollouts(req, metadata=self._md, timeout=remaining(deadline))
+        resp = self.client.fetch_rollouts(
+            self.run_id, self.policy, self.consumer, max_records=max_records, block_ms=0,
+            current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline))
         out = [
             PeerRollout(
                 delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
@@ -214,9 +207,7 @@ class PeerExchange:
         ]
         if out:
             ids = [r.delivery_id for r in out]
-            self.see.Ack(pb.AckRequest(run_id=self.run_id, policy_id=self.policy,
-                                       delivery_ids=ids),
-                         metadata=self._md, timeout=remaining(deadline))
+            self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline))
             self.last_delivery_id = ids[-1]
         return out
 

@@ -68,7 +68,11 @@ class SeeConfig(ServiceConfig):
     public_metrics: bool = False
     """Serve /metrics without the bearer token (for scrapers that cannot send one)."""
     redis_max_connections: int = Field(default=64, ge=4)
-    """Connection pool size to Redis (blocking reads each hold one while they wait)."""
+    """Connection pool size to Redis for everything but blocking reads."""
+    redis_max_blocking_reads: int = Field(default=32, ge=1, le=10_000)
+    """Blocking reads (FetchRollouts with block_ms > 0, Subscribe) that wait at once, each on
+    its own connection of a separate pool: waiting readers never take Publish's connections.
+    One more FetchRollouts that would block is RESOURCE_EXHAUSTED; a Subscribe waits its turn."""
     retention: RetentionDefaults = Field(default_factory=RetentionDefaults)
     """Retention for runs that do not set their own."""
     limits: SeeLimits = Field(default_factory=SeeLimits)

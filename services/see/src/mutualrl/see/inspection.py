@@ -39,7 +39,8 @@ class Inspection(StorePart):
         positions = {rk.stream(k): start for k in kinds}
         while not self.stopping.is_set():
             async with redis_op("subscribe"):
-                reply = await self._xread(positions, 512, block_ms)
+                async with self.blocking.slot("run_id", wait=True) as client:
+                    reply = await self._xread(positions, 512, block_ms, client)
                 if reply and len(positions) > 1:
                     # A blocked XREAD wakes up with the one stream that got data first; read the
                     # others now (one atomic snapshot) so a batch comes out in id order.

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any, cast
 
 from mutualrl.see import transfers
+from mutualrl.see.blocking import BlockingReads
 from mutualrl.see.entries import Entry, StreamReply, s
 from mutualrl.see.runs import RunRegistry
 
@@ -13,9 +14,11 @@ from mutualrl.see.runs import RunRegistry
 class StorePart:
     """Base of the store's parts (publish, rollouts, round stats, successes, inspection)."""
 
-    def __init__(self, runs: RunRegistry, stopping: asyncio.Event) -> None:
+    def __init__(self, runs: RunRegistry, stopping: asyncio.Event,
+                 blocking: BlockingReads | None = None) -> None:
         self.runs = runs
         self.r = runs.r
+        self.blocking = blocking if blocking is not None else BlockingReads(runs.r, 1 << 30)
         self.cfg = runs.cfg
         self.stopping = stopping
 
@@ -27,14 +30,15 @@ class StorePart:
         return cast("list[bytes | None]", await self.r.mget(keys)) if keys else []
 
     async def _xread(self, positions: dict[str, str], count: int,
-                     block: int | None = None) -> StreamReply:
+                     block: int | None = None, client: Any = None) -> StreamReply:
         # (redis-py wants a dict of its own key/id unions: invariance refuses dict[str, str])
-        reply = await self.r.xread(cast("dict[Any, Any]", positions), count=count, block=block)
+        reply = await (client or self.r).xread(cast("dict[Any, Any]", positions), count=count,
+                                               block=block)
         return cast(StreamReply, reply or [])
 
     async def _xreadgroup(self, group: str, consumer: str, stream: str, start: str, count: int,
-                          block: int | None = None) -> list[Entry]:
-        reply = await self.r.xreadgroup(group, consumer, {stream: start}, count=count,
+                          block: int | None = None, client: Any = None) -> list[Entry]:
+        reply = await (client or self.r).xreadgroup(group, consumer, {stream: start}, count=count,
                                         block=block)
         return cast(StreamReply, reply)[0][1] if reply else []
 

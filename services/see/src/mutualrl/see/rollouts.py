@@ -91,7 +91,12 @@ class Rollouts(StorePart):
                     if deadline is not None:
                         block = max(1, min(block, int((deadline - time.monotonic()) * 1000)))
                 try:
-                    entries = await self._xreadgroup(group, consumer, stream, ">", room, block)
+                    if block is None:
+                        entries = await self._xreadgroup(group, consumer, stream, ">", room)
+                    else:
+                        async with self.blocking.slot("block_ms", wait=False) as client:
+                            entries = await self._xreadgroup(group, consumer, stream, ">", room,
+                                                             block, client)
                 except rexc.ResponseError as err:
                     if "NOGROUP" not in str(err):
                         raise

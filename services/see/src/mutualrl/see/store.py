@@ -15,6 +15,7 @@ from typing import Any
 
 from redis import exceptions as rexc
 
+from mutualrl.see.blocking import BlockingReads
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.connect import redis_client
 from mutualrl.see.inspection import Inspection, RecordPage
@@ -35,13 +36,17 @@ class SeeStore:
     def __init__(self, cfg: SeeConfig, client: Any | None = None) -> None:
         self.cfg = cfg
         self.r: Any = client if client is not None else redis_client(cfg)
+        # Waits get their own connections (blocking.py); an injected client serves both.
+        self.blocking = BlockingReads(
+            client if client is not None else redis_client(cfg, blocking=True),
+            cfg.redis_max_blocking_reads)
         self.stopping = asyncio.Event()
         self.runs = RunRegistry(cfg, self.r)
         self.publisher = Publisher(self.runs)
-        self.rollouts = Rollouts(self.runs, self.stopping)
+        self.rollouts = Rollouts(self.runs, self.stopping, self.blocking)
         self._round_stats = RoundStats(self.runs, self.stopping)
         self._successes = Successes(self.runs, self.stopping)
-        self.inspection = Inspection(self.runs, self.stopping)
+        self.inspection = Inspection(self.runs, self.stopping, self.blocking)
 
     async def begin_stop(self) -> None:
         """End Subscribe streams and round-stats waits (the server is draining)."""
@@ -50,6 +55,8 @@ class SeeStore:
     async def close(self) -> None:
         self.stopping.set()
         await self.r.aclose()
+        if self.blocking.r is not self.r:
+            await self.blocking.aclose()
 
     async def ping(self) -> bool:
         try:

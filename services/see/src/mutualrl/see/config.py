@@ -31,6 +31,13 @@ class SeeLimits(Config):
     """Most `meta` entries per record."""
     max_meta_chars: int = Field(default=1024, ge=1)
     """Longest `meta` key or value in characters."""
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """Record bytes one FetchRollouts answer carries at most (at least one record); entries
+    beyond it stay pending for the consumer and come first in its next fetch."""
+    max_inflight_publish_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    """Publish request bytes one SEE process works on at once; a Publish that would go beyond
+    is RESOURCE_EXHAUSTED (retry later). With `max_response_bytes` and `max_cached_runs` it
+    bounds SEE's memory whatever clients send."""
     max_cached_runs: int = Field(default=1024, ge=1, le=1_000_000)
     """Run configs a SEE process keeps in memory (a few seconds each; the least recently read
     go first): bounds its memory whatever run ids clients send."""

@@ -12,8 +12,12 @@ from redis import exceptions as rexc
 
 from mutualrl.see import metrics as m
 from mutualrl.see.entries import Entry, Header, redis_op, s
+from mutualrl.see.keys import RunKeys
 from mutualrl.see.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
+
+# Payloads read per MGET while a fetch fills its response.
+_PAYLOAD_CHUNK = 64
 
 
 class Rollouts(StorePart):
@@ -108,9 +112,10 @@ class Rollouts(StorePart):
                     keep(s(raw_id), fields, 1, True)
                 block_ms = 0  # block at most once per call
             rk = self.runs.keys(req.run_id)
-            payloads = await self._mget([rk.rec(c[1]) for c in chosen])
             nbytes = 0
-            for (eid, _, count, fresh, source), payload in zip(chosen, payloads, strict=True):
+            budget = self.cfg.limits.max_response_bytes
+            for (eid, _, count, fresh, source), payload in await self._payloads(rk, chosen,
+                                                                                 budget):
                 if payload is None:  # the record's payload expired (TTL): nothing to give
                     to_ack.append(eid)
                     continue
@@ -126,6 +131,24 @@ class Rollouts(StorePart):
             if taken:
                 await self._count_transfers(req.run_id, me, pb.ROLLOUT, taken)
         m.RECORDS_OUT.labels("ROLLOUT", "fetch").inc(len(out.deliveries))
+        return out
+
+    async def _payloads(self, rk: RunKeys, chosen: list[tuple[str, str, int, bool, str]],
+                        budget: int) -> list[tuple[tuple[str, str, int, bool, str],
+                                                   bytes | None]]:
+        """Payloads of the chosen entries, read in chunks until `budget` bytes (at least one
+        record): a response stays bounded whatever max_records asks. Entries left out stay
+        pending for this consumer and come first in its next fetch."""
+        out: list[tuple[tuple[str, str, int, bool, str], bytes | None]] = []
+        total = 0
+        for i in range(0, len(chosen), _PAYLOAD_CHUNK):
+            part = chosen[i:i + _PAYLOAD_CHUNK]
+            for c, payload in zip(part, await self._mget([rk.rec(c[1]) for c in part]),
+                                  strict=True):
+                if payload is not None and out and total + len(payload) > budget:
+                    return out
+                total += len(payload or b"")
+                out.append((c, payload))
         return out
 
     async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:

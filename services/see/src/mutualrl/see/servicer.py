@@ -10,7 +10,12 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from mutualrl.common.errors import InvalidArgument, NotFound, ServiceError, grpc_errors
+from mutualrl.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ServiceError,
+    grpc_errors,
+)
 from mutualrl.see import metrics as m
 from mutualrl.see import requests
 from mutualrl.see.store import SeeStore
@@ -66,7 +71,7 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     async def Publish(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Registered with no (de)serializer: bytes in, bytes out (see `add_to_server`): the
         response is written straight as bytes (`wire.publish_response`)."""
-        with _count_refusals("Publish"):
+        with _count_refusals("Publish"), self.store.publish_bytes.hold(len(request)):
             limits = self.store.cfg.limits
             try:
                 req = pb.PublishRequest.FromString(request)

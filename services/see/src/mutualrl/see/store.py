@@ -15,7 +15,7 @@ from typing import Any
 
 from redis import exceptions as rexc
 
-from mutualrl.see.blocking import BlockingReads
+from mutualrl.see.blocking import BlockingReads, ByteBudget
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.connect import redis_client
 from mutualrl.see.inspection import Inspection, RecordPage
@@ -40,6 +40,7 @@ class SeeStore:
         self.blocking = BlockingReads(
             client if client is not None else redis_client(cfg, blocking=True),
             cfg.redis_max_blocking_reads)
+        self.publish_bytes = ByteBudget(cfg.limits.max_inflight_publish_bytes, "records")
         self.stopping = asyncio.Event()
         self.runs = RunRegistry(cfg, self.r)
         self.publisher = Publisher(self.runs)

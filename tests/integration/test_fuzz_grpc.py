@@ -314,7 +314,6 @@ METHODS = _all_methods()
 # Findings of the fuzz suite whose fix is another part of #14, not landed yet: the xfail is
 # strict, so the day the fix lands this list must lose the entry.
 KNOWN: dict[str, str] = {
-    "mutualrl.v1.ExperienceExchange.CreateRun": "#14 item 3 (ttl_seconds 2^63-1: INTERNAL)",
 }
 """The boundary sweep finds these every time (strict); the random test may miss them (not)."""
 

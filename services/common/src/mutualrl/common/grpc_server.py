@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
-from mutualrl.common.auth import BearerAuthInterceptor
+from mutualrl.common.auth import BearerAuthInterceptor, Rules
 from mutualrl.common.config import ServiceConfig
 from mutualrl.common.request_parsing import RequestParsingInterceptor
 
@@ -188,20 +188,23 @@ async def start_server(
     add_servicers: Callable[[grpc.aio.Server], None],
     service_names: Iterable[str],
     reuse_port: bool = False,
+    access: Rules | None = None,
 ) -> RunningServer:
     """Create the server, register the servicers, health and reflection, bind and start it.
 
     `service_names` are full proto service names (`mutualrl.v1.ExperienceExchange`); each is
     reported SERVING by the health service once the server has started. `reuse_port` binds
     with SO_REUSEPORT so several worker processes share one port (the kernel spreads
-    connections over them); otherwise a port already in use is an error.
+    connections over them); otherwise a port already in use is an error. `access` says which
+    methods the read and policy tokens derived from the auth token may call
+    (`mutualrl.common.auth`); unlisted methods are for the token itself.
     """
     # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too;
     # parsing innermost, so auth's refusal also gets a deserializer that never raises.
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     token = cfg.resolved_token()
     if token:
-        interceptors.append(BearerAuthInterceptor(token))
+        interceptors.append(BearerAuthInterceptor(token, rules=access))
     interceptors.append(RequestParsingInterceptor())
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),

@@ -11,12 +11,13 @@ UNAUTHENTICATED, whatever its body.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from mutualrl.common.handlers import guarded
 
 
 @dataclass(frozen=True)
@@ -51,45 +52,17 @@ def safe_deserializer(method: str, deserializer: Callable[[bytes], Any] | None
     return parse
 
 
-def _kwargs(handler: grpc.RpcMethodHandler, method: str) -> dict[str, Any]:
-    return {"request_deserializer": safe_deserializer(method, handler.request_deserializer),
-            "response_serializer": handler.response_serializer}
+async def _reject_unparsable(request: Any, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, UnparsableRequest):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
 def parsing_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     """`handler` with a deserializer that never raises and INVALID_ARGUMENT for a bad body."""
-    if handler.request_deserializer is None:
-        return handler
-    kwargs = _kwargs(handler, method)
-    if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, UnparsableRequest):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
-    if handler.unary_stream:
-        inner_stream = handler.unary_stream
-        if not inspect.isasyncgenfunction(inner_stream):
-            # Writes through context.write (grpc.health.v1 Watch): stays a coroutine.
-
-            async def writer(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                if isinstance(request, UnparsableRequest):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                return await inner_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(writer, **kwargs)
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, UnparsableRequest):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            async for item in inner_stream(request, context):
-                yield item
-
-        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
-    return handler  # client-streaming RPCs are not used by MutualRL
+    if handler.request_deserializer is None or not (handler.unary_unary or handler.unary_stream):
+        return handler  # raw bytes (the handler parses), or client streams (unused here)
+    return guarded(handler, _reject_unparsable,
+                   safe_deserializer(method, handler.request_deserializer))
 
 
 class RequestParsingInterceptor(grpc.aio.ServerInterceptor):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
+from mutualrl.mwra.access import ACCESS
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.service import SERVICE_NAME, AllocatorService
 from mutualrl.mwra.store import MwraStore
@@ -35,7 +36,7 @@ async def start_mwra(cfg: MwraConfig) -> MwraServer:
     def add(server: grpc.aio.Server) -> None:
         pb_grpc.add_AllocatorServicer_to_server(service, server)
 
-    running = await start_server(cfg, add, [SERVICE_NAME])
+    running = await start_server(cfg, add, [SERVICE_NAME], access=ACCESS)
     running.on_close.extend([service.close, store.close])
     service.start()
     log.info("MWRA replica %s: strategy %s, worker lease %.1fs, policy lease %.1fs, redis %s",

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, Field
 
 from mutualrl.common import token_arrays as ta
-from mutualrl.common.auth import token_matches
+from mutualrl.common.auth import rest_access
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
 from mutualrl.see.keys import KINDS, kind_name
@@ -159,7 +159,8 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
         description="Inspect the experience policies exchange: runs, per-policy counts, "
                     "records (filters, cursor pagination), one record in full, run statistics "
                     "with the transfer matrix.",
-        responses={401: {"model": ErrorOut}, 404: {"model": ErrorOut}, 400: {"model": ErrorOut}},
+        responses={401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut},
+                   400: {"model": ErrorOut}},
     )
     bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <token>")
     open_paths = {"/healthz", "/v1/session"}
@@ -172,10 +173,15 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     async def auth(request: Request,
                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = request.url.path
-        if token and path not in open_paths and not dashboard.is_public(path) and \
-                not token_matches(request.headers.get("authorization"), token):
-            return JSONResponse({"detail": "missing or invalid bearer token", "field": None},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if token and path not in open_paths and not dashboard.is_public(path):
+            refused = rest_access(request.headers.get("authorization"), token)
+            if refused == 401:
+                return JSONResponse({"detail": "missing or invalid bearer token", "field": None},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if refused is not None:
+                return JSONResponse({"detail": "a policy's token is for its trainer's gRPC "
+                                     "calls; read with the read token", "field": None},
+                                    status_code=refused)
         return await call_next(request)
 
     @app.exception_handler(ServiceError)

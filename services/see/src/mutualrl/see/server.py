@@ -19,6 +19,7 @@ import grpc
 import uvicorn
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
+from mutualrl.see.access import ACCESS
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
 from mutualrl.see.runmetrics_servicer import SERVICE_NAME as METRICS_SERVICE_NAME
@@ -73,7 +74,7 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
         add_metrics_to_server(metrics_servicer, server)
 
     running = await start_server(cfg, add, [SERVICE_NAME, METRICS_SERVICE_NAME],
-                                 reuse_port=shared_port)
+                                 reuse_port=shared_port, access=ACCESS)
     # Ends Subscribe streams and round-stats waits before the gRPC server drains.
     running.on_drain.append(store.begin_stop)
     rest_port: int | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
+from mutualrl.thl.access import ACCESS
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits
 from mutualrl.thl.registry import (
@@ -64,7 +65,7 @@ async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> Th
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
 
-    running = await start_server(cfg, add, [SERVICE_NAME])
+    running = await start_server(cfg, add, [SERVICE_NAME], access=ACCESS)
 
     async def close_registry() -> None:
         engine.registry.close()

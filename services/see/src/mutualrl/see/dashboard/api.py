@@ -19,7 +19,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.security import HTTPBearer
 
-from mutualrl.common.auth import token_matches
+from mutualrl.common.auth import rest_access
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see import transfers
 from mutualrl.see.dashboard import convert, recent
@@ -65,7 +65,7 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                 summary="Whether a token is needed and whether this request carries it "
                         "(no auth: the dashboard asks for the token only when needed).")
     async def session(request: Request) -> SessionOut:
-        ok = token is None or token_matches(request.headers.get("authorization"), token)
+        ok = rest_access(request.headers.get("authorization"), token) is None
         return SessionOut(auth_required=token is not None, authenticated=ok,
                           thl=thl.configured)
 

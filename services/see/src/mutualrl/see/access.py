@@ -1,0 +1,36 @@
+"""Which of SEE's RPCs the scoped tokens may call (`mutualrl.common.auth`): a policy's token
+publishes, fetches, acks and asks for stats and successes as that policy only; any valid token
+reads runs and their streams; creating and deleting runs takes the run's secret itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mutualrl.common.auth import READ, Access, Rules, as_policies, as_policy
+from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.v1 import run_metrics_pb2 as mpb
+
+
+def _publishers(request: Any) -> list[str]:
+    """The policies whose records a Publish carries (its handler receives the raw bytes)."""
+    msg = pb.PublishRequest.FromString(request) if isinstance(request, bytes) else request
+    return [r.policy_id for r in msg.records]
+
+
+_EXCHANGE = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
+_METRICS = mpb.DESCRIPTOR.services_by_name["RunMetrics"].full_name
+
+ACCESS: Rules = {
+    **{f"/{_EXCHANGE}/{name}": access for name, access in {
+        "Publish": Access(acts_as=_publishers),
+        "FetchRollouts": as_policy(),
+        "Ack": as_policy(),
+        "GetRoundStats": as_policy(),
+        "GetVerifiedSuccesses": as_policy(),
+        "GetRun": READ,
+        "ListRuns": READ,
+        "GetRunStats": READ,
+        "Subscribe": READ,
+    }.items()},
+    f"/{_METRICS}/ReportMetrics": as_policies("rows"),
+}

@@ -39,6 +39,14 @@ def _experiment(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ValidationError) as err:
         console.print(f"[red]config {args.config}: {err}[/]")
         return EXIT_CONFIG
+    if args.dry_run:
+        from mutualrl.experiment.dry_run import dry_run
+
+        return dry_run(cfg, console, args.device_memory_gb, args.prompt_tokens,
+                       Path(args.out or "runs/dry-run"))
+    if not args.out:
+        console.print("[red]--out is required (except with --dry-run)[/]")
+        return EXIT_CONFIG
     if args.report_only:
         from mutualrl.experiment.runner import report_only
 
@@ -58,7 +66,14 @@ def register(commands: Commands) -> None:
                      _experiment)
     p.add_argument("-c", "--config", required=True,
                    help="Experiment YAML (configs/probe-comparison.yaml).")
-    p.add_argument("--out", required=True, help="Output directory.")
+    p.add_argument("--out", help="Output directory (required except with --dry-run).")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Print every regime's per-policy memory plan (model configs only) and "
+                        "exit; exit 2 when a policy does not fit its device.")
+    p.add_argument("--device-memory-gb", type=float, default=None,
+                   help="Device size for --dry-run in GiB (default: the CUDA device's).")
+    p.add_argument("--prompt-tokens", type=int, default=512,
+                   help="Prompt length allowance per rollout for --dry-run's KV cache.")
     p.add_argument("--quick", action="store_true",
                    help="Merge the config's `experiment.quick` overrides (a reduced grid).")
     p.add_argument("--seeds", help="Comma-separated seeds (overrides the config).")

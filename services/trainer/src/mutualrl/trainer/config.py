@@ -227,6 +227,22 @@ class LoraSettings(Config):
     (q_proj and v_proj for Llama and Qwen2, c_attn for GPT-2)."""
 
 
+class SGLangSettings(Config):
+    """The SGLang engine of a policy (`rollout_engine: sglang`); `mutualrl train --dry-run`
+    checks these against the device."""
+
+    mem_fraction_static: float = Field(0.5, gt=0, lt=1)
+    """Share of the GPU SGLang takes for its weights and KV cache (its `mem_fraction_static`);
+    the trainer's weights, gradients and optimizer state share the rest."""
+    release_memory: bool = True
+    """Release SGLang's weights and KV cache while the trainer steps (its
+    `release_memory_occupation`, launched with `enable_memory_saver`) and resume them for the
+    weight sync and the next rollouts: training then has the GPU to itself."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Further `sglang.Engine` keyword arguments (e.g. `cuda_graph_max_bs`,
+    `chunked_prefill_size`)."""
+
+
 class PolicySettings(Config):
     """One policy of the run."""
 
@@ -248,6 +264,8 @@ class PolicySettings(Config):
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings)
+    """SGLang engine settings (used with `rollout_engine: sglang`)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""

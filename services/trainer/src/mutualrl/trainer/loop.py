@@ -36,6 +36,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         samples = s.engine.generate(
             [p.text for p in prompts], n=g.group_size, max_new_tokens=s.max_new_tokens,
             temperature=g.temperature, stop=s.task.stop)
+    # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
+    s.engine.release_memory()
     t_rollout = time.perf_counter() - t0
     rewards = torch.tensor(
         [[s.task.reward(p, y.text, y.finish_reason) for y in row]

@@ -66,7 +66,13 @@ class RolloutEngine(Protocol):
         ...
 
     def sync_weights(self, model: Any) -> None:
-        """Make the engine sample from `model`'s current parameters."""
+        """Make the engine sample from `model`'s current parameters (and hold its memory again
+        after `release_memory`)."""
+        ...
+
+    def release_memory(self) -> None:
+        """Free what the engine holds on the trainer's device until the next `sync_weights`
+        (a no-op for an engine that shares the trainer's module)."""
         ...
 
 
@@ -120,6 +126,9 @@ class HFEngine:
     def sync_weights(self, model: Any) -> None:
         """Sample from `model` from now on (no copy: it is the trainer's own module)."""
         self.model = model
+
+    def release_memory(self) -> None:
+        """Nothing to free: the KV cache lives only inside `generate`."""
 
     def _stop_candidates(self, stop: tuple[str, ...]) -> Any:
         """Bool mask over the vocabulary: tokens after which a stop string can be complete.
@@ -307,7 +316,8 @@ class SGLangEngine:
     an HF teacher-forced pass before trusting them.
     """
 
-    def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+    def __init__(self, model_path: str, tokenizer: Any, mem_fraction_static: float = 0.5,
+                 release_memory: bool = True, **engine_kwargs: Any) -> None:
         try:
             import sglang
         except ImportError as e:
@@ -316,14 +326,38 @@ class SGLangEngine:
                 "pip install 'mutualrl[gpu]', or use rollout_engine: hf"
             ) from e
         self.tokenizer = tokenizer
+        self.releases = release_memory
+        self.released = False
         engine_kwargs.setdefault("skip_tokenizer_init", False)
-        self.engine = sglang.Engine(model_path=str(model_path), **engine_kwargs)
+        # The memory saver is what lets release/resume_memory_occupation free and restore the
+        # weights and KV cache at the same addresses (CUDA graphs stay valid).
+        self.engine = sglang.Engine(model_path=str(model_path),
+                                    mem_fraction_static=mem_fraction_static,
+                                    enable_memory_saver=release_memory, **engine_kwargs)
+
+    def release_memory(self) -> None:
+        """Free SGLang's weights and KV cache on the GPU while the trainer steps."""
+        if self.releases and not self.released:
+            self.engine.release_memory_occupation()
+            self.released = True
 
     def sync_weights(self, model: Any) -> None:
         """Push every parameter of `model` into the running engine (and flush its KV cache);
-        a LoRA policy's adapters are merged into the base weights first."""
+        a LoRA policy's adapters are merged into the base weights first. A released engine
+        gets its weights' memory back first and its KV cache only after the copy, so the two
+        never coexist with the tensors being sent."""
+        if self.released:
+            self.engine.resume_memory_occupation(tags=["weights"])
         self.engine.update_weights_from_tensor(named_tensors=sync_tensors(model),
                                                flush_cache=True)
+        if self.released:
+            self.engine.resume_memory_occupation(tags=["kv_cache"])
+            self.released = False
+
+    def served_weights(self, names: list[str], rows: int = 100) -> dict[str, Any]:
+        """The first `rows` rows of the engine's parameters `names` (under the HF names; a
+        test compares them with the trainer's after a sync)."""
+        return {n: self.engine.get_weights_by_name(n, truncate_size=rows) for n in names}
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,

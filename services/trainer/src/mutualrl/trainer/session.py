@@ -149,7 +149,13 @@ def build_session(
         optimizer, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
     task = make_task(cfg.task)
     max_new = g.max_new_tokens or task.max_new_tokens
-    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start))
+    engine_kw: dict[str, Any] = {}
+    if policy.rollout_engine == "sglang":
+        sg = policy.sglang
+        engine_kw = {"mem_fraction_static": sg.mem_fraction_static,
+                     "release_memory": sg.release_memory, "dtype": policy.dtype,
+                     **sg.engine_args}
+    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None
     svc = cfg.services

@@ -16,6 +16,8 @@ def _train(args: argparse.Namespace) -> int:
     from mutualrl.trainer.loop import train
     from mutualrl.trainer.session import build_session
 
+    if args.dry_run:
+        return _dry_run(args)
     cfg = load_trainer_config(args.config)
     if args.rounds is not None:
         cfg.grpo.rounds = args.rounds
@@ -36,6 +38,34 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dry_run(args: argparse.Namespace) -> int:
+    import sys
+
+    from mutualrl.common.config import load_yaml
+    from mutualrl.trainer.config import load_trainer_config
+    from mutualrl.trainer.dry_run import memory_plans
+
+    raw = load_yaml(args.config)
+    if "trainer" not in raw and "experiment" in raw:
+        print(f"mutualrl train --dry-run: {args.config} is an experiment file; "
+              f"`mutualrl experiment -c {args.config} --dry-run` plans each regime's policies",
+              file=sys.stderr)
+        return 2
+    cfg = load_trainer_config(args.config)
+    try:
+        plans = memory_plans(cfg, [args.policy] if args.policy else None,
+                             args.device_memory_gb, args.prompt_tokens)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mutualrl train --dry-run: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(p.text for p in plans))
+    bad = [p for p in plans if not p.plan.fits]
+    for p in bad:
+        print(f"mutualrl train --dry-run: policy {p.policy} does not fit: "
+              + "; ".join(p.plan.problems), file=sys.stderr)
+    return 2 if bad else 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from mutualrl.trainer.bench import bench_command
 
@@ -51,6 +81,14 @@ def register_train_commands(commands: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="Continue from the latest checkpoint of this policy, if any.")
     p.add_argument("--rounds", type=int, default=None, help="Override grpo.rounds.")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Print each policy's memory plan (from model configs only) and exit; "
+                        "exit 2 when a policy does not fit its device.")
+    p.add_argument("--device-memory-gb", type=float, default=None,
+                   help="Device size for --dry-run in GiB (default: the CUDA device's, or "
+                        "host RAM for CPU policies).")
+    p.add_argument("--prompt-tokens", type=int, default=512,
+                   help="Prompt length allowance per rollout for --dry-run's KV cache.")
     b = commands.add(("bench", "trainer"),
                      "Steps/s of our GRPO step vs TRL's GRPOTrainer on the same model.", _bench)
     b.add_argument("--json", default=None, help="Write the result JSON here.")

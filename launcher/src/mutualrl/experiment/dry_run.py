@@ -1,0 +1,40 @@
+"""`mutualrl experiment --dry-run`: the memory plan of every policy of every regime (the
+trainer's `mutualrl train --dry-run`, on the trainer section each run of the regime gets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from mutualrl.experiment.config import ExperimentConfig
+from mutualrl.experiment.plan import run_trainer_section
+
+
+def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | None,
+            prompt_tokens: int, out: Path) -> int:
+    """Print each regime's plans; 2 when a policy does not fit (the message names the fields),
+    0 otherwise. Runs of a regime differ only in probe and seed, which the plan does not read."""
+    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.dry_run import memory_plans
+
+    failed = False
+    for regime, spec in cfg.active_regimes().items():
+        probe = cfg.regime_probes(regime)[0]
+        section = run_trainer_section(cfg, regime, spec, probe, cfg.seeds[0],
+                                      f"{cfg.run_prefix}-dry", out / "runs", {})
+        tcfg = TrainerConfig.model_validate(section)
+        try:
+            plans = memory_plans(tcfg, None, device_memory_gb, prompt_tokens,
+                                 cache_dir=out / "runs" / "presets")
+        except (ValueError, FileNotFoundError) as e:
+            console.print(f"[red]regime {regime}: {e}[/]")
+            return 2
+        print(f"regime {regime}:")
+        for p in plans:
+            print(p.text)  # plain: aligned columns, no wrapping
+            if not p.plan.fits:
+                failed = True
+                console.print(f"[red]regime {regime}, policy {p.policy} does not fit: "
+                              + "; ".join(p.plan.problems) + "[/]")
+    return 2 if failed else 0

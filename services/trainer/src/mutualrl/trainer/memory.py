@@ -1,0 +1,227 @@
+"""The memory plan of one policy's trainer (`mutualrl train --dry-run`): what a round holds on
+its device, from the model's config alone (no weights loaded), against the device's size.
+
+Two phases peak separately:
+
+- rollout: weights + optimizer state (+ a frozen reference copy) stay resident while the
+  engine samples: SGLang's static pool (`mem_fraction_static` x device: its weights and KV
+  cache), or the HF engine's KV cache for every row of the round at once;
+- training: weights + gradients + optimizer state (+ reference) + the activations of one
+  micro-batch + one logit chunk, next to SGLang's static pool, or only to what a released
+  engine keeps (`sglang.release_memory`).
+
+Estimates, per token and layer of a decoder (bytes b of the activation dtype): a checkpointed
+layer keeps its input (h values); a layer in backward, or every layer without checkpointing,
+holds about 8h + 2 kv + 4 ffn values (norm inputs/outputs, q, k, v, attention output, residual,
+gate, up, activation, product), attention scores not materialised (SDPA). A logit chunk holds
+the head's output (b), its float32 copy and the float32 gradient (4 + 4) per vocabulary entry.
+AdamW keeps two moments in the parameter dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RESERVE_BYTES = GIB
+"""CUDA context and allocator slack, beside `RESERVE_FRACTION` of the device."""
+RESERVE_FRACTION = 0.05
+RELEASED_ENGINE_BYTES = 2 * GIB
+"""What a released SGLang engine still holds (CUDA graphs, buffers, its context)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs from a model's config."""
+
+    params: int
+    """Parameters (tied embeddings once)."""
+    trainable: int
+    """Parameters that get gradients and optimizer state (LoRA: the adapters)."""
+    hidden: int
+    layers: int
+    ffn: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The config fields the plan reads (one policy, its overrides applied)."""
+
+    dtype_bytes: int
+    act_bytes: int
+    """Activation bytes: 2 under bf16 autocast, else the parameter dtype's."""
+    micro_batch_tokens: int
+    logit_chunk_tokens: int
+    activation_checkpointing: bool
+    reference_copy: bool
+    """A frozen full copy for the KL / diagnostics (not with LoRA: its base is the reference)."""
+    rows: int
+    """Rollouts per round (prompts_per_round x group_size)."""
+    seq_tokens: int
+    """Prompt allowance + max_new_tokens: one rollout's length."""
+    engine: str
+    mem_fraction_static: float
+    release_memory: bool
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per item, the two phase peaks and the verdict against `device_bytes`."""
+
+    items: dict[str, int]
+    rollout_peak: int
+    train_peak: int
+    device_bytes: int
+    reserve: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    rows_at_once: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """K and V of every layer for one token."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
+def layer_activation_values(shape: ModelShape) -> int:
+    """Values one layer holds per token for its backward (see the module docstring)."""
+    return 8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.ffn
+
+
+def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
+    """The memory plan of one policy on a device of `device_bytes`."""
+    b, a = x.dtype_bytes, x.act_bytes
+    weights = shape.params * b
+    grads = shape.trainable * b
+    optim = 2 * shape.trainable * b
+    reference = weights if x.reference_copy else 0
+    per_layer = layer_activation_values(shape) * x.micro_batch_tokens * a
+    if x.activation_checkpointing:
+        acts = shape.layers * shape.hidden * x.micro_batch_tokens * a + per_layer
+    else:
+        acts = shape.layers * per_layer
+    logits = x.logit_chunk_tokens * shape.vocab * (a + 8)
+    kv_tok = kv_bytes_per_token(shape, b)
+    round_kv = x.rows * x.seq_tokens * kv_tok
+    items = {"weights": weights, "gradients": grads, "optimizer": optim,
+             "reference": reference, "activations": acts, "logit_chunk": logits}
+    resident = weights + optim + reference
+    problems: list[str] = []
+    if x.engine == "sglang":
+        static = int(x.mem_fraction_static * device_bytes)
+        # SGLang starts after the trainer loaded its weights; its KV pool is what is left of
+        # its share once those and its own copy of the weights are counted.
+        pool = static - weights - reference - weights
+        rows_at_once = min(x.rows, max(pool, 0) // max(x.seq_tokens * kv_tok, 1))
+        items["engine"] = static
+        items["kv_cache"] = max(pool, 0)
+        rollout = resident + static
+        train = resident + grads + acts + logits + (
+            RELEASED_ENGINE_BYTES if x.release_memory else static)
+        if rows_at_once < 1:
+            problems.append(
+                f"SGLang's KV pool ({_gib(pool)}) cannot hold one rollout of "
+                f"{x.seq_tokens} tokens: raise policies[].sglang.mem_fraction_static")
+    else:
+        pool = round_kv
+        rows_at_once = x.rows
+        items["kv_cache"] = round_kv
+        rollout = resident + round_kv
+        train = resident + grads + acts + logits
+    reserve = RESERVE_BYTES + int(RESERVE_FRACTION * device_bytes)
+    room = device_bytes - reserve
+    if train > room:
+        fix = ["grpo.micro_batch_tokens", "grpo.logit_chunk_tokens"]
+        if not x.activation_checkpointing:
+            fix.append("grpo.activation_checkpointing: true")
+        if x.engine == "sglang" and not x.release_memory:
+            fix.append("policies[].sglang.release_memory: true")
+        if x.engine == "sglang":
+            fix.append("policies[].sglang.mem_fraction_static")
+        fix.append("policies[].lora")
+        problems.append(f"training needs {_gib(train)} of {_gib(room)} usable: lower or set "
+                        + ", ".join(fix))
+    if rollout > room:
+        fix = (["policies[].sglang.mem_fraction_static"] if x.engine == "sglang"
+               else ["grpo.prompts_per_round", "grpo.max_new_tokens"])
+        fix.append("policies[].lora")
+        problems.append(f"rollouts need {_gib(rollout)} of {_gib(room)} usable: lower "
+                        + ", ".join(fix))
+    return MemoryPlan(items=items, rollout_peak=rollout, train_peak=train,
+                      device_bytes=device_bytes, reserve=reserve, kv_bytes_per_token=kv_tok,
+                      kv_pool_bytes=max(pool, 0), rows_at_once=int(rows_at_once),
+                      problems=problems)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
+    """The plan as a few aligned lines."""
+    rows = [
+        ("parameters", p.items["weights"], f"{shape.params:,} x {x.dtype_bytes} B"),
+        ("gradients", p.items["gradients"], f"{shape.trainable:,} trainable"),
+        ("optimizer state", p.items["optimizer"], "AdamW, 2 moments"),
+        ("reference copy", p.items["reference"],
+         "frozen copy" if x.reference_copy else "none (beta 0, or LoRA base)"),
+        ("activations / micro-batch", p.items["activations"],
+         f"{x.micro_batch_tokens:,} tokens, checkpointing "
+         f"{'on' if x.activation_checkpointing else 'off'}"),
+        ("logit chunk", p.items["logit_chunk"],
+         f"{x.logit_chunk_tokens:,} tokens x {shape.vocab:,} vocab"),
+        ("KV cache", p.items["kv_cache"],
+         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {x.rows:,} rollouts of "
+         f"{x.seq_tokens:,} tokens at once"),
+    ]
+    if "engine" in p.items:
+        rows.append(("SGLang static pool", p.items["engine"],
+                     f"mem_fraction_static {x.mem_fraction_static}, released in training: "
+                     f"{'yes' if x.release_memory else 'no'}"))
+    out = [f"policy {name}: device {_gib(p.device_bytes)} "
+           f"(reserve {_gib(p.reserve)} for context and fragmentation)"]
+    out += [f"  {k:<26}{v / GIB:>9.2f} GiB  {note}" for k, v, note in rows]
+    out.append(f"  {'peak, rollouts':<26}{p.rollout_peak / GIB:>9.2f} GiB")
+    out.append(f"  {'peak, training':<26}{p.train_peak / GIB:>9.2f} GiB")
+    out.append("  fits" if p.fits else "  DOES NOT FIT: " + "; ".join(p.problems))
+    return "\n".join(out)
+
+
+def model_shape(path: str | Path, lora: Any = None) -> ModelShape:
+    """The shape of the model saved at `path`, from its config: parameters are counted on the
+    meta device (nothing is allocated or read), LoRA adapters added as `lora` would add them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if lora is not None:
+        from mutualrl.trainer.lora import wrap
+
+        peft_model = wrap(model, lora)
+        trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0))
+    heads = int(getattr(text, "num_attention_heads", 0) or getattr(text, "n_head", 0))
+    head_dim = int(getattr(text, "head_dim", 0) or hidden // max(heads, 1))
+    return ModelShape(
+        params=params, trainable=trainable, hidden=hidden,
+        layers=int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0)),
+        ffn=int(getattr(text, "intermediate_size", 0) or getattr(text, "n_inner", None)
+                or 4 * hidden),
+        kv_heads=int(getattr(text, "num_key_value_heads", 0) or heads), head_dim=head_dim,
+        vocab=int(text.vocab_size))

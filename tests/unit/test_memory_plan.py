@@ -1,0 +1,167 @@
+"""`mutualrl train --dry-run`: the memory plan from a model's config, with exact numbers for a
+small Llama, and refusals that name the fields to change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mutualrl.cli import main
+from mutualrl.trainer.memory import GIB, RELEASED_ENGINE_BYTES, PlanInputs, model_shape, plan
+
+# Llama: vocab 1000, hidden 64, ffn 128, 2 layers, 4 heads / 2 KV heads (head_dim 16), tied.
+# Per layer: q 4096 + k 2048 + v 2048 + o 4096 + gate/up/down 3 x 8192 + 2 norms 128 = 36,992;
+# embeddings 64,000 + 2 layers + final norm 64 = 138,048 parameters.
+PARAMS = 138_048
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig
+
+    d = tmp_path_factory.mktemp("llama")
+    LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True
+                ).save_pretrained(d)
+    assert not list(d.glob("*.safetensors"))  # a config only: the plan loads no weights
+    return d
+
+
+def _inputs(**kw: object) -> PlanInputs:
+    base = dict(dtype_bytes=4, act_bytes=4, micro_batch_tokens=256, logit_chunk_tokens=64,
+                activation_checkpointing=False, reference_copy=False, rows=8, seq_tokens=32,
+                engine="hf", mem_fraction_static=0.5, release_memory=True)
+    base.update(kw)
+    return PlanInputs(**base)  # type: ignore[arg-type]
+
+
+def test_shape_from_config_on_the_meta_device(llama_dir: Path) -> None:
+    from mutualrl.trainer.config import LoraSettings
+
+    s = model_shape(llama_dir)
+    assert (s.params, s.trainable, s.hidden, s.layers, s.ffn, s.kv_heads, s.head_dim,
+            s.vocab) == (PARAMS, PARAMS, 64, 2, 128, 2, 16, 1000)
+    lo = model_shape(llama_dir, LoraSettings(rank=4, target_modules=["q_proj", "v_proj"]))
+    # r x (in + out) per adapted layer: q 4 x (64 + 64), v 4 x (64 + 32), 2 layers.
+    assert (lo.params, lo.trainable) == (PARAMS, 2 * (4 * 128 + 4 * 96))
+
+
+def test_plan_exact_numbers_hf_engine(llama_dir: Path) -> None:
+    p = plan(model_shape(llama_dir), _inputs(), 1 << 40)
+    assert p.items == {
+        "weights": 552_192, "gradients": 552_192, "optimizer": 1_104_384, "reference": 0,
+        # (8 x 64 + 2 x 2 x 16 + 4 x 128) = 1088 values x 256 tokens x 4 B x 2 layers
+        "activations": 2_228_224,
+        "logit_chunk": 64 * 1000 * 12,
+        # 2 (K, V) x 2 layers x 2 heads x 16 x 4 B = 512 B/token; 8 rollouts x 32 tokens
+        "kv_cache": 131_072}
+    assert p.kv_bytes_per_token == 512
+    assert p.rollout_peak == 552_192 + 1_104_384 + 131_072
+    assert p.train_peak == 552_192 * 2 + 1_104_384 + 2_228_224 + 768_000
+    assert p.fits
+    ck = plan(model_shape(llama_dir), _inputs(activation_checkpointing=True), 1 << 40)
+    # every layer keeps its input (2 x 64 x 256 x 4 B), one layer is recomputed in backward
+    assert ck.items["activations"] == 131_072 + 1_114_112
+    ref = plan(model_shape(llama_dir), _inputs(reference_copy=True), 1 << 40)
+    assert ref.items["reference"] == 552_192
+    assert ref.train_peak == p.train_peak + 552_192
+
+
+def test_plan_exact_numbers_sglang(llama_dir: Path) -> None:
+    p = plan(model_shape(llama_dir), _inputs(engine="sglang"), 8 * GIB)
+    assert p.items["engine"] == 4 * GIB
+    assert p.items["kv_cache"] == 4 * GIB - 2 * 552_192  # the trainer's and SGLang's weights
+    assert p.rows_at_once == 8  # all of them: (4 GiB - 2 x 552,192) // (32 x 512) = 262,076
+    assert p.rollout_peak == 552_192 + 1_104_384 + 4 * GIB
+    assert p.train_peak == 552_192 * 2 + 1_104_384 + 2_228_224 + 768_000 + RELEASED_ENGINE_BYTES
+    kept = plan(model_shape(llama_dir), _inputs(engine="sglang", release_memory=False), 8 * GIB)
+    assert kept.train_peak == p.train_peak - RELEASED_ENGINE_BYTES + 4 * GIB
+
+
+def test_plan_refuses_and_names_the_fields(llama_dir: Path) -> None:
+    shape = model_shape(llama_dir)
+    big = plan(shape, _inputs(micro_batch_tokens=4_000_000, engine="sglang",
+                              release_memory=False), 8 * GIB)
+    assert not big.fits
+    assert "grpo.micro_batch_tokens" in big.problems[0]
+    assert "grpo.activation_checkpointing: true" in big.problems[0]
+    assert "policies[].sglang.release_memory: true" in big.problems[0]
+    starved = plan(shape, _inputs(engine="sglang", seq_tokens=10_000_000,
+                                  mem_fraction_static=0.01), 8 * GIB)
+    assert "policies[].sglang.mem_fraction_static" in starved.problems[0]
+
+
+def _run_yaml(tmp: Path, llama_dir: Path, micro: int = 256, **policy: object) -> Path:
+    path = tmp / f"run-{micro}-{len(policy)}.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {
+        "output_dir": str(tmp / "runs"),
+        "grpo": {"group_size": 2, "prompts_per_round": 4, "max_new_tokens": 16,
+                 "micro_batch_tokens": micro, "logit_chunk_tokens": 64},
+        "policies": [{"name": "A", "model_path": str(llama_dir), **policy}]}}))
+    return path
+
+
+def test_dry_run_command(tmp_path: Path, llama_dir: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _run_yaml(tmp_path, llama_dir)
+    assert main(["train", "-c", str(cfg), "--dry-run", "--device-memory-gb", "4",
+                 "--prompt-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "policy A: device 4.00 GiB" in out and "fits" in out
+    for item in ("parameters", "gradients", "optimizer state", "activations / micro-batch",
+                 "logit chunk", "KV cache"):
+        assert item in out
+    assert "8 of 8 rollouts of 32 tokens" in out
+
+    huge = _run_yaml(tmp_path, llama_dir, micro=4_000_000)  # 34.8 GB of activations
+    assert main(["train", "-c", str(huge), "--dry-run", "--device-memory-gb", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "policy A does not fit" in err and "grpo.micro_batch_tokens" in err
+
+    gpu = _run_yaml(tmp_path, llama_dir, device="cuda:0", rollout_engine="sglang")
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["train", "-c", str(gpu), "--dry-run"]) == 2
+        assert "--device-memory-gb" in capsys.readouterr().err
+    assert main(["train", "-c", str(gpu), "--dry-run", "--device-memory-gb", "80"]) == 0
+    assert "SGLang static pool" in capsys.readouterr().out
+
+
+def test_dry_run_points_experiment_files_to_experiment(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert main(["train", "-c", str(root / "configs/probe-comparison-gpu.yaml"),
+                 "--dry-run"]) == 2
+    assert "mutualrl experiment -c" in capsys.readouterr().err
+
+
+def test_experiment_dry_run_sizes_the_gpu_config_for_80gb(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """configs/probe-comparison-gpu.yaml with its checkpoints' configs (no weights): every
+    policy fits an 80 GiB GPU next to its SGLang engine, and a 40 GiB one is refused."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "Qwen2.5-Math-1.5B")
+    Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                head_dim=128, tie_word_embeddings=True).save_pretrained(tmp_path / "Qwen3-1.7B")
+    LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=64, tie_word_embeddings=True
+                ).save_pretrained(tmp_path / "Llama-3.2-1B-Instruct")
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "configs/probe-comparison-gpu.yaml").read_text()
+    cfg = tmp_path / "pc-gpu.yaml"
+    cfg.write_text(text.replace("/models/", f"{tmp_path}/"))
+    argv = ["experiment", "-c", str(cfg), "--dry-run", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--device-memory-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  fits") == 4  # two policies in each of the two regimes
+    assert "1,720,574,976 x 2 B" in out  # Qwen3-1.7B's parameters, counted on the meta device
+    assert main([*argv, "--device-memory-gb", "40"]) == 2
+    assert "policies[].sglang.mem_fraction_static" in capsys.readouterr().out

@@ -47,7 +47,12 @@ Policies (``Settings.strategy``)
                of the round (under turns, earlier turns cannot see later ones').
 
 Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
-``plan_round`` is called only when a policy asks for a later round (between rounds).
+``plan_round`` is called only when a policy asks for a later round (between rounds), or, outside
+time-share, to take into the current round a live policy the plan was made without (a trainer
+that registered late: it gets units at once instead of sitting the round out).
+
+Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespan``,
+``apportion``); nothing steps through the units one by one, since N is a number clients send.
 """
 
 from __future__ import annotations
@@ -205,6 +210,9 @@ def apportion(quotas: Mapping[str, float], total: int, minimums: Mapping[str, in
     minimums overshoot, take units back from the largest surplus ``u_i - q_i`` among those above
     their minimum. Ties go to the larger `tiebreak` value, then to the smaller policy id, so the
     result is deterministic. Requires ``sum(minimums) <= total``.
+
+    The unit-at-a-time rule is evaluated in O(P log P + P log N) (`_give`, `_take_back`), never
+    in steps proportional to the units moved: a pool's size is a number clients send.
     """
     if sum(minimums.values()) > total:
         raise ValueError("minimums exceed the pool; time-share instead")
@@ -212,14 +220,70 @@ def apportion(quotas: Mapping[str, float], total: int, minimums: Mapping[str, in
     shares = {p: max(int(minimums[p]), math.floor(q)) for p, q in quotas.items()}
     if base is not None:
         shares = {p: max(int(minimums[p]), int(base[p])) for p in quotas}
-    while sum(shares.values()) < total:
-        pick = min(quotas, key=lambda p: (-(quotas[p] - shares[p]), -tb.get(p, 0.0), p))
-        shares[pick] += 1
-    while sum(shares.values()) > total:
-        above = [p for p in quotas if shares[p] > minimums[p]]
-        pick = min(above, key=lambda p: (-(shares[p] - quotas[p]), tb.get(p, 0.0), p))
-        shares[pick] -= 1
+    missing = total - sum(shares.values())
+    if missing > 0:
+        return _give(shares, quotas, missing, tb)
+    if missing < 0:
+        return _take_back(shares, quotas, -missing, minimums, tb)
     return shares
+
+
+def _levels(offsets: Mapping[str, float]) -> tuple[dict[str, int], dict[str, float]]:
+    """Split each offset into an integer level and a fraction in [0, 1)."""
+    level = {p: math.floor(v) for p, v in offsets.items()}
+    return level, {p: offsets[p] - level[p] for p in offsets}
+
+
+def _give(shares: dict[str, int], quotas: Mapping[str, float], count: int,
+          tb: Mapping[str, float]) -> dict[str, int]:
+    """Hand out `count` units one at a time to the largest deficit ``q_i - u_i``.
+
+    The t-th unit policy i would get next ranks by ``u_i + t - q_i`` (smaller first). Writing
+    ``u_i - q_i = a_i + f_i`` (a_i an integer, f_i in [0, 1)), the units below integer level L
+    number ``sum_i max(0, L - a_i)``: a binary search finds the last level L handed out whole,
+    and the rest of the count goes to the policies with a unit at level L, by (f_i, tiebreak,
+    id) -- exactly the order of the one-at-a-time rule."""
+    a, f = _levels({p: shares[p] - quotas[p] for p in shares})
+
+    def below(level: int) -> int:
+        return sum(max(0, level - a[p]) for p in a)
+
+    lo, hi = min(a.values()), min(a.values()) + count + 1  # below(lo) = 0 <= count < below(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if below(mid) <= count else (lo, mid)
+    out = {p: shares[p] + max(0, lo - a[p]) for p in shares}
+    at_level = sorted((p for p in a if a[p] <= lo), key=lambda p: (f[p], -tb.get(p, 0.0), p))
+    for p in at_level[:count - below(lo)]:
+        out[p] += 1
+    return out
+
+
+def _take_back(shares: dict[str, int], quotas: Mapping[str, float], count: int,
+               minimums: Mapping[str, int], tb: Mapping[str, float]) -> dict[str, int]:
+    """Take back `count` units one at a time from the largest surplus ``u_i - q_i`` among the
+    policies above their minimum; the same level search as `_give`, each policy holding at
+    most ``u_i - m_i`` units to give back."""
+    cap = {p: shares[p] - int(minimums[p]) for p in shares if shares[p] > minimums[p]}
+    a, f = _levels({p: quotas[p] - shares[p] for p in cap})
+
+    def below(level: int) -> int:
+        return sum(min(cap[p], max(0, level - a[p])) for p in a)
+
+    lo, hi = min(a.values()), max(a[p] + cap[p] for p in a)  # below(hi) = sum(cap) >= count
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if below(mid) <= count else (lo, mid)
+    if below(hi) <= count:
+        lo = hi
+    out = dict(shares)
+    for p in a:
+        out[p] -= min(cap[p], max(0, lo - a[p]))
+    at_level = sorted((p for p in a if a[p] <= lo and lo - a[p] < cap[p]),
+                      key=lambda p: (f[p], tb.get(p, 0.0), p))
+    for p in at_level[:count - below(lo)]:
+        out[p] -= 1
+    return out
 
 
 def static_shares(weights: Mapping[str, float], total: int,
@@ -234,18 +298,77 @@ def min_makespan(costs: Mapping[str, float], total: int, minimums: Mapping[str, 
     """The least achievable makespan T* with integer units (exact).
 
     Giving policy i ``need_i(T) = max(m_i, ceil(c_i / T))`` units is the cheapest way to finish
-    by T, so T is feasible iff ``sum_i need_i(T) <= N``. T* is one of the values c_i / k
-    (k = 1..N), the only places where some need_i changes; we scan them in increasing order.
+    by T, so T is feasible iff ``G(T) = sum_i need_i(T) <= N``. G only changes at the values
+    c_i / k (k >= m_i), so T* is the least feasible one of them. They are not scanned one by
+    one (there are up to P N of them, and N is a number clients send): the continuous
+    relaxation ``S(T) = sum_i max(m_i, c_i / T)`` satisfies ``S <= G <= S + P``, so T* lies
+    between the T where S = N and the T where S = N - P, a window holding at most about 2P
+    of the values; they are sorted and searched for the least feasible one. O(P log P).
     """
     if sum(minimums.values()) > total:
         raise ValueError("minimums exceed the pool")
-    candidates = sorted({c / k for c in costs.values() for k in range(1, total + 1)})
-    for t in candidates:
-        if t <= 0:
-            continue
-        if sum(_need(costs[p], t, minimums[p]) for p in costs) <= total:
+    live = {p: float(c) for p, c in costs.items() if c > 0}
+    if not live:
+        return 0.0  # every cost is zero: any split finishes at once
+    mins = {p: max(1, int(minimums[p])) for p in live}
+    # policies that cost nothing hold their minimums whatever T is
+    units = total - sum(int(minimums[p]) for p in costs if p not in live)
+    at_minimums = max(live[p] / mins[p] for p in live)  # G = sum(m) <= N: always feasible
+    lo = _relaxed_makespan(live, mins, units)
+    hi = (_relaxed_makespan(live, mins, units - len(live))
+          if units - len(live) >= sum(mins.values()) else at_minimums)
+    lo, hi = lo * (1 - _WINDOW_SLACK), min(hi * (1 + _WINDOW_SLACK), at_minimums)
+    candidates: set[float] = {at_minimums}
+    for p, c in live.items():
+        first = max(mins[p], math.floor(c / hi))
+        last = min(total, math.ceil(c / lo)) if lo > 0 else total
+        candidates.update(c / k for k in range(first, last + 1))
+    ordered = sorted(t for t in candidates if t > 0)
+
+    def feasible(t: float) -> bool:
+        return sum(_need(costs[p], t, minimums[p]) for p in costs) <= total
+
+    lo_i, hi_i = 0, len(ordered) - 1  # ordered[-1] >= at_minimums is feasible
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i) // 2
+        lo_i, hi_i = (lo_i, mid) if feasible(ordered[mid]) else (mid + 1, hi_i)
+    return ordered[lo_i]
+
+
+# Relative widening of the relaxation's window: covers the rounding of its float arithmetic and
+# the 1e-12 tolerance of `_need`.
+_WINDOW_SLACK = 1e-11
+
+
+def _relaxed_makespan(costs: Mapping[str, float], mins: Mapping[str, int], units: int) -> float:
+    """The least T with ``sum_i max(m_i, c_i / T) <= units`` (requires sum m_i <= units).
+
+    Policies leave their minimum in decreasing order of c_i / m_i; with the first j of them
+    above it, S(T) = C_j / T + M_rest and S(T) = units gives T = C_j / (units - M_rest),
+    valid when it lies between the j-th and (j+1)-th breakpoint. O(P log P)."""
+    order = sorted(costs, key=lambda p: costs[p] / mins[p], reverse=True)
+    above, rest = 0.0, sum(mins.values())
+    for j, p in enumerate(order):
+        above += costs[p]
+        rest -= mins[p]
+        t = above / (units - rest)  # units - rest >= the minimums of the first j + 1 > 0
+        after = costs[order[j + 1]] / mins[order[j + 1]] if j + 1 < len(order) else 0.0
+        if t >= after:
             return t
-    return 0.0  # every cost is zero: any split finishes at once
+    return sum(costs.values()) / units
+
+
+MIN_COST = 1e-9
+"""Unit-seconds a cost of zero or less is planned with."""
+MAX_COST = 1e15
+"""Largest cost planned with: keeps every ratio of costs, and c / T, finite."""
+
+
+def _safe_cost(cost: float | None) -> float:
+    c = float(cost) if cost is not None else math.nan
+    if math.isnan(c) or c <= 0:
+        return MIN_COST
+    return min(c, MAX_COST)
 
 
 def _need(cost: float, t: float, minimum: int) -> int:
@@ -259,9 +382,10 @@ def balanced_shares(costs: Mapping[str, float], total: int,
 
     Every policy gets ``need_i(T*)`` (see `min_makespan`), which reaches the optimum; the units
     left over go by largest remainder of the proportional quotas (more units never raise a
-    finish time). Costs of zero or less are treated as a tiny positive cost.
+    finish time). Costs of zero or less (or NaN) are treated as a tiny positive cost, costs
+    above `MAX_COST` (or infinite) as `MAX_COST`.
     """
-    safe = {p: max(float(c), 1e-9) for p, c in costs.items()}
+    safe = {p: _safe_cost(c) for p, c in costs.items()}
     csum = sum(safe.values())
     quotas = {p: total * c / csum for p, c in safe.items()}
     t_star = min_makespan(safe, total, minimums)
@@ -409,9 +533,9 @@ def shared_placement(units: Mapping[str, int],
 def effective_costs(policies: Sequence[PolicySpec]) -> dict[str, float]:
     """Costs to plan with: measured ones, and for policies that never reported the mean of the
     measured ones (all equal when nobody reported yet, so `balanced` starts as an equal split)."""
-    known = [p.cost for p in policies if p.cost is not None and p.cost > 0]
+    known = [_safe_cost(p.cost) for p in policies if p.cost is not None and p.cost > 0]
     fallback = sum(known) / len(known) if known else 1.0
-    return {p.policy_id: (p.cost if p.cost is not None and p.cost > 0 else fallback)
+    return {p.policy_id: (_safe_cost(p.cost) if p.cost is not None and p.cost > 0 else fallback)
             for p in policies}
 
 

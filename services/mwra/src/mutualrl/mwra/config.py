@@ -29,6 +29,9 @@ class MwraConfig(ServiceConfig):
     Defaults to the REDIS_URL environment variable, else redis://127.0.0.1:6379/0."""
     redis_timeout_seconds: float = Field(default=5.0, gt=0)
     """Connect and per-command timeout towards Redis; calls fail with UNAVAILABLE past it."""
+    redis_max_connections: int = Field(default=64, ge=1)
+    """Connections to Redis at most; a call that finds none free waits for one (up to
+    `redis_timeout_seconds`, then UNAVAILABLE) rather than failing at once."""
     strategy: Literal["static", "balanced", "time-share"] = "balanced"
     """Allocation policy: `static` (fixed shares by weight), `balanced` (min-makespan from
     measured step costs), `time-share` (policies take turns on the pool). `static` and
@@ -69,6 +72,17 @@ class MwraConfig(ServiceConfig):
     answering with the current one."""
     watch_poll_seconds: float = Field(default=0.2, gt=0)
     """WatchAllocation re-reads Redis this often (changes by any replica are seen)."""
+    max_worker_cpu_slots: int = Field(default=1 << 16, ge=1)
+    """Most CPU slots one worker may declare (RegisterWorker; larger is INVALID_ARGUMENT)."""
+    max_worker_gpus: int = Field(default=1 << 10, ge=1)
+    """Most GPUs one worker may declare (RegisterWorker)."""
+    max_units: int = Field(default=1 << 20, ge=1)
+    """Most units a policy may ask for or report a step on (RegisterPolicy `min_units`,
+    ReportStepCost `units`)."""
+    max_step_seconds: float = Field(default=1e6, gt=0)
+    """Longest step ReportStepCost accepts, in seconds (about 11.6 days)."""
+    max_weight: float = Field(default=1e6, gt=0)
+    """Largest `static` share weight RegisterPolicy accepts."""
     replica_id: str | None = None
     """Name of this replica in the leader lock; None: <hostname>-<random> (a stable name lets a
     restarted replica reclaim its lock at once)."""

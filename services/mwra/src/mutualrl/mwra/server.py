@@ -29,7 +29,8 @@ class MwraServer(ServiceServer):
 
 
 async def start_mwra(cfg: MwraConfig) -> MwraServer:
-    store = MwraStore.from_url(cfg.redis_url, cfg.redis_timeout_seconds, cfg.key_prefix)
+    store = MwraStore.from_url(cfg.redis_url, cfg.redis_timeout_seconds, cfg.key_prefix,
+                               cfg.redis_max_connections)
     await store.r.ping()  # fail at start, not at the first call, when Redis is unreachable
     service = AllocatorService(cfg, store)
 

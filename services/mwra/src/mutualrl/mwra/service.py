@@ -10,6 +10,11 @@ go straight to Redis. Only the holder of a run's leader lock (``mwra:{run}:leade
 follower asked for a new round records the request (``mwra:{run}:want``) and waits for the plan
 to appear; the leader's loop serves such requests. When the leader dies its lock lapses and the
 next tick of a follower takes it, so a run continues where it was.
+
+Runs. A replica ticks a run only once a call proved it has state (a registration, or a worker or
+policy found in it), and stops when nothing in it is live (no worker lease, no policy within its
+lease), releasing the lock; calls about unknown runs leave nothing behind. Capacities, unit
+counts, weights and step seconds are bounded at validation (`MwraConfig.max_*`).
 """
 
 from __future__ import annotations
@@ -57,19 +62,24 @@ def _check_id(field: str, value: str) -> str:
     return ids.check_name(value, field)
 
 
-def _finite(field: str, value: float, *, positive: bool = False) -> float:
+def _finite(field: str, value: float, *, positive: bool = False,
+            limit: float | None = None) -> float:
     if math.isnan(value) or math.isinf(value):
         raise InvalidArgument(field, f"must be finite, got {value}")
     if positive and value <= 0:
         raise InvalidArgument(field, f"must be > 0, got {value}")
     if value < 0:
         raise InvalidArgument(field, f"must be >= 0, got {value}")
+    if limit is not None and value > limit:
+        raise InvalidArgument(field, f"must be <= {limit:g}, got {value:g}")
     return value
 
 
-def _nonneg(field: str, value: int) -> int:
+def _nonneg(field: str, value: int, limit: int | None = None) -> int:
     if value < 0:
         raise InvalidArgument(field, f"must be >= 0, got {value}")
+    if limit is not None and value > limit:
+        raise InvalidArgument(field, f"must be <= {limit}, got {value}")
     return value
 
 
@@ -167,13 +177,28 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         for wid in await self.store.mark_lost(run_id, expired):
             LOST.labels(run_id).inc()
             log.warning("run %s: worker %s lost (lease lapsed)", run_id, wid)
+        if self._idle(state, now):
+            # Nothing live to allocate for: stop ticking it and let the lock go, so a replica
+            # spends nothing on runs that ended; the next call that finds state tracks it again.
+            await self.store.release(run_id, self.replica)
+            self._forget(run_id)
+            log.info("run %s is idle (no live worker or policy): no longer ticked", run_id)
+            return
         want = await self.store.wanted_round(run_id)
         if state.plan is not None and state.plan.strategy == "time-share":
             await self._next_turn(run_id)  # a report a follower took may end a turn
         if want >= 0 and (state.plan is None or want > state.plan.round):
             await self._rebalance(run_id, want)  # a follower was asked for a new round
+        elif state.plan is not None and self._left_out(state, now):
+            await self._admit(run_id)
         elif state.plan is not None:
             self._export(run_id, state.plan, state)
+
+    def _idle(self, state: RunState, now: int) -> bool:
+        """No worker holds a lease and no policy showed a sign of life within its lease."""
+        horizon = now - int(self.cfg.policy_lease_seconds * 1000)
+        return (all(exp <= now for exp in state.leases.values())
+                and all(seen <= horizon for seen in state.seen.values()))
 
     # planning ----------------------------------------------------------------------------
     def _pool(self, state: RunState, now: int) -> tuple[list[PoolWorker], Settings]:
@@ -233,6 +258,37 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             self._export(run_id, new, state)
             return new
 
+    def _left_out(self, state: RunState, now: int) -> list[str]:
+        """Live policies the current plan was made without (they registered after it, or came
+        back after their lease lapsed); time-share plans take them in at the next round."""
+        plan = state.plan
+        if plan is None or plan.strategy == "time-share":
+            return []
+        return sorted({p.policy_id for p in self._live_policies(state, now)}
+                      - set(plan.policies))
+
+    async def _admit(self, run_id: str) -> PoolAssignment | None:
+        """Re-plan the current round with the live policies it left out (leader only; a new
+        epoch of the same round). A trainer that loads its model more slowly than its peers
+        registers after the first plan was made; without this it would sit that round out
+        and its peers would wait for its records until their deadlines."""
+        async with self._lock(run_id):
+            state = await self.store.load(run_id)
+            plan, now = state.plan, now_ms()
+            if plan is None or not self._left_out(state, now):
+                return plan
+            pool, settings = self._pool(state, now)
+            new = plan_round(plan, self._live_policies(state, now), pool, settings, plan.round)
+            if await self.store.commit_plan(run_id, self.replica, state.version, new) < 0:
+                self._leading.pop(run_id, None)
+                fresh, _ = await self.store.load_plan(run_id)
+                return fresh
+            REBALANCES.labels(run_id).inc()
+            log.info("run %s round %d epoch %d (%s): took in %s: %s", run_id, new.round,
+                     new.epoch, new.strategy, ", ".join(self._left_out(state, now)), new.units)
+            self._export(run_id, new, state)
+            return new
+
     async def _next_turn(self, run_id: str) -> None:
         """time-share: hand the pool to the round's next turn once the active turn reported
         the round (leader only; followers' reports are picked up by the leader's tick)."""
@@ -265,10 +321,26 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         IDLE.labels(run_id).set(plan.idle_units)
         POOL.labels(run_id).set(plan.pool_units)
 
-    async def _plan_for(self, run_id: str, round_: int) -> PoolAssignment | None:
-        """The plan in force for a policy that asks for `round_`, rebalancing when it is new."""
+    async def _plan_for(self, run_id: str, policy_id: str,
+                        round_: int) -> PoolAssignment | None:
+        """The plan in force for a policy that asks for `round_`, rebalancing when it is new
+        and taking the policy into the current round when the plan was made without it."""
         plan, _ = await self.store.load_plan(run_id)
         if plan is not None and (plan.round > round_ or (plan.round == round_ and not plan.empty)):
+            if policy_id in plan.policies or plan.strategy == "time-share":
+                return plan
+            if self.is_leader(run_id) or await self._lead(run_id):
+                return await self._admit(run_id)
+            # Follower: the leader's next tick takes the policy in.
+            deadline = time.monotonic() + self.cfg.follower_wait_seconds
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(0.05, self.cfg.tick_seconds))
+                fresh, _ = await self.store.load_plan(run_id)
+                if fresh is not None and (policy_id in fresh.policies
+                                          or fresh.strategy == "time-share"):
+                    return fresh
+                if self.is_leader(run_id):
+                    return await self._admit(run_id)
             return plan
         if self.is_leader(run_id) or await self._lead(run_id):
             return await self._rebalance(run_id, round_)
@@ -317,10 +389,15 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             info.last_round = cost.last_round
         return info
 
-    def _seen_run(self, run_id: str) -> str:
-        ids.check_run_id(run_id)
+    @staticmethod
+    def _run_id(run_id: str) -> str:
+        return ids.check_run_id(run_id)
+
+    def _track(self, run_id: str) -> None:
+        """Tick the run from now on: called once a call proved that it has state (a
+        registration, or a worker or policy found in it). A call answered NOT_FOUND or
+        INVALID_ARGUMENT leaves nothing behind, so unknown run ids cost nothing later."""
         self._runs.add(run_id)
-        return run_id
 
     def _lease(self, worker_id: str, expires: int) -> pb.Lease:
         return pb.Lease(worker_id=worker_id, lease_seconds=self.cfg.worker_lease_seconds,
@@ -331,14 +408,14 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.Lease:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         if not request.HasField("worker"):
             raise InvalidArgument("worker", "is required")
         w = request.worker
         wid = _check_id("worker.worker_id", w.worker_id)
         cap = w.capacity
-        _nonneg("worker.capacity.cpu_slots", cap.cpu_slots)
-        _nonneg("worker.capacity.gpu_count", cap.gpu_count)
+        _nonneg("worker.capacity.cpu_slots", cap.cpu_slots, self.cfg.max_worker_cpu_slots)
+        _nonneg("worker.capacity.gpu_count", cap.gpu_count, self.cfg.max_worker_gpus)
         if cap.cpu_slots == 0 and cap.gpu_count == 0:
             raise InvalidArgument("worker.capacity", "zero capacity: cpu_slots or gpu_count "
                                   "must be > 0")
@@ -354,6 +431,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                            gpu_kind=cap.gpu_kind, labels=dict(w.labels),
                            rollout_address=w.rollout_address, registered_ms=now_ms())
         expires = await self.store.put_worker(run, rec, self.cfg.worker_lease_seconds)
+        self._track(run)
         log.info("run %s: worker %s registered (cpu %d, gpu %d %s)", run, wid, cap.cpu_slots,
                  cap.gpu_count, cap.gpu_kind)
         return self._lease(wid, expires)
@@ -362,11 +440,12 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def Heartbeat(self, request: pb.HeartbeatRequest,
                         context: grpc.aio.ServicerContext) -> pb.Lease:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         wid = _check_id("worker_id", request.worker_id)
         renewed = await self.store.renew_lease(run, wid, self.cfg.worker_lease_seconds)
         if renewed is None:
             raise NotFound("worker_id", f"worker {wid!r} is not registered in run {run!r}")
+        self._track(run)
         expires, revived = renewed
         if revived:
             log.info("run %s: worker %s is back; it rejoins the pool at the next rebalance",
@@ -377,7 +456,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         wid = _check_id("worker_id", request.worker_id)
         return pb.DeregisterWorkerResponse(removed=await self.store.delete_worker(run, wid))
 
@@ -385,19 +464,21 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def RegisterPolicy(self, request: pb.RegisterPolicyRequest,
                              context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         if request.trainer_id:
             _check_id("trainer_id", request.trainer_id)
         if request.min_units < 0:
             raise InvalidArgument("min_units", f"must be >= 1 (0 = 1), got {request.min_units}")
-        weight = _finite("weight", request.weight) or 1.0
+        _nonneg("min_units", request.min_units, self.cfg.max_units)
+        weight = _finite("weight", request.weight, limit=self.cfg.max_weight) or 1.0
         if request.rollout_budget < 0:
             raise InvalidArgument("rollout_budget", f"must be >= 0, got {request.rollout_budget}")
         rec = PolicyRecord(policy_id=pid, trainer_id=request.trainer_id,
                            min_units=request.min_units or 1, weight=weight,
                            rollout_budget=request.rollout_budget, registered_ms=now_ms())
         await self.store.put_policy(run, rec)
+        self._track(run)
         log.info("run %s: policy %s registered (trainer %s)", run, pid, rec.trainer_id or "-")
         state = await self.store.load(run)
         return self._policy_info(run, state, pid, now_ms())
@@ -406,10 +487,11 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def PolicyHeartbeat(self, request: pb.PolicyHeartbeatRequest,
                               context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         if not await self.store.touch_policy(run, pid):
             raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+        self._track(run)
         state = await self.store.load(run)
         return self._policy_info(run, state, pid, now_ms())
 
@@ -417,7 +499,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def DeregisterPolicy(self, request: pb.DeregisterPolicyRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterPolicyResponse:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         return pb.DeregisterPolicyResponse(removed=await self.store.delete_policy(run, pid))
 
@@ -425,16 +507,19 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def ReportStepCost(self, request: pb.StepCostReport,
                              context: grpc.aio.ServicerContext) -> pb.StepCostAck:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         _nonneg("round", request.round)
-        seconds = _finite("seconds", request.seconds, positive=True)
+        seconds = _finite("seconds", request.seconds, positive=True,
+                          limit=self.cfg.max_step_seconds)
         _nonneg("tokens", request.tokens)
         _nonneg("samples", request.samples)
         if request.units < 1:
             raise InvalidArgument("units", f"must be >= 1, got {request.units}")
+        _nonneg("units", request.units, self.cfg.max_units)
         if not await self.store.touch_policy(run, pid):
             raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+        self._track(run)
         await self.store.record_cost(run, pid, round_=request.round, seconds=seconds,
                                      tokens=request.tokens, samples=request.samples,
                                      units=request.units, alpha=self.cfg.smoothing)
@@ -451,12 +536,13 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def GetAllocation(self, request: pb.GetAllocationRequest,
                             context: grpc.aio.ServicerContext) -> pb.Allocation:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         _nonneg("round", request.round)
         if not await self.store.touch_policy(run, pid):
             raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
-        plan = await self._plan_for(run, request.round)
+        self._track(run)
+        plan = await self._plan_for(run, pid, request.round)
         state = await self.store.load(run)
         rec = state.policies.get(pid)
         if rec is None:
@@ -471,7 +557,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def WatchAllocation(self, request: pb.WatchAllocationRequest,
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Allocation]:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         pid = _check_id("policy_id", request.policy_id)
         last: bytes | None = None
         # context.done(): stop polling once the client went away, even if the cancellation of
@@ -492,7 +578,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_errors
     async def ListAllocations(self, request: pb.ListAllocationsRequest,
                               context: grpc.aio.ServicerContext) -> pb.AllocationTable:
-        run = self._seen_run(request.run_id)
+        run = self._run_id(request.run_id)
         state = await self.store.load(run)
         if not state.workers and not state.policies:
             raise NotFound("run_id", f"run {run!r} has no workers or policies")

@@ -162,10 +162,15 @@ class MwraStore:
         self._want = redis.register_script(_WANT)
 
     @classmethod
-    def from_url(cls, url: str, timeout: float = 5.0, prefix: str = DEFAULT_PREFIX) -> MwraStore:
+    def from_url(cls, url: str, timeout: float = 5.0, prefix: str = DEFAULT_PREFIX,
+                 max_connections: int = 64) -> MwraStore:
         # Timeouts: a Redis that hangs must fail calls (UNAVAILABLE), never hang them.
-        return cls(aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
-                                           socket_connect_timeout=timeout), prefix)
+        # A blocking pool: a burst of calls beyond `max_connections` waits up to `timeout` for a
+        # free connection (redis-py's default pool refuses at once: "Too many connections").
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout, decode_responses=True,
+            socket_timeout=timeout, socket_connect_timeout=timeout)
+        return cls(aioredis.Redis.from_pool(pool), prefix)
 
     def keys(self, run_id: str) -> Keys:
         return Keys(run_id, self.prefix)

@@ -58,10 +58,11 @@ Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespa
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -211,7 +212,7 @@ def apportion(quotas: Mapping[str, float], total: int, minimums: Mapping[str, in
     their minimum. Ties go to the larger `tiebreak` value, then to the smaller policy id, so the
     result is deterministic. Requires ``sum(minimums) <= total``.
 
-    The unit-at-a-time rule is evaluated in O(P log P + P log N) (`_give`, `_take_back`), never
+    The unit-at-a-time rule is evaluated in O(P log P + P log N) (`_first_picks`), never
     in steps proportional to the units moved: a pool's size is a number clients send.
     """
     if sum(minimums.values()) > total:
@@ -228,62 +229,68 @@ def apportion(quotas: Mapping[str, float], total: int, minimums: Mapping[str, in
     return shares
 
 
-def _levels(offsets: Mapping[str, float]) -> tuple[dict[str, int], dict[str, float]]:
-    """Split each offset into an integer level and a fraction in [0, 1)."""
-    level = {p: math.floor(v) for p, v in offsets.items()}
-    return level, {p: offsets[p] - level[p] for p in offsets}
-
-
 def _give(shares: dict[str, int], quotas: Mapping[str, float], count: int,
           tb: Mapping[str, float]) -> dict[str, int]:
-    """Hand out `count` units one at a time to the largest deficit ``q_i - u_i``.
-
-    The t-th unit policy i would get next ranks by ``u_i + t - q_i`` (smaller first). Writing
-    ``u_i - q_i = a_i + f_i`` (a_i an integer, f_i in [0, 1)), the units below integer level L
-    number ``sum_i max(0, L - a_i)``: a binary search finds the last level L handed out whole,
-    and the rest of the count goes to the policies with a unit at level L, by (f_i, tiebreak,
-    id) -- exactly the order of the one-at-a-time rule."""
-    a, f = _levels({p: shares[p] - quotas[p] for p in shares})
-
-    def below(level: int) -> int:
-        return sum(max(0, level - a[p]) for p in a)
-
-    lo, hi = min(a.values()), min(a.values()) + count + 1  # below(lo) = 0 <= count < below(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if below(mid) <= count else (lo, mid)
-    out = {p: shares[p] + max(0, lo - a[p]) for p in shares}
-    at_level = sorted((p for p in a if a[p] <= lo), key=lambda p: (f[p], -tb.get(p, 0.0), p))
-    for p in at_level[:count - below(lo)]:
-        out[p] += 1
-    return out
+    """Hand out `count` units one at a time to the largest deficit ``q_i - u_i`` (ties: larger
+    tiebreak, then smaller id)."""
+    picks = _first_picks(count, {p: count for p in shares},
+                         lambda p, t: (shares[p] + t) - quotas[p],
+                         lambda p: (-tb.get(p, 0.0), p))
+    return {p: shares[p] + picks[p] for p in shares}
 
 
 def _take_back(shares: dict[str, int], quotas: Mapping[str, float], count: int,
                minimums: Mapping[str, int], tb: Mapping[str, float]) -> dict[str, int]:
     """Take back `count` units one at a time from the largest surplus ``u_i - q_i`` among the
-    policies above their minimum; the same level search as `_give`, each policy holding at
-    most ``u_i - m_i`` units to give back."""
-    cap = {p: shares[p] - int(minimums[p]) for p in shares if shares[p] > minimums[p]}
-    a, f = _levels({p: quotas[p] - shares[p] for p in cap})
+    policies above their minimum (ties: smaller tiebreak, then smaller id)."""
+    picks = _first_picks(count, {p: max(shares[p] - int(minimums[p]), 0) for p in shares},
+                         lambda p, t: quotas[p] - (shares[p] - t),
+                         lambda p: (tb.get(p, 0.0), p))
+    return {p: shares[p] - picks[p] for p in shares}
 
-    def below(level: int) -> int:
-        return sum(min(cap[p], max(0, level - a[p])) for p in a)
 
-    lo, hi = min(a.values()), max(a[p] + cap[p] for p in a)  # below(hi) = sum(cap) >= count
+def _first_picks(count: int, limits: Mapping[str, int], key: Callable[[str, int], float],
+                 order: Callable[[str], tuple[float, str]]) -> dict[str, int]:
+    """How many of the first `count` picks of a unit-at-a-time rule go to each policy.
+
+    The rule picks, each step, the policy whose next unit has the least ``(key(p, t),
+    order(p))``, t being the units it already got (at most ``limits[p]``); ``key(p, t)`` grows
+    by one per unit. So the picks are the `count` least entries of the policies' merged
+    sequences, found without stepping through them: a binary search for the last integer level
+    L with at most `count` keys below it (each policy's count below L is its offset to L,
+    corrected against the exact float keys), then the few picks left, all at keys in
+    [L, L + 1), from a heap. Exactly the rule's result, in O(P log N + P log P)."""
+    start = {p: key(p, 0) for p in limits if limits[p] > 0}
+
+    def below(p: str, level: int) -> int:
+        t = min(max(math.ceil(level - start[p]), 0), limits[p])
+        while t > 0 and key(p, t - 1) >= level:
+            t -= 1
+        while t < limits[p] and key(p, t) < level:
+            t += 1
+        return t
+
+    def below_all(level: int) -> int:
+        return sum(below(p, level) for p in start)
+
+    picks = dict.fromkeys(limits, 0)
+    if count <= 0 or not start:
+        return picks
+    lo = math.floor(min(start.values()))  # no key lies below it
+    hi = math.ceil(max(start.values())) + count + 1  # every policy's first count + 1 keys do
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if below(mid) <= count else (lo, mid)
-    if below(hi) <= count:
-        lo = hi
-    out = dict(shares)
-    for p in a:
-        out[p] -= min(cap[p], max(0, lo - a[p]))
-    at_level = sorted((p for p in a if a[p] <= lo and lo - a[p] < cap[p]),
-                      key=lambda p: (f[p], tb.get(p, 0.0), p))
-    for p in at_level[:count - below(lo)]:
-        out[p] -= 1
-    return out
+        lo, hi = (mid, hi) if below_all(mid) <= count else (lo, mid)
+    for p in start:
+        picks[p] = below(p, lo)
+    heap = [(key(p, picks[p]), order(p), p) for p in start if picks[p] < limits[p]]
+    heapq.heapify(heap)
+    for _ in range(count - sum(picks.values())):
+        _, rank, p = heapq.heappop(heap)
+        picks[p] += 1
+        if picks[p] < limits[p]:
+            heapq.heappush(heap, (key(p, picks[p]), rank, p))
+    return picks
 
 
 def static_shares(weights: Mapping[str, float], total: int,

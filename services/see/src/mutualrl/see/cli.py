@@ -24,10 +24,16 @@ def _serve(args: argparse.Namespace) -> int:
         # inherited by the workers: /metrics then sums every process.
         made_dir = tempfile.mkdtemp(prefix="see-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
+    from mutualrl.see.durability import DurabilityError
     from mutualrl.see.server import serve
 
     try:
         asyncio.run(serve(cfg))
+    except DurabilityError as err:
+        import sys
+
+        print(f"SEE refuses to start: {err}", file=sys.stderr)
+        return 2
     finally:
         if made_dir is not None:
             import shutil

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -84,6 +85,12 @@ class SeeConfig(ServiceConfig):
     """Retention for runs that do not set their own."""
     limits: SeeLimits = Field(default_factory=SeeLimits)
     """Publish size limits."""
+    durability: Literal["default", "fsync"] = "default"
+    """When a Publish is acknowledged: `default` once Redis has applied it (with Redis's usual
+    `appendfsync everysec`, a host crash can lose up to ~1 s of acknowledged records); `fsync`
+    only once it is fsynced to the AOF: needs `appendonly yes` with `appendfsync always`, or a
+    single Redis >= 7.2 with the AOF on (SEE waits with WAITAOF). SEE refuses to start when the
+    server cannot give it (durability.py)."""
     workers: int = Field(default=1, ge=1, le=64)
     """gRPC worker processes sharing the port (SO_REUSEPORT). SEE keeps no state outside Redis,
     so each worker is a full replica; the first also serves REST, and /metrics sums all of them

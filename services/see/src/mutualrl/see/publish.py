@@ -23,7 +23,9 @@ from typing import Any
 
 from redis import exceptions as rexc
 
+from mutualrl.common.errors import Unavailable
 from mutualrl.see import metrics as m
+from mutualrl.see.durability import Mode
 from mutualrl.see.entries import SEP, redis_op, s
 from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
@@ -31,11 +33,16 @@ from mutualrl.see.runs import RunRegistry
 from mutualrl.see.validate import text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
+# How long a Publish waits for its batch to reach the disk under see.durability=fsync.
+_WAITAOF_TIMEOUT_MS = 5_000
+
 
 class Publisher:
     def __init__(self, runs: RunRegistry) -> None:
         self.runs = runs
         self.script = runs.r.register_script(PUBLISH_LUA)
+        self.mode = Mode.REDIS
+        """Set at start from `see.durability` (durability.py)."""
 
     async def publish(self, run: pb.Run, records: Sequence[pb.ExperienceRecord]
                       ) -> tuple[list[str], str]:
@@ -115,10 +122,13 @@ class Publisher:
         """The MULTI/EXEC; returns the index script's reply."""
         staged = dict(payloads)
         for attempt in (0, 1):
-            async with self.runs.r.pipeline(transaction=True) as pipe:
-                pipe.mset(staged)
-                pipe.evalsha(self.script.sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
+            if self.mode is Mode.WAITAOF:
+                replies = await self._transaction_waitaof(staged, keys, args)
+            else:
+                async with self.runs.r.pipeline(transaction=True) as pipe:
+                    pipe.mset(staged)
+                    pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+                    replies = await pipe.execute(raise_on_error=False)
             mset_reply, reply = replies
             if isinstance(reply, rexc.NoScriptError) and attempt == 0:
                 await self._load_script()
@@ -132,6 +142,27 @@ class Publisher:
                     raise r
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _transaction_waitaof(self, staged: dict[str, bytes], keys: list[str],
+                                   args: list[bytes | str | int]) -> list[Any]:
+        """The same MULTI/EXEC, then WAITAOF on the same connection (it waits for that
+        connection's writes): the replies of the MSET and the script, once fsynced."""
+        async with self.runs.r.pipeline(transaction=False) as pipe:
+            pipe.execute_command("MULTI")
+            pipe.mset(staged)
+            pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EXEC")
+            pipe.execute_command("WAITAOF", 1, 0, _WAITAOF_TIMEOUT_MS)
+            replies = await pipe.execute(raise_on_error=False)
+        exec_reply, waited = replies[3], replies[4]
+        if isinstance(exec_reply, Exception):
+            raise exec_reply
+        if isinstance(waited, Exception):
+            raise waited
+        if int(waited[0]) < 1:
+            raise Unavailable("records", "Redis did not fsync the batch within "
+                                         f"{_WAITAOF_TIMEOUT_MS} ms (see.durability=fsync)")
+        return list(exec_reply)
 
     async def _load_script(self) -> None:
         # A cluster client sends SCRIPT LOAD to every primary; a plain one to its server.

@@ -19,6 +19,7 @@ import grpc
 import uvicorn
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
+from mutualrl.see import durability
 from mutualrl.see.access import ACCESS
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.rest import create_app
@@ -63,9 +64,15 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
 
     `shared_port`: bind with SO_REUSEPORT (multi-worker serving)."""
     store = SeeStore(cfg)
-    if not await store.ping():
+    if cfg.durability == "default" and not await store.ping():
         log.warning("Redis at %s does not answer yet; calls fail with UNAVAILABLE until it does",
                     cfg.redis_url)
+    try:
+        # fsync: the server must be able to put each batch on disk before it is acknowledged.
+        store.publisher.mode = await durability.check(store.r, cfg.durability, cfg.redis_url)
+    except durability.DurabilityError:
+        await store.close()
+        raise
     servicer = ExperienceExchangeServicer(store)
     metrics_servicer = RunMetricsServicer(store)
 

@@ -176,3 +176,14 @@ def test_export_copies_the_policy_and_names_missing_parts(trained, tmp_path: Pat
         assert main(["export", *argv, "--out", str(dest)]) == 2
         err = capsys.readouterr().err
         assert re.search(msg, err), err
+
+
+def test_an_old_pickled_checkpoint_is_refused_not_unpickled(tmp_path: Path) -> None:
+    old = tmp_path / "round-000003"
+    old.mkdir()
+    torch.save({"model": {}}, old / "state.pt")
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with pytest.raises(FileNotFoundError, match="older MutualRL"):
+        checkpoint.load(old, model, opt, sched)

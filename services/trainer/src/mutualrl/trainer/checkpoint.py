@@ -195,6 +195,10 @@ def load(
 ) -> dict[str, Any]:
     """Restore model (or its adapters) / optimizer / scheduler / RNGs in place; returns the
     resume state (round, probe state, SEE position, ...)."""
+    if not (path / RESUME_FILE).exists():
+        old = " (a pickled state.pt of an older MutualRL, which is never unpickled: " \
+              "start afresh)" if (path / "state.pt").exists() else ""
+        raise FileNotFoundError(f"{path}: no {RESUME_FILE}{old}")
     state: dict[str, Any] = torch.load(path / RESUME_FILE, map_location="cpu",
                                        weights_only=True)
     if is_lora(model):

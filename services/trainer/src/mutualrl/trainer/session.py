@@ -175,7 +175,8 @@ def build_session(
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
         probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
         allocator=allocator, metrics=_metrics_sink(cfg, policy.name, run_dir),
-        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new, base_dir=start)
+        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
+        base_dir=Path(start).resolve())  # export finds a LoRA adapter's base from any cwd
     if resume:
         last = checkpoint.latest(run_dir / "checkpoints")
         if last is not None:

@@ -291,3 +291,30 @@ def test_lora_checkpoints_resume_and_export_merged(tmp_path: Path, preset_cache)
         own = straight.model(input_ids=torch.tensor([ids])).logits[0].double()
     assert torch.allclose(logits, own, rtol=0, atol=1e-5), (logits - own).abs().max()
     assert checkpoint.round_of(ckpt) == 2
+
+
+def test_activation_checkpointing_through_the_adapters_gives_the_same_step() -> None:
+    """Frozen embeddings feed the checkpointed layers: the non-reentrant checkpoint the
+    session enables must still carry gradients to the adapters, equal to the plain pass."""
+    prompt_ids, data = fixed_round()
+    after = []
+    for ckpt in (False, True):
+        model = lora.wrap(tiny_model(), LORA)
+        _perturb_adapters(model)
+        if ckpt:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        plan = make_probe(ProbeSettings(kind="none"), "A", None).plan(data)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        optimise(model, None, opt, prompt_ids, data, plan, GRPOSettings(), ProbeSettings(),
+                 PAD, 8)
+        after.append({n: p.detach().clone() for n, p in model.named_parameters()
+                      if ".lora_" in n})
+    assert after[0].keys() == after[1].keys()
+    for n in after[0]:
+        assert torch.allclose(after[0][n], after[1][n], rtol=0, atol=1e-6), n
+    fresh = lora.wrap(tiny_model(), LORA)
+    _perturb_adapters(fresh)
+    assert any(not torch.equal(p, after[1][n]) for n, p in fresh.named_parameters()
+               if ".lora_" in n)  # the step moved them

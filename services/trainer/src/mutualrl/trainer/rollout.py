@@ -338,7 +338,9 @@ class SGLangEngine:
     def release_memory(self) -> None:
         """Free SGLang's weights and KV cache on the GPU while the trainer steps."""
         if self.releases and not self.released:
-            self.engine.release_memory_occupation()
+            # Exactly the two regions the sync resumes (newer SGLang has more tags, e.g. CUDA
+            # graphs, which then stay resident).
+            self.engine.release_memory_occupation(tags=["weights", "kv_cache"])
             self.released = True
 
     def sync_weights(self, model: Any) -> None:

@@ -71,7 +71,7 @@ class GRPOSettings(Config):
     demonstrations) go through the model in micro-batches of at most this many padded tokens
     (rows x (longest prompt + longest completion)), gradients accumulating; the loss and its
     gradient do not depend on it. Bounds activation memory; one row must fit."""
-    logit_chunk_tokens: int = Field(2048, ge=1)
+    logit_chunk_tokens: int = Field(1024, ge=1)
     """Completion positions whose logits (x vocabulary) exist at once: the LM head and the
     log-softmax run over a micro-batch's tokens in chunks of this many, recomputed in backward."""
     mini_batches: int = Field(1, ge=1)

@@ -191,9 +191,11 @@ class HFEngine:
         model.eval()
         try:
             with torch.inference_mode():
-                # Prefill each distinct prompt once, then copy its cache to its n sample rows.
+                # Prefill each distinct prompt once, then copy its cache to its n sample rows;
+                # only the last position's logits are needed (not [P, Lp, V]).
+                last_only = _last_logits_kwarg(model)
                 out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                            use_cache=True)
+                            use_cache=True, **last_only)
                 cache, logits = _cache_of(out), out.logits[:, -1, :]
                 compact = hasattr(cache, "batch_select_indices")
                 if n > 1:
@@ -206,7 +208,7 @@ class HFEngine:
                         input_ids, attn, positions = (x.repeat_interleave(n, dim=0)
                                                       for x in (input_ids, attn, positions))
                         out = model(input_ids=input_ids, attention_mask=attn,
-                                    position_ids=positions, use_cache=True)
+                                    position_ids=positions, use_cache=True, **last_only)
                         cache, logits = _cache_of(out), out.logits[:, -1, :]
                 # `rows[j]` is the sample row that batch row j is generating; finished rows are
                 # dropped from the batch (and its cache) so late steps only run live rows.
@@ -269,6 +271,15 @@ def _cache_kwarg(model: Any) -> str:
     # A peft model's forward passes **kwargs through: the wrapped model's name counts.
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def _last_logits_kwarg(model: Any) -> dict[str, int]:
+    """`logits_to_keep=1` where the model's forward takes it (transformers causal LMs)."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(inner.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
 def _cache_of(out: Any) -> Any:

@@ -72,8 +72,14 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_command(args.json, args.steps, args.cache_dir)
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    from mutualrl.trainer.bench_memory import bench_command
+
+    return bench_command(args)
+
+
 def register_train_commands(commands: Any) -> None:
-    """Add `train` and `bench trainer` to the command registry."""
+    """Add `train`, `bench trainer` and `bench memory` to the command registry."""
     p = commands.add(("train",), "Train one policy of a run (GRPO + its sharing probe).", _train)
     p.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
     p.add_argument("--policy", default=None,
@@ -95,3 +101,9 @@ def register_train_commands(commands: Any) -> None:
     b.add_argument("--steps", type=int, default=8, help="Timed steps per side (+1 warm-up).")
     b.add_argument("--cache-dir", default=None,
                    help="Preset cache (default: a temporary directory, built each run).")
+    m = commands.add(("bench", "memory"),
+                     "Peak RSS of one GRPO step at P and 2P prompts, ours vs TRL's GRPOTrainer "
+                     "(Qwen2's vocabulary, random init).", _bench_memory)
+    from mutualrl.trainer.bench_memory import add_arguments
+
+    add_arguments(m)

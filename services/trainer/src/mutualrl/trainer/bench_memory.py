@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 QWEN2_VOCAB = 151_936
-BODY: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+BODY: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=2048, tie_word_embeddings=True)
 """The small body under Qwen2's vocabulary (about 9.8 M parameters, 9.7 M of them the
 embedding)."""
 GROUP, LR, PROMPT_CHARS = 8, 1e-5, 16

@@ -125,7 +125,11 @@ class Supervisor:
         return exited
 
     def restart(self, child: Child) -> Child:
+        """Start the child's command again; a trainer (`finishes`) continues from its last
+        checkpoint (`--resume`), whether one of its processes or one of its ranks died."""
         child.restarts += 1
+        if child.spec.finishes and "--resume" not in child.spec.argv:
+            child.spec.argv.append("--resume")
         fresh = self.start(child.spec)
         fresh.restarts = child.restarts
         return fresh

@@ -283,8 +283,6 @@ def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
                               f"{tail(child.spec.log_path)}")
                 if child.spec.restart is Restart.ON_FAILURE and \
                         child.restarts < child.spec.max_restarts:
-                    if child.spec.finishes and "--resume" not in child.spec.argv:
-                        child.spec.argv.append("--resume")
                     console.print(f"[yellow]restarting {name} "
                                   f"({child.restarts + 1}/{child.spec.max_restarts})[/]")
                     sup.restart(child)

@@ -262,6 +262,11 @@ class PolicySettings(Config):
     """Rollout backend: HF generate with a KV cache (CPU) or an SGLang server (GPU)."""
     threads: int = Field(1, ge=1)
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
+    nproc: int = Field(1, ge=1, le=1024)
+    """Data-parallel processes (ranks) that train this policy together: torchrun's elastic
+    launcher starts them, FSDP2 shards parameters, gradients and optimizer state over them
+    (gloo on CPU, NCCL on CUDA: one GPU per rank) and each samples its share of the round.
+    1 trains in the one process. `mutualrl train --nproc N` overrides it."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
     sglang: SGLangSettings = Field(default_factory=SGLangSettings)

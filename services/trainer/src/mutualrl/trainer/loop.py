@@ -5,6 +5,10 @@ optimizer steps.
     -> publish (SEE) -> what the probe needs (SEE, THL; deadline -> GRPO) -> loss over
     micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost without waits (MWRA)
     -> metrics -> checkpoint
+
+Data parallel (`distributed.py`): each rank samples its block of the prompts, the samples are
+gathered on every rank, rank 0 alone talks to MWRA/SEE/THL and broadcasts what it learns
+(allocation, the probe's plan), and each rank scores its share of every mini-batch's rows.
 """
 
 from __future__ import annotations
@@ -15,10 +19,17 @@ from collections.abc import Callable
 import torch
 
 from mutualrl.trainer import diagnostics
+from mutualrl.trainer.distributed import gathered
 from mutualrl.trainer.exchange import round_records
 from mutualrl.trainer.probes import RoundData
 from mutualrl.trainer.session import Session
 from mutualrl.trainer.step import optimise
+
+
+def prompt_seed(seed: int, round_k: int, index: int) -> int:
+    """The sampling seed of prompt `index` of round `round_k`: a prompt's samples do not depend
+    on which rank draws them, nor on the other prompts of the call."""
+    return ((seed * 1_000_003 + round_k) * 1_000_003 + index) & (2**63 - 1)
 
 
 def run_round(s: Session, k: int) -> dict[str, float]:
@@ -26,16 +37,20 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     t0 = time.perf_counter()
     waited0 = waited_s(s)
     g = s.cfg.grpo
+    d = s.dist
 
-    alloc = s.allocator.allocation(k)
+    alloc = d.from_main(lambda: s.allocator.allocation(k))
     torch.set_num_threads(alloc.threads)
     n_prompts = max(1, min(g.prompts_per_round, alloc.rollout_budget // g.group_size))
     prompts = s.task.round_prompts(k, g.prompts_per_round, s.cfg.seed)[:n_prompts]
 
-    with torch.no_grad():
-        samples = s.engine.generate(
-            [p.text for p in prompts], n=g.group_size, max_new_tokens=s.max_new_tokens,
-            temperature=g.temperature, stop=s.task.stop)
+    mine = d.block(len(prompts))
+    with torch.no_grad(), gathered(s.model):
+        part = s.engine.generate(
+            [prompts[i].text for i in mine], n=g.group_size, max_new_tokens=s.max_new_tokens,
+            temperature=g.temperature, stop=s.task.stop,
+            seeds=[prompt_seed(s.cfg.seed, k, i) for i in mine])
+    samples = [row for rank_rows in d.all_gather(part) for row in rank_rows]
     # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
     s.engine.release_memory()
     t_rollout = time.perf_counter() - t0
@@ -54,23 +69,27 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
                      correct=correct, peers_now=alloc.round_peers)
     t1 = time.perf_counter()
-    plan = s.probe.plan(data)
+    plan = d.from_main(lambda: s.probe.plan(data))
     t_probe = time.perf_counter() - t1
 
     prompt_ids = [row[0].prompt_token_ids for row in samples]  # as the engine conditioned
     t2 = time.perf_counter()
-    diag = diagnostics.measure(s, k, data, plan, prompt_ids)  # before the step; no gradient
+    with gathered(s.model):  # rank 0 measures alone: its forwards must not wait for others
+        # before the step; no gradient
+        diag = diagnostics.measure(s, k, data, plan, prompt_ids) if d.main else {}
     if diag:
         diag["diag_s"] = time.perf_counter() - t2
     update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, g, s.cfg.probe,
-                      s.tokenizer.pad_token_id, s.max_new_tokens)
+                      s.tokenizer.pad_token_id, s.max_new_tokens, d)
     s.scheduler.step()
-    s.engine.sync_weights(s.model)
+    with gathered(s.model):
+        s.engine.sync_weights(s.model)
 
     step_s = time.perf_counter() - t0
     wait_s = waited_s(s) - waited0  # for a time-share turn, for peers, up to a deadline
     n_tokens = sum(len(y.token_ids) for row in samples for y in row)
-    s.allocator.report(k, step_s - wait_s, n_tokens, len(prompts) * g.group_size)
+    if d.main:
+        s.allocator.report(k, step_s - wait_s, n_tokens, len(prompts) * g.group_size)
     return {
         "reward_mean": float(rewards.mean()),
         "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
@@ -97,10 +116,15 @@ def waited_s(s: Session) -> float:
 
 @torch.no_grad()
 def evaluate(s: Session) -> dict[str, float]:
-    """Greedy held-out reward@1 per skill (the same fixed problems for every run)."""
+    """Greedy held-out reward@1 per skill (the same fixed problems for every run); data
+    parallel: each rank answers its block of the problems."""
     prompts = s.task.prompts("heldout", s.cfg.eval.per_skill * len(s.task.skills))
-    out = s.engine.generate([p.text for p in prompts], n=1, max_new_tokens=s.max_new_tokens,
-                            temperature=0.0, stop=s.task.stop)
+    mine = s.dist.block(len(prompts))
+    with gathered(s.model):
+        part = s.engine.generate([prompts[i].text for i in mine], n=1,
+                                 max_new_tokens=s.max_new_tokens, temperature=0.0,
+                                 stop=s.task.stop)
+    out = [row for rows in s.dist.all_gather(part) for row in rows]
     per: dict[str, list[float]] = {}
     for p, (y,) in zip(prompts, out, strict=True):
         per.setdefault(p.skill, []).append(s.task.reward(p, y.text, y.finish_reason))
@@ -125,7 +149,7 @@ def train(s: Session, rounds: int | None = None,
         if ev and (done % ev == 0 or done == total):
             metrics.update(evaluate(s))
         s.metrics.log(k, metrics)
-        stopping = stop_requested()
+        stopping = s.dist.any(stop_requested())  # every rank stops after the same round
         if (ck and done % ck == 0) or done == total or stopping:
             s.save(done)
         if stopping:

@@ -61,8 +61,12 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None) -> list[list[Sample]]:
-        """`n` samples for each prompt: result[i] holds prompt i's samples, in order."""
+                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
+        """`n` samples for each prompt: result[i] holds prompt i's samples, in order.
+
+        `seeds` (one per prompt) makes each prompt's samples depend on its own seed only, not
+        on which other prompts share the call (data-parallel ranks split a round's prompts);
+        it replaces `seed`."""
         ...
 
     def sync_weights(self, model: Any) -> None:
@@ -150,7 +154,7 @@ class HFEngine:
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None) -> list[list[Sample]]:
+                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
         import torch
 
@@ -177,8 +181,14 @@ class HFEngine:
         input_ids, attn = input_ids.to(device), attn.to(device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
 
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else random.getrandbits(63))
+        gen: Any
+        if seeds is not None:
+            if len(seeds) != len(prompts):
+                raise ValueError("seeds: one per prompt")
+            gen = [torch.Generator(device=device).manual_seed(x) for x in seeds]
+        else:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed if seed is not None else random.getrandbits(63))
         stop_mask = self._stop_candidates(stop_t).to(device) if stop_t else None
 
         tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
@@ -216,7 +226,7 @@ class HFEngine:
                 alive = torch.ones(b, dtype=torch.bool, device=device)
                 next_pos = positions[:, -1]
                 for t in range(max_new_tokens):
-                    nxt, lp = _sample(logits.float(), temperature, top_p, gen)
+                    nxt, lp = _sample(logits.float(), temperature, top_p, gen, rows // n)
                     live = alive.nonzero().flatten()
                     tokens[rows[live], t], logps[rows[live], t] = nxt[live], lp[live]
                     fin = torch.zeros_like(alive)
@@ -287,8 +297,10 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-def _sample(logits: Any, temperature: float, top_p: float, gen: Any) -> tuple[Any, Any]:
-    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy."""
+def _sample(logits: Any, temperature: float, top_p: float, gen: Any,
+            owner: Any = None) -> tuple[Any, Any]:
+    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy. `gen` is one
+    generator, or a list of them indexed by `owner[row]` (the row's prompt)."""
     import torch
 
     if temperature <= 0:
@@ -303,7 +315,13 @@ def _sample(logits: Any, temperature: float, top_p: float, gen: Any) -> tuple[An
         keep = (sp.cumsum(-1) - sp) < top_p
         sp = sp * keep
         probs = torch.zeros_like(probs).scatter(-1, idx, sp)
-    tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    if isinstance(gen, list):
+        tok = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+        for p in owner.unique().tolist():
+            idx = (owner == p).nonzero().flatten()
+            tok[idx] = torch.multinomial(probs[idx], 1, generator=gen[p]).squeeze(-1)
+    else:
+        tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
@@ -374,7 +392,7 @@ class SGLangEngine:
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None) -> list[list[Sample]]:
+                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt via one batched `Engine.generate` call."""
         tok = self.tokenizer
         prompt_ids = [encode_prompt(tok, p) for p in prompts]
@@ -384,8 +402,11 @@ class SGLangEngine:
         }
         if seed is not None:
             params["sampling_seed"] = seed
+        per_prompt = [params if seeds is None else {**params, "sampling_seed": seeds[i]}
+                      for i in range(len(prompts))]
         batch = [ids for ids in prompt_ids for _ in range(n)]
-        outs = self.engine.generate(input_ids=batch, sampling_params=[params] * len(batch),
+        outs = self.engine.generate(input_ids=batch,
+                                    sampling_params=[per_prompt[i // n] for i in range(len(batch))],
                                     return_logprob=True)
         result: list[list[Sample]] = [[] for _ in prompts]
         for i, o in enumerate(outs):

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from mutualrl.trainer import checkpoint, lora
+from mutualrl.trainer import checkpoint, dist_checkpoint, lora
 from mutualrl.trainer.allocator import AllocatorClient
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
+from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
 from mutualrl.trainer.probes import Probe, make_probe
@@ -66,13 +67,15 @@ class Session:
     probe: Probe
     exchange: PeerExchange | None
     allocator: AllocatorClient
-    metrics: MetricsSink
+    metrics: MetricsSink | NullMetrics
     run_dir: Path
     tokenizer_id: str
     max_new_tokens: int
     base_dir: Path | None = None
     """The directory the policy's weights started from (a LoRA adapter's base)."""
     start_round: int = 0
+    dist: Dist = SINGLE
+    """This process's rank among the policy's data-parallel ranks (`SINGLE`: one process)."""
 
     def save(self, rounds_done: int) -> Path:
         extra = {
@@ -81,6 +84,11 @@ class Session:
             if self.exchange else None,
             "policy": self.policy.name,
         }
+        if self.dist.active:  # every rank writes its shards
+            return dist_checkpoint.save(
+                self.run_dir / "checkpoints", rounds_done, self.model, self.tokenizer,
+                self.optimizer, self.scheduler, extra, self.cfg.checkpoint.keep, self.dist,
+                base=self.base_dir)
         return checkpoint.save(self.run_dir / "checkpoints", rounds_done, self.model,
                                self.tokenizer, self.optimizer, self.scheduler, extra,
                                self.cfg.checkpoint.keep, base=self.base_dir)
@@ -90,6 +98,19 @@ class Session:
         self.allocator.close()
         if self.exchange is not None:
             self.exchange.close()
+
+
+class NullMetrics:
+    """The metrics of ranks other than 0: rank 0 logs the round for the policy."""
+
+    def log(self, round_k: int, values: dict[str, float]) -> None:
+        pass
+
+    def truncate_from(self, round_k: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _metrics_sink(cfg: TrainerConfig, policy: str, run_dir: Path) -> MetricsSink:
@@ -110,8 +131,11 @@ def _metrics_sink(cfg: TrainerConfig, policy: str, run_dir: Path) -> MetricsSink
 
 def build_session(
     cfg: TrainerConfig, policy_name: str | None = None, resume: bool = False,
-    cache_dir: Path | None = None,
+    cache_dir: Path | None = None, dist: Dist = SINGLE, device: str | None = None,
 ) -> Session:
+    """The session of one policy; with `dist` active, of this rank: the model is sharded over
+    the ranks, and only rank 0 talks to SEE/THL/MWRA and writes metrics. `device` replaces
+    the policy's (a rank's own GPU)."""
     from mutualrl.trainer.presets import load_policy
     from mutualrl.trainer.rollout import make_engine
 
@@ -127,7 +151,11 @@ def build_session(
         return p.sft_checkpoint or policy_dir(p, cache, cfg.seed)
 
     start = weights_dir(policy)
-    model, tok = load_policy(start, policy.dtype, policy.device)
+    if dist.active and policy.lora is not None:
+        raise ValueError(f"policy {policy.name}: lora with nproc > 1 is not supported yet "
+                         "(FSDP2 shards full fine-tuning only); set nproc: 1 or drop lora")
+    dev = device or policy.device
+    model, tok = load_policy(start, policy.dtype, dev)
     if policy.lora is not None:
         model = lora.wrap(model, policy.lora)
     model.train()
@@ -140,13 +168,28 @@ def build_session(
         if policy.lora is not None:
             ref_model = lora.BaseReference(model)
         else:
-            ref_model, _ = load_policy(start, policy.dtype, policy.device)
+            ref_model, _ = load_policy(start, policy.dtype, dev)
             ref_model.eval().requires_grad_(False)
     g = cfg.grpo
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=g.lr,
-                                  betas=g.adam_betas, weight_decay=g.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
+
+    def make_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=g.lr,
+                                 betas=g.adam_betas, weight_decay=g.weight_decay)
+
+    def make_scheduler(opt: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
+
+    last = checkpoint.latest(run_dir / "checkpoints") if resume else None
+    plain_resume: tuple[dict[str, Any], dict[str, Any]] | None = None
+    if dist.active:
+        if last is not None and not dist_checkpoint.is_dcp(last):
+            # A one-process checkpoint: load it whole, then shard it with the model.
+            plain_resume = dist_checkpoint.plain_optimizer_state(
+                last, model, make_optimizer, make_scheduler)
+        shard(model)
+    optimizer = make_optimizer(model)
+    scheduler = make_scheduler(optimizer)
     task = make_task(cfg.task)
     max_new = g.max_new_tokens or task.max_new_tokens
     engine_kw: dict[str, Any] = {}
@@ -159,7 +202,8 @@ def build_session(
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None
     svc = cfg.services
-    if not svc.local:  # even probe `none` publishes: peers may read this policy
+    local = svc.local or not dist.main  # one rank talks to the services for the policy
+    if not local:  # even probe `none` publishes: peers may read this policy
         exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
                                 svc.token, svc.timeout, cfg.probe.tau)
         # A THL service learns each tokenizer from its own trainer; the in-process engine
@@ -168,24 +212,32 @@ def build_session(
             cfg.tokenizer_id(p.name): str(weights_dir(p)) for p in cfg.policies}
         exchange.join([p.name for p in cfg.policies], tokenizers)
     allocator = AllocatorClient(
-        None if svc.local else svc.mwra, cfg.run_id, policy.name, policy.threads,
+        None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
         probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
-        allocator=allocator, metrics=_metrics_sink(cfg, policy.name, run_dir),
+        allocator=allocator,
+        metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
-        base_dir=Path(start).resolve())  # export finds a LoRA adapter's base from any cwd
-    if resume:
-        last = checkpoint.latest(run_dir / "checkpoints")
-        if last is not None:
+        base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
+        dist=dist)
+    if last is not None:
+        if plain_resume is not None:
+            named, state = plain_resume
+            dist_checkpoint.load_full_optimizer(model, optimizer, named)
+            scheduler.load_state_dict(state["scheduler"])
+        elif dist_checkpoint.is_dcp(last):  # written by N ranks, read by any number
+            state = dist_checkpoint.load(last, model, optimizer, scheduler)
+        else:
             state = checkpoint.load(last, model, optimizer, scheduler)
-            session.probe.load_state_dict(state.get("probe") or {})
-            if exchange is not None and state.get("see_consumer"):
-                exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
-            session.start_round = int(state["round"])
+        session.probe.load_state_dict(state.get("probe") or {})
+        if exchange is not None and state.get("see_consumer"):
+            exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
+        session.start_round = int(state["round"])
+        with gathered(model):
             engine.sync_weights(model)  # an engine with its own copy (SGLang) starts at `start`
-            session.metrics.truncate_from(session.start_round)
-            log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
+        session.metrics.truncate_from(session.start_round)
+        log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
     return session

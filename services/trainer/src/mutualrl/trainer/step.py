@@ -11,6 +11,12 @@ Rows are own samples and PRP's peer rows (the policy-gradient rows) and SGT's de
 `logp_old`, the ratio's denominator, is the pre-update log-prob of each row (or the sampler's
 with `ratio_to_behaviour`), taken once before the first update, so the clip acts from the
 second mini-batch on. PRP's importance weights use the same pre-update log-probs.
+
+Data parallel (`dist`): the coefficients are the whole mini-batch's, so the ranks may split its
+rows any way: each scores a contiguous block of them, pre-update log-probs are summed over the
+ranks (each fills its rows), and each backpropagates `world x` its part, which FSDP's mean over
+ranks turns into the sum. A sharded model needs every rank to run the same number of forward
+and backward passes, so ranks with fewer micro-batches run masked-out ones (`_lockstep`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from mutualrl.trainer.algos.aggregation import aggregation_mode
 from mutualrl.trainer.algos.grpo import nonzero_variance_groups, token_loss
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
+from mutualrl.trainer.distributed import SINGLE, Dist, block
 from mutualrl.trainer.probes.base import LossInputs, RoundData
 from mutualrl.trainer.update import peer_weights
 
@@ -179,21 +186,35 @@ def coefficients(rows: Rows, index: Sequence[int], aggregation: str, max_len: in
 
 
 def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], temperature: float,
-          grpo: GRPOSettings, pad_id: int, device: torch.device) -> Tensor:
-    """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched."""
+          grpo: GRPOSettings, pad_id: int, device: torch.device, dist: Dist = SINGLE) -> Tensor:
+    """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched (data
+    parallel: each rank scores its block, every rank gets all)."""
     out = torch.zeros_like(rows.mask)
     with torch.no_grad(), _autocast(grpo, device):
-        for mb in micro_batches(rows, index, grpo.micro_batch_tokens):
+        for mb, real in _lockstep(rows, index, grpo.micro_batch_tokens, dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
                          pad_id, device)
             lp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
-            out[mb, : lp.shape[1]] = lp.to(out)
-    return out
+            if real:
+                out[mb, : lp.shape[1]] = lp.to(out)
+    return dist.sum(out)
+
+
+def _lockstep(rows: Rows, index: Sequence[int], budget: int, dist: Dist
+              ) -> list[tuple[list[int], bool]]:
+    """This rank's micro-batches of its block of `index`, padded with masked-out ones
+    (`real` False: one row, no effect) to the count of the rank with the most."""
+    index = list(index)
+    parts = [[index[i] for i in block(len(index), r, dist.world)] for r in range(dist.world)]
+    mbs = [micro_batches(rows, part, budget) for part in parts]
+    most = max(len(m) for m in mbs)
+    mine = [(mb, True) for mb in mbs[dist.rank]]
+    return mine + [([index[0]], False)] * (most - len(mine))
 
 
 def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Rows,
             data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-            pad_id: int) -> dict[str, float]:
+            pad_id: int, dist: Dist = SINGLE) -> dict[str, float]:
     """Everything fixed before the first update: logp_old (when more than one update or a
     sampler ratio needs it), reference log-probs, PRP weights; returns the weights' stats."""
     device = next(model.parameters()).device
@@ -204,7 +225,7 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     if several or peer or grpo.ratio_to_behaviour:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
         old = score(model, rows, pg if several else peer, grpo.temperature, grpo, pad_id,
-                    device)
+                    device, dist)
         if peer:
             w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan, probe)
             rows.weights[peer] = w.to(rows.weights)
@@ -216,12 +237,13 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
                 old[i, : len(s.logprobs)] = torch.tensor(s.logprobs, dtype=old.dtype)
         rows.logp_old = old if several or grpo.ratio_to_behaviour else None
     if ref_model is not None and grpo.beta > 0:
-        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device)
+        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device, dist)
     return stats
 
 
 def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: GRPOSettings,
-               probe: ProbeSettings, pad_id: int, max_len: int) -> dict[str, float]:
+               probe: ProbeSettings, pad_id: int, max_len: int, dist: Dist = SINGLE
+               ) -> dict[str, float]:
     """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
     up in .grad); returns its loss parts and the ratio statistics."""
     device = next(model.parameters()).device
@@ -232,14 +254,18 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
     pg = [i for i in index if not rows.demo[i]]
     demo = [i for i in index if rows.demo[i]]
     for kind, temperature in ((pg, grpo.temperature), (demo, 1.0)):
-        for mb in micro_batches(rows, kind, grpo.micro_batch_tokens):
+        if not kind:  # the same on every rank: all know the mini-batch
+            continue
+        for mb, real in _lockstep(rows, kind, grpo.micro_batch_tokens, dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
                          pad_id, device)
             with _autocast(grpo, device):
                 logp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
             t = logp.shape[1]
             m = rows.mask[mb, :t].to(logp)
-            c = torch.tensor([coef[i] for i in mb], dtype=torch.float64).to(logp).unsqueeze(-1)
+            c = torch.tensor([coef[i] * real for i in mb],
+                             dtype=torch.float64).to(logp).unsqueeze(-1)
+            m = m * real
             if kind is demo:
                 loss = (logp * m * c).sum()
                 acc["loss_sgt"] += float(loss.detach())
@@ -258,8 +284,11 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
                     acc["clip_low"] += float((parts.clipped_low.to(m) * m).sum())
                     acc["clip_high"] += float((parts.clipped_high.to(m) * m).sum())
                     acc["approx_kl_sum"] += float(((log_rho.exp() - 1 - log_rho) * m).sum())
-            loss.backward()
+            (loss * dist.world if dist.active else loss).backward()
             acc["loss"] += float(loss.detach())
+    if dist.active:  # every entry is a sum over rows: add the ranks' parts
+        acc = dict(zip(acc, dist.sum(torch.tensor(list(acc.values()),
+                                                  dtype=torch.float64)).tolist(), strict=True))
     n = max(acc["tokens"], 1.0)
     return {"loss": acc["loss"], "loss_pg": acc["loss_pg"], "loss_sgt": acc["loss_sgt"],
             "kl": acc["kl_sum"] / n, "tokens": acc["tokens"],
@@ -271,18 +300,21 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
 def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
              optimizer: torch.optim.Optimizer, prompt_ids: Sequence[Sequence[int]],
              data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-             pad_id: int, max_len: int) -> StepResult:
+             pad_id: int, max_len: int, dist: Dist = SINGLE) -> StepResult:
     """The round's updates: `epochs` passes over `mini_batches` mini-batches, one clipped
-    AdamW step each (the caller steps the lr schedule once per round)."""
+    AdamW step each (the caller steps the lr schedule once per round). With `dist` active,
+    this rank's part of them (every rank calls it with the same round)."""
     rows, stats = round_rows(prompt_ids, data, plan, grpo)
-    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id))
+    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id, dist))
     updates: list[dict[str, float]] = []
     for _ in range(grpo.epochs):
         for index in mini_batches(rows, grpo.mini_batches):
             optimizer.zero_grad(set_to_none=True)
-            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len)
-            u["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                                  grpo.grad_clip))
+            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len, dist)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.grad_clip)
+            # A sharded model's norm is a DTensor (replicated after clipping's reduction).
+            u["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor")
+                                   else norm)
             optimizer.step()
             updates.append(u)
     stats.update(summarise(updates))

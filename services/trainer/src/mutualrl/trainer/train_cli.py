@@ -12,6 +12,7 @@ log = logging.getLogger(__name__)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from mutualrl.trainer import distributed
     from mutualrl.trainer.config import load_trainer_config
     from mutualrl.trainer.loop import train
     from mutualrl.trainer.session import build_session
@@ -21,7 +22,25 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_trainer_config(args.config)
     if args.rounds is not None:
         cfg.grpo.rounds = args.rounds
-    session = build_session(cfg, args.policy, resume=args.resume)
+    policy = cfg.policy(args.policy)
+    nproc = args.nproc if args.nproc is not None else policy.nproc
+    dist, device = distributed.SINGLE, None
+    if distributed.launched():  # a rank started by the elastic launcher (or torchrun)
+        dist, device = distributed.init(policy.device)
+    elif nproc > 1:
+        argv = ["train", "-c", str(args.config), "--policy", policy.name]
+        argv += ["--resume"] if args.resume else []
+        argv += ["--rounds", str(args.rounds)] if args.rounds is not None else []
+        return distributed.launch(nproc, argv, f"{cfg.run_id}-{policy.name}")
+    try:
+        return _train_here(cfg, policy.name, args.resume, dist, device, train, build_session)
+    finally:
+        distributed.shutdown()
+
+
+def _train_here(cfg: Any, policy: str, resume: bool, dist: Any, device: str | None,
+                train: Any, build_session: Any) -> int:
+    session = build_session(cfg, policy, resume=resume, dist=dist, device=device)
     stop = threading.Event()
 
     def request_stop(signum: int, frame: Any) -> None:
@@ -95,6 +114,9 @@ def register_train_commands(commands: Any) -> None:
                         "host RAM for CPU policies).")
     p.add_argument("--prompt-tokens", type=int, default=512,
                    help="Prompt length allowance per rollout for --dry-run's KV cache.")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="Data-parallel ranks for this policy (overrides the policy's nproc): "
+                        "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")
     b = commands.add(("bench", "trainer"),
                      "Steps/s of our GRPO step vs TRL's GRPOTrainer on the same model.", _bench)
     b.add_argument("--json", default=None, help="Write the result JSON here.")

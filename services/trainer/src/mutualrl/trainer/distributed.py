@@ -1,0 +1,211 @@
+"""Data parallel for one policy: N processes (ranks) over torch.distributed train one policy.
+
+- Launch: `mutualrl train --nproc N` (or `PolicySettings.nproc`) starts N workers through
+  torchrun's elastic launcher with `max_restarts=0`: a rank that dies takes the whole policy
+  down (the launcher exits non-zero) and whoever supervises it restarts it with `--resume`.
+- Parameters, gradients and optimizer state are sharded with FSDP2 (`fully_shard`), gloo on
+  CPU, NCCL on CUDA.
+- Rollouts: each rank samples a contiguous block of the round's prompts (all G samples of a
+  prompt on one rank, so groups stay whole) with per-prompt seeds, so the samples do not
+  depend on N. For sampling the parameters are gathered once (`gathered`) and each rank's
+  forwards are local: ranks stop at different times without waiting for each other.
+- Rank 0 alone talks to MWRA and SEE/THL and broadcasts the allocation and the probe's plan.
+- The loss uses global denominators (`update.round_loss(reduce=...)`); each rank backpropagates
+  `world x` its share, and FSDP's mean over ranks turns that into the sum: N ranks take the
+  step one process would.
+
+With one process every helper here is the identity (`SINGLE`), so the loop has one code path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+
+COLLECTIVE_TIMEOUT_S = 600.0
+"""How long a collective waits for a silent rank before failing (gloo/NCCL timeout). A rank
+that dies closes its sockets and the others fail at once; this bounds a rank that hangs."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place among the ranks of one policy."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that talks to the services, logs metrics and writes extras."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def from_main(self, make: Callable[[], T]) -> T:
+        """`make()` run on rank 0 alone, its result on every rank (a picklable object)."""
+        if not self.active:
+            return make()
+        box: list[Any] = [make() if self.main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def sum(self, t: Tensor) -> Tensor:
+        """Elementwise sum over ranks (a new tensor; float64 on CPU for a fixed rounding)."""
+        if not self.active:
+            return t
+        buf = t.detach().to("cpu", torch.float64).clone()
+        torch.distributed.all_reduce(buf)
+        return buf.to(t.device, t.dtype)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on some rank."""
+        if not self.active:
+            return flag
+        return bool(self.sum(torch.tensor([float(flag)])) > 0)
+
+    def block(self, n: int) -> range:
+        """This rank's contiguous share of `n` items (the first `n % world` ranks get one more)."""
+        return block(n, self.rank, self.world)
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+
+SINGLE = Dist()
+
+
+def block(n: int, rank: int, world: int) -> range:
+    """Contiguous share `rank` of `n` items split over `world` ranks, in order."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
+
+
+def split_rows(labels: Sequence[int], rank: int, world: int) -> list[int]:
+    """Indices of the rows this rank takes: distinct labels (e.g. prompts) split in contiguous
+    blocks, all rows of one label on one rank (a per-label mean stays on one rank)."""
+    distinct = sorted(set(labels))
+    mine = {distinct[i] for i in block(len(distinct), rank, world)}
+    return [i for i, lab in enumerate(labels) if lab in mine]
+
+
+def launched() -> bool:
+    """True in a worker started by torchrun / the elastic launcher."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def backend_for(device: str) -> str:
+    """NCCL for CUDA policies, gloo for CPU ones."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init(device: str) -> tuple[Dist, str]:
+    """Join the process group of a launched worker; (its Dist, the device it trains on)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = f"cuda:{local}"
+        torch.cuda.set_device(local)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend_for(device), timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    return Dist(rank, world), device
+
+
+def shutdown() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over `model`: each decoder block is its own unit, the root holds the rest
+    (embeddings and a tied LM head stay together there)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block_ in _blocks(model):
+        fully_shard(block_)
+    fully_shard(model)
+    return model
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (the repeated ModuleList)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)  # Llama, Qwen2, ...
+    if layers is None:
+        layers = getattr(getattr(model, "transformer", None), "h", None)  # GPT-2
+    return list(layers) if layers is not None else []
+
+
+def _fsdp_units(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Full parameters on every rank for the duration (all ranks enter together); inside, a
+    forward pass is local, so ranks may run different numbers of them (sampling, evaluation).
+    A no-op for a model that is not sharded."""
+    units = _fsdp_units(model)
+    for u in units:
+        u.unshard()
+        u.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for u in units:
+            u.reshard()
+            u.set_reshard_after_forward(True)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The whole model's state on rank 0 (CPU), empty on the others (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+
+
+def launch(nproc: int, argv: Sequence[str], run_id: str) -> int:
+    """Run `python -m mutualrl.cli <argv>` as `nproc` workers under the elastic launcher;
+    0 when every worker succeeded, 1 when one failed (the others are stopped, no restart)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    cfg = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+        monitor_interval=0.5, start_method="spawn",
+        # Survivors of a dead rank get SIGTERM, then SIGKILL after this: they finish a round
+        # and checkpoint on a plain stop, and fail at once on a dead peer's closed socket.
+        shutdown_timeout=60)
+    try:
+        elastic_launch(cfg, sys.executable)("-m", "mutualrl.cli", *argv)
+    except ChildFailedError as err:
+        for rank, failure in err.failures.items():
+            print(f"rank {rank} failed: exit code {failure.exitcode}", file=sys.stderr)
+        return 1
+    return 0

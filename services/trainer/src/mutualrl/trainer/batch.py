@@ -130,6 +130,12 @@ def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
     if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(
             cfg, "logit_scale", None) not in (None, 1.0):
         return None
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        # Sharded (nproc > 1): the root unit's parameters (embeddings, tied head) are gathered
+        # only by the root's own forward, so the head cannot be called apart from it.
+        return None
     get_head = getattr(model, "get_output_embeddings", None)
     get_body = getattr(model, "get_decoder", None)
     head = get_head() if callable(get_head) else None

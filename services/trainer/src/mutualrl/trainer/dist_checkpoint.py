@@ -74,7 +74,13 @@ def save(
 def _save_pretrained(model: torch.nn.Module, tokenizer: Any, state: dict[str, Any],
                      out: Path) -> None:
     """The gathered weights as a plain `save_pretrained` directory (the model object itself is
-    sharded, so its own tensors are not written)."""
+    sharded, so its own tensors are not written). A tied tensor (the LM head sharing the
+    embeddings) is written once, under its first name, as `save_pretrained` does."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    tied = {n for group in names.values() for n in group[1:]}
+    state = {k: v for k, v in state.items() if k not in tied}
     model.save_pretrained(out, state_dict=state)  # type: ignore[operator]
     tokenizer.save_pretrained(out)
 

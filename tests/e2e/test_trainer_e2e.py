@@ -71,7 +71,7 @@ class _Services:
 
 
 @pytest.fixture(scope="module")
-def services() -> Iterator[_Services]:
+def services(warm_policies: dict[str, Path]) -> Iterator[_Services]:
     import redis
 
     from mutualrl.mwra.config import MwraConfig
@@ -85,7 +85,9 @@ def services() -> Iterator[_Services]:
     common = dict(port=0, metrics_port=None, auth_token=None, grace_seconds=0.2,
                   key_prefix=s.prefix)
     see = s.call(start_see(SeeConfig(redis_url=REDIS_URL, rest_port=None, **common)))
-    thl = s.call(start_thl(ThlConfig(tokenizer_roots=[tempfile.gettempdir()], **common)))
+    # THL reads tokenizers from the warm starts (pytest's cache) and the runs (tmp) only.
+    roots = [tempfile.gettempdir(), *{str(p.parent) for p in warm_policies.values()}]
+    thl = s.call(start_thl(ThlConfig(tokenizer_roots=roots, **common)))
     mwra = s.call(start_mwra(MwraConfig(redis_url=REDIS_URL, **common)))
     s.see, s.thl, s.mwra = see.address, thl.address, mwra.address
     r = redis.Redis.from_url(REDIS_URL)
@@ -276,7 +278,8 @@ def test_three_policies_taking_turns_never_wait_out_the_deadline(
 
     mwra = services.call(start_mwra(MwraConfig(
         redis_url=REDIS_URL, port=0, metrics_port=None, auth_token=None, grace_seconds=0.2,
-        short_pool="time-share", tick_seconds=0.05)))
+        short_pool="time-share", tick_seconds=0.05,
+        key_prefix=services.prefix)))  # the module's DeleteRun at teardown finds its keys
     address, services.mwra = services.mwra, mwra.address
     try:
         _, rows = _run_pair(services, warm_policies, {"kind": "sgt", "deadline_seconds": 5.0},

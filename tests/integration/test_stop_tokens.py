@@ -166,3 +166,60 @@ def test_eos_travels_with_sgt_demos_and_prp_rows(see_address: str, jsonl_task: A
         from mutualrl.client.runs import delete_run
 
         delete_run(run_id, see=see_address)
+
+
+def test_sgt_self_demos_end_with_eos_where_own_successes_did(see_address: str, jsonl_task: Any,
+                                                             tmp_path: Path) -> None:
+    """sgt-self, SGT's control, keeps the stop of its own successes as SGT keeps the peers'."""
+    from mutualrl.trainer.probes.sgt import SGTSelfProbe
+
+    run_id = f"stop-{uuid.uuid4().hex[:8]}"
+    (_, tok_a) = load_policy(ensure_preset("gpt2-bpe", tmp_path))
+    (_, tok_b) = load_policy(ensure_preset("llama-char", tmp_path))
+    paths = {f"{run_id}/A": str(ensure_preset("gpt2-bpe", tmp_path)),
+             f"{run_id}/B": str(ensure_preset("llama-char", tmp_path))}
+    ex_a = PeerExchange(run_id, "A", f"{run_id}/A", see_address, None, tok_a)
+    ex_b = PeerExchange(run_id, "B", f"{run_id}/B", see_address, None, tok_b)
+    try:
+        ex_a.join(["A", "B"], paths)
+        ex_b.join(["A", "B"], paths)
+        prompts = jsonl_task.prompts("train")[:2]
+        probe = make_probe(ProbeSettings(kind="sgt-self", deadline_seconds=5.0), "B", ex_b,
+                           task=jsonl_task)
+        assert isinstance(probe, SGTSelfProbe)
+        # Round 0: B solves both prompts, "=N" stopping at EOS, "+N" by a stop string.
+        own = [[_sample(tok_b, p.text, f"{'=+'[g]}{p.answer}", eos=(g == 0), base=-1.0)
+                for g in range(2)] for p in prompts]
+        ones = torch.ones(2, 2)
+        a_ok = [[_sample(tok_a, p.text, f"={p.answer}", eos=True, base=-0.5)] * 2
+                for p in prompts]
+        for k in (0, 1):  # A solves both prompts in rounds 0 and 1
+            assert ex_a.publish(round_records(run_id, "A", k, k, f"{run_id}/A", prompts, a_ok,
+                                              ones.tolist(), [[True] * 2] * 2, 1.0,
+                                              tok_a.eos_token_id))
+        assert ex_b.publish(round_records(run_id, "B", 0, 0, f"{run_id}/B", prompts, own,
+                                          ones.tolist(), [[True] * 2] * 2, 1.0,
+                                          tok_b.eos_token_id))
+        probe.plan(RoundData(round=0, prompts=prompts, samples=own, rewards=ones,
+                             correct=[[True] * 2] * 2, peers_now=["A", "B"]))
+        # Round 1: B fails both; A solved them, so SGT would rescue both: sgt-self draws B's own.
+        fail = [[_sample(tok_b, p.text, "0", eos=True, base=-1.0)] * 2 for p in prompts]
+        assert ex_b.publish(round_records(run_id, "B", 1, 1, f"{run_id}/B", prompts, fail,
+                                          torch.zeros(2, 2).tolist(), [[False] * 2] * 2, 1.0,
+                                          tok_b.eos_token_id))
+        plan = probe.plan(RoundData(round=1, prompts=prompts, samples=fail,
+                                    rewards=torch.zeros(2, 2), correct=[[False] * 2] * 2,
+                                    peers_now=["A", "B"]))
+        assert plan.demos is not None and len(plan.demos) >= 1
+        texts = {f"{c}{p.answer}" for p in prompts for c in "=+"}
+        for ids in plan.demos.token_ids:
+            ends = ids[-1] == tok_b.eos_token_id
+            text = tok_b.decode(ids[:-1] if ends else ids)
+            assert text in texts
+            assert ends == text.startswith("=")
+    finally:
+        ex_a.close()
+        ex_b.close()
+        from mutualrl.client.runs import delete_run
+
+        delete_run(run_id, see=see_address)

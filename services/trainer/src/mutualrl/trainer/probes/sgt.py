@@ -83,8 +83,9 @@ class SGTSelfProbe(SGTProbe):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.own: OrderedDict[int, list[tuple[str, list[int], str]]] = OrderedDict()
-        """round -> own verified successes (prompt id, prompt tokens, completion text)."""
+        self.own: OrderedDict[int, list[tuple[str, list[int], str, bool]]] = OrderedDict()
+        """round -> own verified successes (prompt id, prompt tokens, completion text, whether
+        it ended with this policy's EOS)."""
 
     def plan(self, data: RoundData) -> LossInputs:
         plan = super().plan(data)  # reads earlier rounds only: this round is recorded after
@@ -93,14 +94,16 @@ class SGTSelfProbe(SGTProbe):
 
     def record(self, data: RoundData) -> None:
         tau = self.settings.tau
-        found: list[tuple[str, list[int], str]] = []
+        eos = self.exchange.eos_token_id if self.exchange is not None else None
+        found: list[tuple[str, list[int], str, bool]] = []
         for p_i, (prompt, row) in enumerate(zip(data.prompts, data.samples, strict=True)):
             for g_i, y in enumerate(row):
                 ok = (data.correct[p_i][g_i] if data.correct is not None
                       else y.finish_reason != "length")
                 ids = getattr(y, "prompt_token_ids", None)
                 if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
-                    found.append((prompt.id, list(ids), y.text))
+                    ended = eos is not None and list(y.token_ids[-1:]) == [eos]
+                    found.append((prompt.id, list(ids), y.text, ended))
         self.own[data.round] = found
         while len(self.own) > self.settings.sgt_self_rounds:
             self.own.popitem(last=False)
@@ -111,7 +114,7 @@ class SGTSelfProbe(SGTProbe):
         for k, found in self.own.items():
             if k >= before:
                 continue
-            for pid, ids, text in found:
+            for pid, ids, text, _ in found:
                 slot = out.setdefault(pid, (ids, []))
                 if text not in slot[1]:
                     slot[1].append(text)
@@ -125,8 +128,11 @@ class SGTSelfProbe(SGTProbe):
         stats["sgt_self_missing"] = float(sum(want) - len(drawn))
         if not drawn:
             return None
+        # As SGT's demonstrations: a text that ended with EOS is followed by it.
+        ended = {t for found in self.own.values() for _, _, t, e in found if e}
         return Demos(prompt_index=[j for j, _, _ in drawn],
-                     token_ids=ex.retokenize([t for _, _, t in drawn]),
+                     token_ids=ex.retokenize([t for _, _, t in drawn],
+                                             [t in ended for _, _, t in drawn]),
                      prompt_token_ids=[ids for _, ids, _ in drawn])
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,7 +140,10 @@ class SGTSelfProbe(SGTProbe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.own = OrderedDict((int(k), list(v)) for k, v in state.get("own", []))
+        # Entries of checkpoints written before the EOS flag have three fields.
+        self.own = OrderedDict(
+            (int(k), [(e[0], list(e[1]), e[2], bool(e[3]) if len(e) > 3 else False) for e in v])
+            for k, v in state.get("own", []))
 
 
 def draw_own(pool: dict[str, tuple[list[int], list[str]]], want: list[int],

@@ -23,10 +23,15 @@ def missing(cluster: bool = False) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(below: int = 65536) -> int:
+    """A free loopback port below `below` (a cluster node also listens on port + 10000)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < below:
+            return port
+    raise RuntimeError(f"no free port below {below}")
 
 
 def _wait_ping(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -62,7 +67,7 @@ class RedisProc:
 
 def start_server(args: Sequence[str] = (), directory: Path | None = None) -> RedisProc:
     """A redis-server on a free loopback port with extra `args` (e.g. "--appendonly", "yes")."""
-    port = free_port()
+    port = free_port(below=55536 if "--cluster-enabled" in args else 65536)
     d = directory or Path(tempfile.mkdtemp(prefix=f"redis-{port}-"))
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),

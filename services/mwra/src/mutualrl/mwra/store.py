@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
+from mutualrl.common import redis_connect
 from mutualrl.common.keys import DEFAULT_PREFIX, KeySpace
 from mutualrl.mwra.allocation import PoolAssignment, ema
 
@@ -167,10 +168,11 @@ class MwraStore:
         # Timeouts: a Redis that hangs must fail calls (UNAVAILABLE), never hang them.
         # A blocking pool: a burst of calls beyond `max_connections` waits up to `timeout` for a
         # free connection (redis-py's default pool refuses at once: "Too many connections").
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout, decode_responses=True,
+        # `redis+cluster://...` gives a Redis Cluster client (mutualrl.common.redis_connect).
+        client = redis_connect.async_client(
+            url, max_connections=max_connections, pool_timeout=timeout, decode_responses=True,
             socket_timeout=timeout, socket_connect_timeout=timeout)
-        return cls(aioredis.Redis.from_pool(pool), prefix)
+        return cls(client, prefix)
 
     def keys(self, run_id: str) -> Keys:
         return Keys(run_id, self.prefix)
@@ -274,14 +276,14 @@ class MwraStore:
     async def load(self, run_id: str) -> RunState:
         k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
-            p.hgetall(k.workers)
-            p.hgetall(k.leases)
-            p.smembers(k.lost)
-            p.hgetall(k.policies)
-            p.hgetall(k.seen)
-            p.hgetall(k.costs)
-            p.hgetall(k.plan)
-            p.get(k.leader)
+            # The generic command: redis-py 8's cluster transactions pass hgetall()'s `keys`
+            # argument on to the reply callback, which refuses it (TypeError).
+            for key in (k.workers, k.leases):
+                p.execute_command("HGETALL", key)
+            p.execute_command("SMEMBERS", k.lost)
+            for key in (k.policies, k.seen, k.costs, k.plan):
+                p.execute_command("HGETALL", key)
+            p.execute_command("GET", k.leader)
             workers, leases, lost, policies, seen, costs, plan, leader = await p.execute()
         return RunState(
             workers={w: WorkerRecord(**json.loads(v)) for w, v in workers.items()},

@@ -1,14 +1,15 @@
-"""SEE's Redis client (redis.asyncio, public API only)."""
+"""SEE's Redis clients (redis.asyncio, public API only): one server or a Redis Cluster
+(`redis+cluster://...`, `mutualrl.common.redis_connect`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from mutualrl.common import redis_connect
 from mutualrl.see.config import SeeConfig
 
 # Longest a blocking read may wait (FetchRollouts' block_ms, proto: <= 30 s), plus slack for
@@ -23,12 +24,11 @@ def redis_client(cfg: SeeConfig, *, blocking: bool = False) -> Any:
     retry): clients retry with their own backoff instead of the call stalling. `blocking`: the
     client for blocking reads (`blocking.py`), with its own pool and a socket timeout above the
     longest wait."""
-    pool = aioredis.BlockingConnectionPool.from_url(
+    return redis_connect.async_client(
         cfg.redis_url,
         max_connections=(cfg.redis_max_blocking_reads if blocking
                          else cfg.redis_max_connections),
-        timeout=10, socket_connect_timeout=5,
+        pool_timeout=10, socket_connect_timeout=5,
         socket_timeout=_BLOCKING_SOCKET_TIMEOUT_S if blocking else _SOCKET_TIMEOUT_S,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
         retry_on_error=[rexc.ConnectionError, rexc.TimeoutError])
-    return aioredis.Redis(connection_pool=pool)

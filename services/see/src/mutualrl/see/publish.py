@@ -121,13 +121,16 @@ class Publisher:
                            args: list[bytes | str | int]) -> Any:
         """The MULTI/EXEC; returns the index script's reply."""
         staged = dict(payloads)
+        flat = [x for kv in payloads for x in kv]
         for attempt in (0, 1):
             if self.mode is Mode.WAITAOF:
                 replies = await self._transaction_waitaof(staged, keys, args)
             else:
                 async with self.runs.r.pipeline(transaction=True) as pipe:
-                    pipe.mset(staged)
-                    pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+                    # (the generic command: a cluster pipeline refuses `mset()` outright, while
+                    # MSET of keys in one slot inside a transaction is what Redis allows)
+                    pipe.execute_command("MSET", *flat)
+                    pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
             mset_reply, reply = replies
             if isinstance(reply, rexc.NoScriptError) and attempt == 0:

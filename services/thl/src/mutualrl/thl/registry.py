@@ -124,10 +124,11 @@ class RedisStore:
     Redis failures become UNAVAILABLE / RESOURCE_EXHAUSTED (`mutualrl.common.redis_errors`)."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
-        import redis
+        from mutualrl.common import redis_connect
 
-        self._client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0,
-                                            socket_connect_timeout=5.0)
+        # `redis+cluster://...` gives a Redis Cluster client (one hash, so one slot).
+        self._client = redis_connect.sync_client(url, decode_responses=True, socket_timeout=5.0,
+                                                 socket_connect_timeout=5.0)
         self.key = KeySpace(prefix, "thl").index("tokenizers")
 
     def load_all(self) -> dict[str, Record]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,10 +37,11 @@ def services(redis_url: str) -> Iterator[dict[str, str]]:
                                   grace_seconds=0.2, key_prefix=prefix, redis_url=redis_url)
     see = call(start_see(SeeConfig(rest_port=None, **common)))
     mwra = call(start_mwra(MwraConfig(**common)))
+    turns = call(start_mwra(MwraConfig(short_pool="time-share", **common)))
     try:
-        yield {"see": see.address, "mwra": mwra.address}
+        yield {"see": see.address, "mwra": mwra.address, "mwra_turns": turns.address}
     finally:
-        for server in (see, mwra):
+        for server in (see, mwra, turns):
             call(server.stop(0.2))
         loop.call_soon_threadsafe(loop.stop)
         r = redis.Redis.from_url(redis_url)
@@ -84,3 +86,35 @@ def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, s
     (a,) = [p for p in table.policies if p.policy_id == "A"]
     assert a.reports == 1 and a.last_round == 0
     assert a.last_seconds == pytest.approx(m["cost_s"], rel=1e-6)
+
+
+def test_time_share_turn_waits_are_counted_as_waits(services: dict[str, str]) -> None:
+    """One unit, two policies: the second waits for the first's turn; that wait is the
+    allocator's `waited_s` (left out of its cost), the first never waits."""
+    from mutualrl.client.mwra import MwraClient
+    from mutualrl.trainer.allocator import AllocatorClient
+
+    run_id = f"turns-{uuid.uuid4().hex[:6]}"
+    hold_s = 1.0
+    address = services["mwra_turns"]  # policies take turns when the pool is short
+    with MwraClient(address) as mwra:
+        mwra.register_worker(run_id, "w", cpu_slots=1)
+        keep = mwra.keepalive(run_id, "w", 0.5)
+        a = AllocatorClient(address, run_id, "A", 1, 8, active_wait_s=30.0)
+        b = AllocatorClient(address, run_id, "B", 1, 8, active_wait_s=30.0)
+        try:
+            first = a.allocation(0)
+            assert first.round_peers == ["A"]
+            got: list[Any] = []
+            waiter = threading.Thread(target=lambda: got.append(b.allocation(0)))
+            waiter.start()
+            time.sleep(hold_s)  # A's round: B is held until A reports it
+            a.report(0, 0.1, 10, 8)
+            waiter.join(timeout=30)
+            assert got and got[0].round_peers == ["B"]
+            assert a.waited_s == 0.0
+            assert hold_s - 0.2 <= b.waited_s <= hold_s + 5.0
+        finally:
+            keep.stop()
+            a.close()
+            b.close()

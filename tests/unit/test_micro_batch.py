@@ -15,7 +15,14 @@ from mutualrl.trainer.algos.grpo import group_advantages
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, LossInputs, PeerRows, RoundData
-from mutualrl.trainer.step import accumulate, micro_batches, optimise, prepare, round_rows
+from mutualrl.trainer.step import (
+    accumulate,
+    enable_activation_checkpointing,
+    micro_batches,
+    optimise,
+    prepare,
+    round_rows,
+)
 from mutualrl.trainer.tasks import Prompt
 from mutualrl.trainer.update import peer_weights, round_loss
 
@@ -300,3 +307,20 @@ def test_one_update_equals_the_one_shot_step() -> None:
     assert res.stats["grad_norm"] == pytest.approx(float(norm), rel=1e-10)
     for x, y in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(x, y, rtol=0, atol=1e-12)
+
+
+def test_activation_checkpointing_keeps_the_gradients() -> None:
+    """grpo.activation_checkpointing recomputes the body in backward: same gradients."""
+    grpo = GRPOSettings(micro_batch_tokens=16, logit_chunk_tokens=3, beta=0.0)
+    probe = ProbeSettings(kind="sgt", sgt_lambda=0.7)
+    plain, ckpt = tiny_model(), tiny_model()
+    enable_activation_checkpointing(ckpt)
+    ckpt.train()
+    out = []
+    for model in (plain, ckpt):
+        data, plan = fixed_round(), plan_for("sgt")
+        rows, _ = round_rows(PROMPT_IDS, data, plan, grpo)
+        prepare(model, None, rows, data, plan, grpo, probe, PAD)
+        accumulate(model, rows, list(range(len(rows))), grpo, probe, PAD, MAX_LEN)
+        out.append(grads(model))
+    assert_close(out[1], out[0])

@@ -24,6 +24,7 @@ from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
 from mutualrl.trainer.probes import Probe, make_probe
+from mutualrl.trainer.step import enable_activation_checkpointing
 from mutualrl.trainer.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ def build_session(
         model = lora.wrap(model, policy.lora)
     model.train()
     if cfg.grpo.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     ref_model: Any = None
     # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
     # diagnostic measures against the same copy. A LoRA policy's base is that point already.

@@ -336,6 +336,17 @@ def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
             "updates": float(n)}
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of the body's layers (non-reentrant), under the
+    name the installed version has (`gradient_checkpointing_enable` before transformers 5.2x)."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+
+
 def _autocast(grpo: GRPOSettings, device: torch.device) -> contextlib.AbstractContextManager[
         object]:
     if grpo.autocast_bf16 and device.type == "cuda":

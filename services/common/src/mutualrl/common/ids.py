@@ -46,6 +46,11 @@ class IdRule:
         rest = f"{self.chars}{{0,{self.max_len - 1}}}"
         object.__setattr__(self, "_re", re.compile(f"{first}{rest}"))
 
+    @property
+    def pattern(self) -> str:
+        """The rule as an anchored regular expression (OpenAPI `pattern` of a parameter)."""
+        return f"^{self._re.pattern}$"
+
     def valid(self, value: str) -> bool:
         """True when `value` follows the rule."""
         return self._re.fullmatch(value) is not None

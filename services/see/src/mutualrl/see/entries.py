@@ -33,6 +33,17 @@ def check_stream_id(value: str, field: str) -> str:
     return value
 
 
+LAST_ID = f"{_U64_MAX}-{_U64_MAX}"
+"""The largest stream id: nothing comes after it, and Redis refuses an interval that starts
+after it ("(<last id>"), so readers answer "nothing more" for it without asking."""
+
+
+def is_last_id(sid: str) -> bool:
+    """True for the largest stream id (leading zeros allowed, as Redis allows them)."""
+    a, _, b = sid.partition("-")
+    return a.isdigit() and b.isdigit() and int(a) == _U64_MAX and int(b) == _U64_MAX
+
+
 def sid_key(sid: str) -> tuple[int, int]:
     """A stream id as a sortable pair."""
     a, _, b = sid.partition("-")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from mutualrl.common.errors import InvalidArgument, NotFound
 from mutualrl.see import metrics as m
-from mutualrl.see.entries import Header, check_stream_id, redis_op, s, sid_key
+from mutualrl.see.entries import Header, check_stream_id, is_last_id, redis_op, s, sid_key
 from mutualrl.see.keys import KINDS, RunKeys, kind_name
 from mutualrl.see.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
@@ -137,6 +137,8 @@ class Inspection(StorePart):
         pos = cursor or "0-0"
         out: list[tuple[str, str]] = []
         scanned = 0
+        if is_last_id(pos):
+            return RecordPage([], None, 0)
         while True:
             async with redis_op("list_records"), self.r.pipeline(transaction=False) as pipe:
                 for stream in streams:

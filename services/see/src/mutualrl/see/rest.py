@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
@@ -26,10 +26,10 @@ from mutualrl.common.auth import rest_access
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
 from mutualrl.see.keys import KINDS, kind_name
+from mutualrl.see.rest_params import Cursor, PolicyFilter, RecordKey, RunId
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import experience_pb2 as pb
 
-RunId = Annotated[str, Path(description="Run id.")]
 FINISH_NAMES = {v: k.removeprefix("FINISH_REASON_") for k, v in pb.FinishReason.items()}
 
 
@@ -195,7 +195,8 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
         return JSONResponse({"status": "ok" if ok else "redis unreachable", "redis": ok},
                             status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (text format).")
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (text format).",
+             response_class=PlainTextResponse)
     async def metrics() -> Response:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: sum their files
             registry = CollectorRegistry()
@@ -235,15 +236,14 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
              dependencies=auth_dep, summary="Records in publish order, filtered and paged.")
     async def records(
         run_id: RunId,
-        kind: Annotated[str | None, Query(description="ROLLOUT, REWARD_STATS or "
-                                                      "VERIFIED_SUCCESS.")] = None,
-        policy: Annotated[str | None, Query(description="Producing policy.")] = None,
+        kind: Annotated[Literal["ROLLOUT", "REWARD_STATS", "VERIFIED_SUCCESS"] | None,
+                        Query(description="Record kind.")] = None,
+        policy: PolicyFilter = None,
         prompt: Annotated[str | None, Query(description="Prompt id.")] = None,
         round_min: Annotated[int | None, Query(ge=0, description="Smallest round.")] = None,
         round_max: Annotated[int | None, Query(ge=0, description="Largest round.")] = None,
         verified: Annotated[bool | None, Query(description="Verifier outcome.")] = None,
-        cursor: Annotated[str | None, Query(description="next_cursor of the previous page "
-                                                        "(opaque).")] = None,
+        cursor: Cursor = None,
         limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     ) -> RecordsOut:
         kinds: tuple[int, ...] = KINDS
@@ -261,7 +261,7 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     @app.get("/v1/runs/{run_id}/records/{record_id:path}", response_model=RecordOut,
              tags=["records"], dependencies=auth_dep,
              summary="One record in full: text, tokens, offsets, log-probs, rewards.")
-    async def record(run_id: RunId, record_id: str) -> RecordOut:
+    async def record(run_id: RunId, record_id: RecordKey) -> RecordOut:
         cursor, rec = await store.get_record(run_id, record_id)
         stats = None
         if rec.HasField("stats"):

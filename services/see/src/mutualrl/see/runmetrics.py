@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mutualrl.common.errors import InvalidArgument
-from mutualrl.see.entries import check_stream_id, redis_op
+from mutualrl.common.errors import InvalidArgument, NotFound
+from mutualrl.see.entries import check_stream_id, is_last_id, redis_op
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import run_metrics_pb2 as mpb
@@ -102,13 +102,16 @@ class RunMetricsStore:
         rather than waiting: more rows may be stored already)."""
         run = await self.store.get_run(run_id)
         if policy is not None and policy not in run.config.policies:
-            raise InvalidArgument("policy", f"{policy[:64]!r} is not a policy of run {run_id!r}")
+            # A well-formed name the run lacks: nothing to find (404), like an unknown run.
+            raise NotFound("policy", f"{policy[:64]!r} is not a policy of run {run_id!r}")
         if after:
             check_stream_id(after, "after")
         if not 1 <= limit <= 10_000:
             raise InvalidArgument("limit", "must lie in [1, 10000]")
         key = stream_key(self.store.keys(run_id))
         pos = after or "0-0"
+        if is_last_id(pos):
+            return [], pos, False
         rows: list[Row] = []
         scanned = 0
         chunk = min(max(limit, 256), 10_000)

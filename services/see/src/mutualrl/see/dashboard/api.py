@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPBearer
 
 from mutualrl.common.auth import rest_access
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.ids import NAME, RECORD_KEY
 from mutualrl.see import transfers
 from mutualrl.see.dashboard import convert, recent
 from mutualrl.see.dashboard.models import (
@@ -37,22 +37,24 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
 from mutualrl.see.keys import kind_name
+from mutualrl.see.rest_params import STREAM_ID_PATTERN, RunId
 from mutualrl.see.runmetrics import RunMetricsStore
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
 
-RunId = Annotated[str, Path(description="Run id.")]
 RoundMin = Annotated[int | None, Query(ge=0, description="First round of the window "
                                                          "(inclusive).")]
 RoundMax = Annotated[int | None, Query(ge=0, description="Last round of the window "
-                                                         "(inclusive).")]
+                                                         "(inclusive; below round_min: an "
+                                                         "empty window).")]
 MAX_SAMPLE = 64
 
 
-def _check_window(round_min: int | None, round_max: int | None) -> None:
-    if round_min is not None and round_max is not None and round_min > round_max:
-        raise InvalidArgument("round_max", f"must be >= round_min ({round_min})")
+def _empty_window(round_min: int | None, round_max: int | None) -> bool:
+    """round_max below round_min selects no round (an answer, not an error: each bound on its
+    own is valid, and the OpenAPI document cannot state a rule between two parameters)."""
+    return round_min is not None and round_max is not None and round_min > round_max
 
 
 def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
@@ -74,8 +76,10 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                 summary="Trainers' per-round metric rows after a cursor, in report order.")
     async def run_metrics(
         run_id: RunId,
-        policy: Annotated[str | None, Query(description="Only this policy's rows.")] = None,
-        after: Annotated[str | None, Query(description="`cursor` of the previous answer "
+        policy: Annotated[str | None, Query(pattern=NAME.pattern,
+                                            description="Only this policy's rows.")] = None,
+        after: Annotated[str | None, Query(pattern=STREAM_ID_PATTERN,
+                                           description="`cursor` of the previous answer "
                                                        "(exclusive); omit to start at the "
                                                        "first row.")] = None,
         limit: Annotated[int, Query(ge=1, le=10_000, description="Most rows returned.")] = 5000,
@@ -92,10 +96,12 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                         "(= GetRunStats) or over a window of the records' rounds.")
     async def run_transfers(run_id: RunId, round_min: RoundMin = None,
                             round_max: RoundMax = None) -> TransferWindowOut:
-        _check_window(round_min, round_max)
         rk = store.keys(run_id)
         counts: dict[tuple[str, str, int], int]
-        if round_min is None and round_max is None:
+        if _empty_window(round_min, round_max):
+            await store.get_run(run_id)  # 404s an unknown run
+            counts = {}
+        elif round_min is None and round_max is None:
             stats = await store.run_stats(run_id)  # also 404s an unknown run
             counts = {(t.taker_policy, t.source_policy, t.kind): t.count
                       for t in stats.transfers}
@@ -120,7 +126,8 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                         "each receiver's, with THL's chunks and each chunk's log-prob sum.")
     async def alignment(
         run_id: RunId,
-        record_id: Annotated[str, Query(min_length=1, description="The record to show.")],
+        record_id: Annotated[str, Query(pattern=RECORD_KEY.pattern,
+                                        description="The record to show.")],
     ) -> AlignmentOut:
         _, rec = await store.get_record(run_id, record_id)
         run = await store.get_run(run_id)
@@ -187,11 +194,12 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         sample: Annotated[int, Query(ge=1, le=MAX_SAMPLE, description="Records per sender "
                                                                       "(newest first).")] = 16,
     ) -> ResidualMatrixOut:
-        _check_window(round_min, round_max)
         run = await store.get_run(run_id)
         policies = list(run.config.policies)
         out = ResidualMatrixOut(run_id=run_id, sample=sample, round_min=round_min,
                                 round_max=round_max, pairs=[])
+        if _empty_window(round_min, round_max):
+            return out
         ids = await recent.newest_record_ids(store, run_id, pb.ROLLOUT, policies, sample,
                                              round_min=round_min, round_max=round_max)
         items: dict[str, tuple[str, list[apb.TraceItem]]] = {}

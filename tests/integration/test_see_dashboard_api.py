@@ -107,7 +107,8 @@ async def test_metric_rows_round_trip_with_cursor_and_policy_filter(see: Any,
         assert bad.status_code == 404 and bad.json()["field"] == "policy"
         bad = await h.get(f"/v1/runs/{run_id}/metrics", params={"after": "yesterday"})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "after"]
-        last = await h.get(f"/v1/runs/{run_id}/metrics", params={"after": f"{2**64 - 1}-{2**64 - 1}"})
+        top = f"{2**64 - 1}-{2**64 - 1}"
+        last = await h.get(f"/v1/runs/{run_id}/metrics", params={"after": top})
         assert last.status_code == 200 and last.json()["rows"] == [], last.text
         assert (await h.get("/v1/runs/no-such-run/metrics")).status_code == 404
         assert (await h.get(f"/v1/runs/{run_id}/metrics", params={"limit": 0})).status_code == 422

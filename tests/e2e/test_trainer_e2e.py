@@ -13,6 +13,7 @@ import asyncio
 import json
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,7 +135,10 @@ def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], o
 
 def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
               tmp: Path, names: tuple[str, ...] = ("A", "B"), slots: int = 2,
+              stagger: float = 0.0,
               **extra: Any) -> tuple[Any, dict[str, list[dict[str, float]]]]:
+    """Train `names` together in threads; with `stagger`, each policy's session is built (it
+    registers with MWRA) and started that many seconds after the previous one's start."""
     from mutualrl.client.mwra import MwraClient
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
@@ -147,7 +151,6 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     mwra.register_local_worker(run_id, "e2e-worker", slots=slots)
     keep = mwra.keepalive(run_id, "e2e-worker", 2.0)
     cfg = _config(services, warm, probe, tmp, run_id, names, **extra)
-    sessions = [build_session(cfg, n, cache_dir=tmp / "presets") for n in names]
     errors: list[BaseException] = []
 
     def work(s: Any) -> None:
@@ -156,9 +159,17 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
         except BaseException as e:  # surfaced below; a thread cannot fail the test itself
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in sessions]
-    for t in threads:
-        t.start()
+    sessions: list[Any] = []
+    threads: list[threading.Thread] = []
+    if not stagger:
+        sessions = [build_session(cfg, n, cache_dir=tmp / "presets") for n in names]
+    for i, n in enumerate(names):
+        if stagger:
+            if i:
+                time.sleep(stagger)
+            sessions.append(build_session(cfg, n, cache_dir=tmp / "presets"))
+        threads.append(threading.Thread(target=work, args=(sessions[i],)))
+        threads[-1].start()
     for t in threads:
         t.join(timeout=300)
     for s in sessions:
@@ -200,6 +211,19 @@ def test_sgt_rescues_both_ways(services: _Services, warm_policies: dict[str, Pat
         assert any(r.get("loss_sgt", 0.0) > 0 for r in rows[n]), n
     moved = _transfers(stats, pb.VERIFIED_SUCCESS)
     assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
+
+
+def test_a_policy_that_starts_late_trains_round_zero_with_its_peer(
+        services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 13, no stall on start: B loads (and registers with MWRA) after A asked for round
+    0. MWRA takes B into round 0 at once, so B trains it and A's SGT read of round 0 finds B's
+    records instead of waiting out the deadline (`_run_pair` asserts no round fell back)."""
+    start = time.monotonic()
+    _, rows = _run_pair(services, warm_policies, {"kind": "sgt", "deadline_seconds": 15.0},
+                        tmp_path, stagger=2.0)
+    assert rows["A"][0]["peers_complete"] == 1.0 and rows["A"][0]["fallback"] == 0.0
+    # B neither sat round 0 out waiting for a turn (60 s) nor made A wait out its deadline
+    assert time.monotonic() - start < 120
 
 
 def test_xgrpo_pools_both_ways(services: _Services, warm_policies: dict[str, Path],

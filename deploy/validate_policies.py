@@ -240,6 +240,7 @@ def check_k8s(name: str, docs: list[dict[str, Any]]) -> list[str]:
                 errors.append(f"{at}: spec.serviceName '{svc}' is not a Service here")
         for template in pod_templates(obj):
             for container in dig(template, "spec", "containers") or []:
+                errors += check_nproc(at, container)
                 for env in container.get("env") or []:
                     # host:port addresses of the services must name a Service of the same output.
                     if re.fullmatch(r"MUTUALRL_[A-Z]+_ADDR", str(env.get("name"))) and env.get(
@@ -251,6 +252,25 @@ def check_k8s(name: str, docs: list[dict[str, Any]]) -> list[str]:
                                 f"{at}: env {env['name']}={env['value']} names no Service here"
                             )
     return errors
+
+
+def check_nproc(at: str, container: dict[str, Any]) -> list[str]:
+    """A trainer's MUTUALRL_NPROC (data-parallel ranks) is a positive integer and, where the
+    container takes GPUs, equals their number: NCCL runs one rank per GPU."""
+    env = {str(e.get("name")): e.get("value") for e in container.get("env") or []}
+    if "MUTUALRL_NPROC" not in env:
+        return []
+    where = f"{at} container {container.get('name')}: env MUTUALRL_NPROC={env['MUTUALRL_NPROC']}"
+    try:
+        nproc = int(str(env["MUTUALRL_NPROC"]))
+    except ValueError:
+        return [f"{where} is not an integer"]
+    if nproc < 1:
+        return [f"{where} must be at least 1"]
+    gpus = dig(container, "resources", "limits", "nvidia.com/gpu")
+    if gpus is not None and int(gpus) != nproc:
+        return [f"{where} differs from resources.limits nvidia.com/gpu={gpus} (one rank per GPU)"]
+    return []
 
 
 # ---- drift between copies -----------------------------------------------------------------------

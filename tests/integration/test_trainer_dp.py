@@ -5,7 +5,8 @@ two gloo ranks through the elastic launcher, FSDP2 shards the policy over them.
 - a 2-rank checkpoint (DCP) resumes on 1 process, and a 1-process checkpoint on 2 ranks, each
   reaching the same parameters as the uninterrupted run;
 - a rank SIGKILLed mid-run brings the policy down (no hang: the launcher exits non-zero within
-  a bound) and the supervisor restarts it from the last checkpoint.
+  a bound) and the supervisor restarts it from the last checkpoint; SIGTERM then stops both
+  ranks after the same round, with a checkpoint, and exit status 0.
 
 Plain GRPO (`services.local`): no SEE; the probe plan's broadcast is still exercised (rank 0
 plans, rank 1 receives it). A tiny warm start gives groups with reward variance, so every
@@ -172,25 +173,30 @@ def _rank_pids(launcher: int) -> dict[int, int]:
     return out
 
 
+def _wait_rows(path: Path, n: int, child: Any, log: Path, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while not (path.exists() and len(path.read_text().splitlines()) >= n):
+        assert child.proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"fewer than {n} rounds after {within}s"
+        time.sleep(0.05)
+
+
 def test_a_dead_rank_brings_the_policy_down_and_the_supervisor_resumes_it(
     warm: tuple[Path, Path], tmp_path: Path,
 ) -> None:
     from mutualrl.launch.supervisor import ProcessSpec, Restart, Supervisor
 
-    rounds = 6
+    rounds = 40  # more than it gets to: a SIGTERM ends it
     cfg = _config(tmp_path, warm, rounds=rounds, max_new_tokens=24)
+    log_path = tmp_path / "trainer-A.log"
     sup = Supervisor(log=lambda _: None)
     spec = ProcessSpec(name="trainer-A", argv=[*CLI, "train", "-c", str(cfg), "--nproc", "2"],
-                       log_path=tmp_path / "trainer-A.log", env=_env(),
+                       log_path=log_path, env=_env(),
                        restart=Restart.ON_FAILURE, max_restarts=1, finishes=True)
     child = sup.start(spec)
     try:
         metrics = tmp_path / "out" / "dp" / "A" / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert child.proc.poll() is None, (tmp_path / "trainer-A.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no round finished"
-            time.sleep(0.05)
+        _wait_rows(metrics, 2, child, log_path)
         ranks = _rank_pids(child.pid)
         assert sorted(ranks) == [0, 1]
         os.kill(ranks[1], signal.SIGKILL)
@@ -210,11 +216,21 @@ def test_a_dead_rank_brings_the_policy_down_and_the_supervisor_resumes_it(
 
         fresh = sup.restart(child)
         assert "--resume" in fresh.spec.argv
-        assert fresh.proc.wait(timeout=180) == 0, (tmp_path / "trainer-A.log").read_text()[-3000:]
+        _wait_rows(metrics, done_before + 2, fresh, log_path)
+        codes = sup.stop_all(grace=60)  # SIGTERM: finish the round, checkpoint, exit 0
+        assert codes == {"trainer-A": 0}, log_path.read_text()[-3000:]
     finally:
         sup.stop_all(grace=10)
-    log = (tmp_path / "trainer-A.log").read_text()
+    log = log_path.read_text()
     assert f"resumed A from {_ckpts(tmp_path) / last} (round {done_before})" in log
     rows = _rows(tmp_path)
-    assert [r["round"] for r in rows] == list(range(rounds))  # each round logged once
-    assert (_ckpts(tmp_path) / f"round-{rounds:06d}" / "dcp").is_dir()
+    n = len(rows)
+    assert [r["round"] for r in rows] == list(range(n))  # each round logged once
+    assert done_before + 2 <= n < rounds
+    # Both ranks stopped after round n, which is checkpointed.
+    assert checkpoint_round(_ckpts(tmp_path)) == n
+    assert (_ckpts(tmp_path) / f"round-{n:06d}" / "dcp").is_dir()
+
+
+def checkpoint_round(ckpts: Path) -> int:
+    return int(sorted(p.name for p in ckpts.glob("round-*"))[-1].removeprefix("round-"))

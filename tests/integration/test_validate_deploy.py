@@ -344,3 +344,15 @@ def test_commands_that_do_not_parse_in_their_image_fail(tree: Path) -> None:
         "`mutualrl train -c /etc/mutualrl/run.yaml --policy gpt2-bpe` does not parse in "
         f"{SERVICE} (target runtime)"
     ) in result.stdout
+
+
+def test_trainer_ranks_that_differ_from_its_gpus_fail(tree: Path) -> None:
+    # One NCCL rank per GPU: a pod with 1 GPU cannot run 2 ranks of its policy.
+    replace_once(tree / "deploy/k8s/overlays/gpu/gpu-trainers.yaml",
+                 '- name: MUTUALRL_NPROC\n              value: "1"',
+                 '- name: MUTUALRL_NPROC\n              value: "2"')
+    result = validate_tree(tree, "kubernetes")
+    assert result.returncode == 1
+    assert "kubernetes overlays/gpu: references and rules" in failed_checks(result.stdout)
+    assert ("statefulset/trainer-llama-char container trainer: env MUTUALRL_NPROC=2 differs "
+            "from resources.limits nvidia.com/gpu=1 (one rank per GPU)") in result.stdout

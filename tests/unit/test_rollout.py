@@ -137,6 +137,25 @@ def test_seeded_and_greedy(cache: Path) -> None:
     assert model.training
 
 
+def test_per_prompt_seeds_make_samples_independent_of_the_other_prompts(cache: Path) -> None:
+    # Data-parallel ranks split a round's prompts: a prompt's samples must be the same whichever
+    # prompts share its call (its seed alone decides them).
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    eng = HFEngine(model, tok)
+    seeds = [11, 12, 13, 14]
+
+    def ids(prompts: list[int]) -> list[list[list[int]]]:
+        out = eng.generate([PROMPTS[i] for i in prompts], 4, 8, seeds=[seeds[i] for i in prompts])
+        return [[s.token_ids for s in g] for g in out]
+
+    together = ids([0, 1, 2, 3])
+    assert ids([0, 1]) + ids([2, 3]) == together
+    assert ids([3]) == together[3:]
+    assert len({tuple(map(tuple, g)) for g in together}) == 4  # the prompts' seeds differ
+    with pytest.raises(ValueError, match="seeds"):
+        eng.generate(PROMPTS, 1, 2, seeds=[1])
+
+
 def test_factory_and_sglang_boundary(cache: Path) -> None:
     model, tok = load_policy(ensure_preset("llama-char", cache))
     assert isinstance(make_engine("hf", model, tok), HFEngine)

@@ -59,6 +59,10 @@ def test_environment_overrides_win_over_the_file(tmp_path) -> None:
     assert cfg.policies[0].rollout_engine == "sglang" and cfg.policies[0].device == "cuda"
     plain = load_trainer_config(path, {})
     assert plain.services.see == "127.0.0.1:1" and plain.policies[0].rollout_engine == "hf"
+    assert plain.policies[0].nproc == 1
+    assert load_trainer_config(path, {"MUTUALRL_NPROC": "4"}).policies[0].nproc == 4
+    with pytest.raises(ValueError, match="nproc"):
+        load_trainer_config(path, {"MUTUALRL_NPROC": "0"})
 
 
 def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:

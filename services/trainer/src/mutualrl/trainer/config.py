@@ -411,7 +411,8 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
                         ) -> TrainerConfig:
     """The `trainer:` section of a run YAML, with the MUTUALRL_* environment overrides applied:
     ENV_OVERRIDES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
-    the policies to `cuda`)."""
+    the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
+    sets it to the GPUs it requests)."""
     env = os.environ if environ is None else environ
     cfg = load_section(path, "trainer", TrainerConfig)
     data = cfg.model_dump()
@@ -428,4 +429,8 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
             policy["rollout_engine"] = engine
             if engine == "sglang" and policy["device"] == "cpu":
                 policy["device"] = "cuda"
+    nproc = env.get("MUTUALRL_NPROC")
+    if nproc:
+        for policy in data["policies"]:
+            policy["nproc"] = nproc  # validated (and named in the error) below
     return TrainerConfig.model_validate(data)

@@ -102,14 +102,6 @@ def block(n: int, rank: int, world: int) -> range:
     return range(start, start + base + (rank < extra))
 
 
-def split_rows(labels: Sequence[int], rank: int, world: int) -> list[int]:
-    """Indices of the rows this rank takes: distinct labels (e.g. prompts) split in contiguous
-    blocks, all rows of one label on one rank (a per-label mean stays on one rank)."""
-    distinct = sorted(set(labels))
-    mine = {distinct[i] for i in block(len(distinct), rank, world)}
-    return [i for i, lab in enumerate(labels) if lab in mine]
-
-
 def launched() -> bool:
     """True in a worker started by torchrun / the elastic launcher."""
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
@@ -192,6 +184,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 def launch(nproc: int, argv: Sequence[str], run_id: str) -> int:
     """Run `python -m mutualrl.cli <argv>` as `nproc` workers under the elastic launcher;
     0 when every worker succeeded, 1 when one failed (the others are stopped, no restart)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -208,4 +201,8 @@ def launch(nproc: int, argv: Sequence[str], run_id: str) -> int:
         for rank, failure in err.failures.items():
             print(f"rank {rank} failed: exit code {failure.exitcode}", file=sys.stderr)
         return 1
+    except SignalException as err:
+        # The launcher passed the signal on; the ranks finished their round, checkpointed it
+        # and exited (as one process does on SIGTERM).
+        print(f"stopped by signal {err.sigval}", file=sys.stderr)
     return 0

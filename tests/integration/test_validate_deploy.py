@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "validate_deploy.sh"
-TARGETS = sorted(["base", "overlays/dev", "overlays/gpu", "overlays/gpu-managed-redis"])
+TARGETS = sorted(["base", "overlays/dev", "overlays/dev-redis-cluster", "overlays/gpu",
+                  "overlays/gpu-managed-redis"])
 PACKAGE_DIRS = ("proto", "services", "clients", "launcher")
 SERVICE = "deploy/docker/Dockerfile.service"
 TRAINER = "deploy/docker/Dockerfile.trainer"

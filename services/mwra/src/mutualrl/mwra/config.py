@@ -25,7 +25,7 @@ class MwraConfig(ServiceConfig):
     """Prometheus /metrics port; None serves none (0 picks a free one)."""
     redis_url: str = Field(default_factory=_redis_url_from_env)
     """Redis holding workers, leases, policies, costs and allocations (keys
-    `<key_prefix>:mwra:{<run>}:...`).
+    `<key_prefix>:mwra:{<run>}:...`); a Redis Cluster as redis+cluster://host:port[,...].
     Defaults to the REDIS_URL environment variable, else redis://127.0.0.1:6379/0."""
     redis_timeout_seconds: float = Field(default=5.0, gt=0)
     """Connect and per-command timeout towards Redis; calls fail with UNAVAILABLE past it."""

@@ -64,8 +64,9 @@ class SeeConfig(ServiceConfig):
     port: int = Field(default=50051, ge=0, le=65535)
     """gRPC port; 0 picks a free one (the bound port is logged)."""
     redis_url: str = Field(default_factory=_default_redis_url)
-    """Redis holding every run (redis://host:port/db or rediss://...); defaults to the REDIS_URL
-    environment variable, else redis://127.0.0.1:6379/0."""
+    """Redis holding every run (redis://host:port/db or rediss://...), or a Redis Cluster
+    (redis+cluster://host:port[,host:port...], rediss+cluster:// with TLS); defaults to the
+    REDIS_URL environment variable, else redis://127.0.0.1:6379/0."""
     rest_host: str | None = None
     """Interface the REST app binds to; None uses `host`."""
     rest_port: int | None = Field(default=8080, ge=0, le=65535)

@@ -18,8 +18,8 @@ class ThlConfig(ServiceConfig):
     """Prometheus /metrics port; None serves none (0 picks a free one)."""
     redis_url: str | None = None
     """Redis that persists tokenizer registrations (shared by replicas), in the hash
-    `<key_prefix>:thl:tokenizers`. None: use `state_dir` if set, else keep registrations in
-    memory only."""
+    `<key_prefix>:thl:tokenizers` (a Redis Cluster as redis+cluster://host:port[,...]). None:
+    use `state_dir` if set, else keep registrations in memory only."""
     state_dir: Path | None = None
     """Directory for `tokenizers.json` when there is no Redis (single-replica deployments)."""
     cache_size: int = Field(default=16, ge=1)

@@ -104,8 +104,8 @@ async def test_a_pool_of_a_million_units_is_allocated_at_once_and_health_answers
         assert {a.round for a in allocs} == {1} and len({a.epoch for a in allocs}) == 1
 
 
-async def test_unknown_runs_leave_no_keys_and_no_ticking_state(redis_url: str,
-                                                               run_id: str) -> None:
+async def test_unknown_runs_leave_no_keys_and_no_ticking_state(
+        redis_url: str, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = await start_mwra(_cfg(redis_url, run_id))
     ticked: list[str] = []
     store = srv.service.store
@@ -115,7 +115,7 @@ async def test_unknown_runs_leave_no_keys_and_no_ticking_state(redis_url: str,
         ticked.append(run)
         return await real(run, replica, ttl)
 
-    store.acquire_or_renew = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(store, "acquire_or_renew", spy)  # a spy on our own store
     try:
         async with _client(srv) as c:
             await c.register_worker(run_id, "w", cpu_slots=2)  # one real run next to them
@@ -229,3 +229,24 @@ async def test_a_slow_trainer_is_active_in_round_zero_without_waiting(
     assert slow.units == 2 and slow.rollout_budget == 8 and slow.epoch == 2
     assert waited_slow < 10.0, waited_slow  # not the 30 s active wait
     assert math.isfinite(waited_fast)
+
+
+async def test_a_late_registrant_asking_a_follower_is_taken_in_by_the_leader(
+        redis_url: str, run_id: str) -> None:
+    a = await start_mwra(_cfg(redis_url, run_id, replica_id=f"A-{run_id}"))
+    b = await start_mwra(_cfg(redis_url, run_id, replica_id=f"B-{run_id}"))
+    try:
+        async with _client(a) as ca, _client(b) as cb:
+            await ca.register_worker(run_id, "w", cpu_slots=4)
+            await ca.register_policy(run_id, "p")
+            assert (await ca.get_allocation(run_id, "p", 0)).units == 4  # A plans: A leads
+            await asyncio.sleep(0.3)  # B's ticks see the run and find the lock taken
+            assert a.service.is_leader(run_id) and not b.service.is_leader(run_id)
+            await cb.register_policy(run_id, "late")
+            late = await cb.get_allocation(run_id, "late", 0)
+            assert late.round == 0 and late.active and late.units == 2 and late.epoch == 2
+            assert not b.service.is_leader(run_id)
+            assert (await cb.get_allocation(run_id, "p", 0)).units == 2
+    finally:
+        await b.stop(0)
+        await a.stop(0)

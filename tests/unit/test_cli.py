@@ -45,3 +45,19 @@ def test_cli_turns_grpc_fork_support_off_unless_the_user_chose() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env).stdout
     assert out.splitlines()[-1] == "true"
+
+
+def test_token_prints_the_scoped_tokens_of_the_secret(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from mutualrl.common.auth import Principal, Role, identify
+
+    monkeypatch.setenv("MUTUALRL_AUTH_TOKEN", "s3cret")
+    assert main(["token", "policy", "team.a"]) == 0
+    token = capsys.readouterr().out.strip()
+    assert identify(f"Bearer {token}", "s3cret") == Principal(Role.POLICY, "team.a")
+    assert main(["token", "read"]) == 0
+    assert identify(f"Bearer {capsys.readouterr().out.strip()}", "s3cret") == \
+        Principal(Role.READ)
+    assert main(["token", "policy"]) == 2
+    monkeypatch.delenv("MUTUALRL_AUTH_TOKEN")
+    assert main(["token", "read"]) == 2

@@ -45,6 +45,27 @@ def _health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _token(args: argparse.Namespace) -> int:
+    """Print the read or policy token of the secret in MUTUALRL_AUTH_TOKEN."""
+    import os
+
+    from mutualrl.common.auth import derive_token
+    from mutualrl.common.ids import NAME
+
+    secret = os.environ.get("MUTUALRL_AUTH_TOKEN")
+    if not secret:
+        print("MUTUALRL_AUTH_TOKEN is not set: it holds the run's secret", file=sys.stderr)
+        return 2
+    if args.scope == "read":
+        print(derive_token(secret, "read"))
+        return 0
+    if not args.name or not NAME.valid(args.name):
+        print(f"policy: a policy name is required ({NAME.described})", file=sys.stderr)
+        return 2
+    print(derive_token(secret, f"policy:{args.name}"))
+    return 0
+
+
 def register(commands: Commands) -> None:
     commands.add(["version"], "Print the MutualRL version and its key dependencies.", _version)
     p = commands.add(["health"], "Check a service's grpc.health.v1 status (exit 0 = SERVING).",
@@ -53,3 +74,8 @@ def register(commands: Commands) -> None:
     p.add_argument("--service", default="", help="Service name to check ('' = the server).")
     p.add_argument("--timeout", type=float, default=3.0, help="Seconds before giving up.")
     p.add_argument("--token", default=None, help="Bearer token (health is open by default).")
+    p = commands.add(["token"], "Print a scoped token derived from the run's secret "
+                     "(MUTUALRL_AUTH_TOKEN): 'read', or 'policy NAME'.", _token)
+    p.add_argument("scope", choices=["read", "policy"], help="read: reads and SEE's REST API; "
+                   "policy: acts as one policy only.")
+    p.add_argument("name", nargs="?", help="The policy (scope 'policy').")

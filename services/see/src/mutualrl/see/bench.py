@@ -15,6 +15,7 @@ Figures: records/s of both, `ratio` = ours / raw redis, and p50/p99 latency of o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +99,9 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         channel.close()
         results.put((side, worker, t0, t1, lat, stored, cpu))
     else:
-        import redis
+        from mutualrl.common.redis_connect import sync_client
 
-        r = redis.Redis.from_url(target)
+        r = sync_client(target)
         # In the run's key space, so SEE's DeleteRun of the run removes it too.
         stream = RunKeys(BENCH_PREFIX, run_id).base + "raw"
         r.ping()
@@ -138,8 +140,14 @@ def _proc_cpu(pid: int | None) -> float:
 
 
 def _redis_cmd_usec(client: Any, command: str) -> int:
-    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
-    return int(stats.get("usec", 0))
+    """Redis time in `command` so far (summed over a cluster's masters)."""
+    import redis
+
+    key = f"cmdstat_{command}"
+    if isinstance(client, redis.RedisCluster):
+        per = client.info("commandstats", target_nodes=redis.RedisCluster.PRIMARIES)
+        return sum(int(v.get(key, {}).get("usec", 0)) for v in per.values())
+    return int(client.info("commandstats").get(key, {}).get("usec", 0))
 
 
 def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int, target: str,
@@ -191,12 +199,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_server(redis_url: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str, Path]:
+def _start_server(redis_url: str, workers: int = 1, durability: str = "default"
+                  ) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = _free_port()
     cfg_dir = Path(tempfile.mkdtemp(prefix="see-bench-"))
     cfg = cfg_dir / "run.yaml"
     cfg.write_text(f"see:\n  key_prefix: {BENCH_PREFIX}\n  rest_port: null\n"
-                   f"  workers: {workers}\n")
+                   f"  workers: {workers}\n  durability: {durability}\n")
     env = dict(os.environ)
     env.pop("MUTUALRL_AUTH_TOKEN", None)
     proc = subprocess.Popen(
@@ -224,17 +233,18 @@ def _start_server(redis_url: str, workers: int = 1) -> tuple[subprocess.Popen[by
 
 
 def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: str,
-              repeats: int = 1, workers: int = 1) -> dict[str, Any]:
+              repeats: int = 1, workers: int = 1, durability: str = "default"
+              ) -> dict[str, Any]:
     import grpc
-    import redis
 
+    from mutualrl.common.redis_connect import is_cluster, sync_client
     from mutualrl.v1 import experience_pb2_grpc as pb_grpc
     from mutualrl.v1 import runs_pb2
 
     per_client = max(batch, records // clients)
-    proc, addr, cfg_dir = _start_server(redis_url, workers)
+    proc, addr, cfg_dir = _start_server(redis_url, workers, durability)
     del cfg_dir  # a small temp file; kept for debugging a failed run
-    r = redis.Redis.from_url(redis_url)
+    r = sync_client(redis_url)
     see_runs: list[dict[str, Any]] = []
     raw_runs: list[dict[str, Any]] = []
     try:
@@ -279,7 +289,8 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     sample = _records(0, 1, tokens, "x")[0]
     return {
         "benchmark": "see_publish",
-        "clients": clients, "server_workers": workers,
+        "clients": clients, "server_workers": workers, "durability": durability,
+        "redis": "cluster" if is_cluster(redis_url) else "single",
         "records_per_side": clients * per_client, "batch": batch,
         "tokens_per_record": tokens, "payload_bytes": len(sample),
         "cpu_count": os.cpu_count(), "repeats": repeats,
@@ -297,14 +308,30 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     }
 
 
+@contextlib.contextmanager
+def _redis_for(args: argparse.Namespace) -> Iterator[str]:
+    """The Redis both sides write to: --redis-url, or a private one the case needs (a 3-master
+    cluster for --cluster; a server with appendfsync always for --durability fsync)."""
+    from mutualrl.common import redis_testing
+    from mutualrl.see.config import _default_redis_url
+
+    if args.cluster:
+        with redis_testing.cluster(3) as c:
+            yield c.url
+    elif args.durability == "fsync" and not args.redis_url:
+        with redis_testing.server(["--appendonly", "yes", "--appendfsync", "always"]) as s:
+            yield s.url
+    else:
+        yield args.redis_url or _default_redis_url()
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mutualrl.see.config import _default_redis_url
-
-    result = run_bench(args.clients, args.records, args.batch, args.tokens,
-                       args.redis_url or _default_redis_url(), args.repeats, args.workers)
+    with _redis_for(args) as redis_url:
+        result = run_bench(args.clients, args.records, args.batch, args.tokens, redis_url,
+                           args.repeats, args.workers, args.durability)
     Path(args.json).write_text(json.dumps(result, indent=2))
     t = Table(title=f"SEE Publish ({result['server_workers']} server worker(s)) vs raw Redis "
                     f"({result['clients']} writer processes each side, batch "

@@ -74,6 +74,12 @@ def register(commands: Commands) -> None:
                    help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0).")
     p.add_argument("--workers", type=int, default=1,
                    help="SEE server worker processes (see serve --workers).")
+    p.add_argument("--cluster", action="store_true",
+                   help="Both sides on a private Redis Cluster of 3 masters (needs redis-server "
+                        "and redis-cli on PATH).")
+    p.add_argument("--durability", choices=["default", "fsync"], default="default",
+                   help="SEE's see.durability; fsync without --redis-url runs a private Redis "
+                        "with appendfsync always (both sides).")
     p.add_argument("--repeats", type=int, default=3,
                    help="Run both sides this many times, back to back; the median of the "
                         "paired ratios is reported.")

@@ -197,6 +197,23 @@ async def test_bert_tokenizer_that_truncates_and_pads_is_encoded_whole(
             assert len(res.results[0].chunks) == 1
 
 
+async def test_a_root_that_is_a_symlink_is_named_either_way(
+        redis_url: str, run_id: str, root: Path, tmp_path: Path) -> None:
+    link = tmp_path / "volume-link"
+    link.symlink_to(root)  # /data/run -> the volume, as a deployment may mount it
+    srv = await _start(redis_url, run_id, [link])
+    try:
+        async with _client(srv) as thl:
+            via_link = await thl.register("a", str(link / "byte_bpe"))
+            direct = await thl.register("b", str(root / "wordpiece"))
+            assert via_link.path == str((root / "byte_bpe").resolve())
+            assert direct.path == str((root / "wordpiece").resolve())
+            err = await _error(thl.register("c", str(link / ".." / "elsewhere")))
+            assert err.code() == INVALID and "tokenizer_roots" in (err.details() or "")
+    finally:
+        await srv.stop(0)
+
+
 def test_error_names_the_configured_roots_only_by_their_setting() -> None:
     # The roots are the operator's business: the refusal names the setting, not directories.
     from mutualrl.common.errors import InvalidArgument

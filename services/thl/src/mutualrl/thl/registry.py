@@ -225,17 +225,25 @@ def confine(path: str, roots: Sequence[Path] | None, field: str = "path") -> str
     check_path_text(path, field)
     outside = InvalidArgument(field, f"{path!r} is not under a directory THL may read "
                               "tokenizers from (its thl.tokenizer_roots, logged at start-up)")
-    lexical = Path(os.path.normpath(os.path.abspath(path)))
-    if roots is not None and not _inside(lexical, roots):
+    lexical = _absolute(path)
+    # A root may itself be a symlink (/data/run -> a volume): paths name it either way.
+    resolved_roots = None if roots is None else [Path(r).resolve() for r in roots]
+    if roots is not None and resolved_roots is not None and not _inside(
+            lexical, [*(_absolute(str(r)) for r in roots), *resolved_roots]):
         raise outside
     try:
         resolved = lexical.resolve()
     except (OSError, RuntimeError, ValueError) as err:  # RuntimeError: a symlink loop
         raise InvalidArgument(field, f"{path!r} cannot be resolved: "
                               f"{type(err).__name__}") from err
-    if roots is not None and not _inside(resolved, roots):
+    if resolved_roots is not None and not _inside(resolved, resolved_roots):
         raise outside  # a symlink inside a root that points out of it
     return str(resolved)
+
+
+def _absolute(path: str) -> Path:
+    """Absolute and normalised (`..` folded) without touching the file system."""
+    return Path(os.path.normpath(os.path.abspath(path)))
 
 
 def _plain_encoding(tok: Any) -> Any:
@@ -310,8 +318,9 @@ class TokenizerRegistry:
                  roots: Sequence[str | Path] | None = None) -> None:
         self._store: RegistryStore = store if store is not None else MemoryStore()
         self.roots: list[Path] | None = (None if roots is None
-                                         else [Path(r).resolve() for r in roots])
-        """Directories `register` may read from (None: anywhere, for in-process use)."""
+                                         else [_absolute(str(r)) for r in roots])
+        """Directories `register` may read from, absolute (None: anywhere, for in-process
+        use)."""
         self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
         self._cache_size = max(1, cache_size)
         self._lock = threading.RLock()

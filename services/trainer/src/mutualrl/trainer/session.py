@@ -199,6 +199,8 @@ def build_session(
         engine_kw = {"mem_fraction_static": sg.mem_fraction_static,
                      "release_memory": sg.release_memory, "dtype": policy.dtype,
                      **sg.engine_args}
+        if dist.active:  # each rank's engine on the rank's own GPU
+            engine_kw.setdefault("base_gpu_id", torch.device(dev).index or 0)
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None

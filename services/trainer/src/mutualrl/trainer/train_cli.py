@@ -6,7 +6,11 @@ import argparse
 import logging
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch and pydantic stay out of `mutualrl --help`
+    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.distributed import Dist
 
 log = logging.getLogger(__name__)
 
@@ -14,8 +18,6 @@ log = logging.getLogger(__name__)
 def _train(args: argparse.Namespace) -> int:
     from mutualrl.trainer import distributed
     from mutualrl.trainer.config import load_trainer_config
-    from mutualrl.trainer.loop import train
-    from mutualrl.trainer.session import build_session
 
     if args.dry_run:
         return _dry_run(args)
@@ -33,13 +35,17 @@ def _train(args: argparse.Namespace) -> int:
         argv += ["--rounds", str(args.rounds)] if args.rounds is not None else []
         return distributed.launch(nproc, argv, f"{cfg.run_id}-{policy.name}")
     try:
-        return _train_here(cfg, policy.name, args.resume, dist, device, train, build_session)
+        return _train_here(cfg, policy.name, args.resume, dist, device)
     finally:
         distributed.shutdown()
 
 
-def _train_here(cfg: Any, policy: str, resume: bool, dist: Any, device: str | None,
-                train: Any, build_session: Any) -> int:
+def _train_here(cfg: TrainerConfig, policy: str, resume: bool, dist: Dist,
+                device: str | None) -> int:
+    """Train `policy` in this process: alone, or as one rank of `dist`."""
+    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.session import build_session
+
     session = build_session(cfg, policy, resume=resume, dist=dist, device=device)
     stop = threading.Event()
 

@@ -484,6 +484,17 @@ def _verdict(method: MethodDescriptor, answer: Answer, waits: bool) -> str | Non
     return None
 
 
+def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token: str | None
+            ) -> Answer:
+    """`_call`, once more when the first answer missed the 1 s: the machine running the suite
+    may be loaded (other tests, two cores); work that grows with the request misses twice."""
+    answer = _call(channel, method, body.data, token)
+    if answer.code == grpc.StatusCode.DEADLINE_EXCEEDED and not method.server_streaming \
+            and not body.asks_to_wait:
+        answer = _call(channel, method, body.data, token)
+    return answer
+
+
 def _check_after(stack: Stack, channel: grpc.Channel, method: MethodDescriptor) -> None:
     """The server still serves within the deadline, and nothing was logged at ERROR."""
     stub = health_pb2_grpc.HealthStub(channel)
@@ -556,7 +567,7 @@ def test_every_rpc_answers_bad_requests_with_a_client_error(stack: Stack,
             body, token = request
             note(f"{method.full_name} token={token!r} request={body.summary} "
                  f"bytes={body.data[:80]!r}")
-            answer = _call(channel, method, body.data, token)
+            answer = _answer(channel, method, body, token)
             codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
             problem = _verdict(method, answer, body.asks_to_wait)
             assert problem is None, problem
@@ -586,7 +597,7 @@ def test_every_rpc_answers_boundary_values_with_a_client_error(stack: Stack,
             ("grpc.max_send_message_length", 256 << 20),
             ("grpc.max_receive_message_length", 256 << 20)]) as channel:
         for body in boundary_sweep(method.input_type, stack.strings):
-            answer = _call(channel, method, body.data, ADMIN)
+            answer = _answer(channel, method, body, ADMIN)
             codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
             problem = _verdict(method, answer, body.asks_to_wait)
             if problem is not None:

@@ -64,20 +64,29 @@ async def test_a_service_that_comes_up_answers_the_retrying_call() -> None:
             return experience_pb2.ListRunsResponse(
                 runs=[experience_pb2.Run(config=experience_pb2.RunConfig(run_id="up"))])
 
+        async def Publish(self, request, context):
+            return experience_pb2.PublishResponse(stored=len(request.records))
+
     def add(server: grpc.aio.Server) -> None:
         experience_pb2_grpc.add_ExperienceExchangeServicer_to_server(Exchange(), server)
 
     port = _free_port()
     opts = ClientOptions(address=f"127.0.0.1:{port}", timeout=15.0, retries=4,
                          backoff_base=0.5, backoff_max=2.0)
+    # 2 MB of records: beyond gRPC's default 256 KiB retry buffer, still retried.
+    big = [experience_pb2.ExperienceRecord(record_id=f"r{i}", text="x" * 200_000)
+           for i in range(10)]
     async with AsyncSeeClient(opts) as client:
         call = asyncio.ensure_future(client.list_runs())
-        await asyncio.sleep(0.15)  # the first attempt has failed: connection refused
-        assert not call.done()
+        publish = asyncio.ensure_future(client.publish("up", big))
+        await asyncio.sleep(0.15)  # the first attempts have failed: connection refused
+        assert not call.done() and not publish.done()
         running = await start_server(ServiceConfig(port=port), add,
                                      ["mutualrl.v1.ExperienceExchange"])
         try:
             runs = await asyncio.wait_for(call, 15)
+            published = await asyncio.wait_for(publish, 15)
         finally:
             await running.stop(0)
     assert [r.config.run_id for r in runs] == ["up"]
+    assert published.stored == 10

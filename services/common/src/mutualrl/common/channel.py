@@ -77,6 +77,10 @@ class ClientOptions(Config):
                 ("grpc.max_send_message_length", max_bytes),
                 ("grpc.enable_retries", 1),
                 ("grpc.service_config", self.service_config()),
+                # gRPC keeps a request for its retries only up to these sizes (defaults 256 KiB
+                # per call, 256 MiB per channel): a larger Publish would not be retried at all.
+                ("grpc.per_rpc_retry_buffer_size", max_bytes),
+                ("grpc.retry_buffer_size", 4 * max_bytes),
                 ("grpc.initial_reconnect_backoff_ms", max(1, int(self.backoff_base * 1000))),
                 ("grpc.min_reconnect_backoff_ms", max(1, int(self.backoff_base * 1000))),
                 ("grpc.max_reconnect_backoff_ms", max(1, int(self.backoff_max * 1000)))]

@@ -7,6 +7,7 @@ count real tokens only, so left padding does not shift positions.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,8 +86,11 @@ def completion_logprobs(
         return torch.where(real, _token_logp(logits, picked_ids, temperature),
                            logits.new_zeros(()).to(_wide(logits.dtype)))
     body, lm_head = head
-    hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                  position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    if _sharded(model):
+        hidden = _hidden_through_root(model, body, batch)
+    else:
+        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      position_ids=batch.position_ids, use_cache=False).last_hidden_state
     # Column j of the hidden states predicts token j + 1: completions start at prompt_len.
     h = hidden[:, batch.prompt_len - 1 : batch.prompt_len - 1 + t][real]
     ids = picked_ids[real]
@@ -104,6 +108,29 @@ def completion_logprobs(
     if parts:
         out_logp = out_logp.masked_scatter(real, torch.cat(parts))
     return out_logp
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _hidden_through_root(model: torch.nn.Module, body: torch.nn.Module, batch: Batch) -> Tensor:
+    """The body's last hidden states of a model sharded with FSDP2 (nproc > 1). Its root unit's
+    parameters (embeddings, final norm, a tied head) are gathered only by the root's own
+    forward, and stay gathered after it until backward, so the root runs (with logits for one
+    position only) and the body's output is taken on the way; the chunked head then uses the
+    gathered head weight."""
+    captured: list[Tensor] = []
+    handle = body.register_forward_hook(
+        lambda _m, _a, out: captured.append(out.last_hidden_state))
+    try:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+              position_ids=batch.position_ids, use_cache=False, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[0]
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -130,12 +157,8 @@ def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
     if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(
             cfg, "logit_scale", None) not in (None, 1.0):
         return None
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule):
-        # Sharded (nproc > 1): the root unit's parameters (embeddings, tied head) are gathered
-        # only by the root's own forward, so the head cannot be called apart from it.
-        return None
+    if _sharded(model) and "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        return None  # see _hidden_through_root
     get_head = getattr(model, "get_output_embeddings", None)
     get_body = getattr(model, "get_decoder", None)
     head = get_head() if callable(get_head) else None

@@ -161,15 +161,20 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     forward pass is local, so ranks may run different numbers of them (sampling, evaluation).
     A no-op for a model that is not sharded."""
     units = _fsdp_units(model)
+    # The root keeps its parameters after forward anyway (FSDP2's default for the root, which
+    # the chunked LM head relies on): only the inner units change, and change back.
+    inner = [u for u in units if u is not model]
     for u in units:
         u.unshard()
-        u.set_reshard_after_forward(False)
+    for u in inner:
+        u.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
         for u in units:
             u.reshard()
-            u.set_reshard_after_forward(True)
+        for u in inner:
+            u.set_reshard_after_forward(True, recurse=False)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:

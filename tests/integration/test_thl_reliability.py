@@ -1,8 +1,8 @@
 """THL under odd and hostile input, over real gRPC (port 0) with registrations in the real Redis:
 registration confined to `tokenizer_roots` with one answer whatever lies outside them, odd paths
-refused as INVALID_ARGUMENT, Retokenize batches too large to answer refused before any work,
-and BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole (issue 14,
-items 4, 8 and 9)."""
+refused as INVALID_ARGUMENT, Retokenize and AlignTrace batches too large to answer refused before
+the work, and BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole
+(issue 14, items 4, 8, 9 and 12)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,30 @@ async def test_retokenize_too_large_to_answer_is_refused_up_front(
             # a batch whose worst case fits is answered
             out = await thl.retokenize("bpe", [text[:20000]] * 8)
             assert [len(r.text) for r in out] == [20000] * 8
+    finally:
+        await srv.stop(0)
+
+
+async def test_align_trace_too_large_to_answer_is_refused_up_front(
+        redis_url: str, run_id: str, root: Path) -> None:
+    limit = 4 << 20
+    srv = await _start(redis_url, run_id, [root], max_message_bytes=limit,
+                       tokenizers={"bpe": str(root / "byte_bpe"), "wp": str(root / "wordpiece")})
+    try:
+        async with _client(srv) as thl:
+            text = "the quick brown fox jumps over 42 lazy dogs. " * 4000  # 180 kB
+            items = [TraceItem(text, [], []) for _ in range(6)]  # 1.1 MB: the request fits
+            loads = srv.engine.registry.loads
+            err = await _error(thl.align_trace("bpe", "wp", items))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            assert (err.details() or "").startswith("items:"), err.details()
+            assert f"{limit}-byte message limit" in (err.details() or "")
+            assert srv.engine.registry.loads == loads
+            small = text[:20000]
+            src = (await thl.retokenize("bpe", [small]))[0]
+            item = TraceItem(small, src.token_ids, np.full(len(src.token_ids), -0.25))
+            res = await thl.align_trace("bpe", "wp", [item] * 4)
+            assert [r.chunks.char_end[-1] for r in res.results] == [20000] * 4
     finally:
         await srv.stop(0)
 

@@ -24,10 +24,33 @@ class ThlConfig(ServiceConfig):
     """Directory for `tokenizers.json` when there is no Redis (single-replica deployments)."""
     cache_size: int = Field(default=16, ge=1)
     """Loaded tokenizers kept in memory (LRU); others are reloaded from their paths on use."""
+    cache_max_bytes: int = Field(default=256 << 20, ge=1)
+    """Loaded tokenizers kept in memory, in bytes of their serialized tokenizer.json (LRU, with
+    `cache_size`; the most recently used one is always kept). A loaded tokenizer takes a small
+    multiple of that size in memory (2-4x for BPE vocabularies and merges)."""
+    max_tokenizer_bytes: int = Field(default=64 << 20, ge=1)
+    """Largest tokenizer RegisterTokenizer accepts, in bytes of its tokenizer.json (measured
+    before loading; a directory converted on load is measured after): larger is
+    INVALID_ARGUMENT naming `path`. Real vocabularies are a few MB (250k-token ones ~20 MB)."""
+    max_tokenizers: int = Field(default=1024, ge=1)
+    """Most tokenizer registrations held; registering a new id beyond it is RESOURCE_EXHAUSTED
+    naming `tokenizer_id` (DeleteRun releases a run's). Bounds the registry and the
+    ListTokenizers answer."""
+    max_runs_per_tokenizer: int = Field(default=256, ge=1)
+    """Most runs holding one registration (its record lists them); one more is
+    RESOURCE_EXHAUSTED naming `run_id`."""
     max_batch: int = Field(default=1024, ge=1)
     """Most texts (Retokenize) or items (AlignTrace) per call."""
     max_text_bytes: int = Field(default=1 << 20, ge=1)
     """Largest text per entry, in UTF-8 bytes."""
+    max_request_text_bytes: int = Field(default=4 << 20, ge=1)
+    """Most UTF-8 bytes of text in one Retokenize or AlignTrace call, all entries together
+    (over it: INVALID_ARGUMENT naming `texts` / `items`). A call's working memory grows with
+    its text: up to ~100 bytes per text byte while it is tokenized and answered."""
+    max_inflight_request_bytes: int = Field(default=16 << 20, ge=1)
+    """Request bytes of Retokenize / AlignTrace calls worked on at once; a call that would
+    exceed it is RESOURCE_EXHAUSTED (retry later), except that one call alone always runs.
+    With `max_request_text_bytes` it bounds THL's working memory whatever clients send."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])

@@ -43,6 +43,9 @@ class EngineLimits:
     """Most texts / items in one call."""
     max_text_bytes: int = 1 << 20
     """Largest text in UTF-8 bytes."""
+    max_request_text_bytes: int = 4 << 20
+    """Most UTF-8 bytes of text in one call, all texts / items together (the work and the
+    memory a call takes grow with it)."""
     align_block_items: int = 64
     """Items aligned per vectorised pass (keeps the working set in cache)."""
     max_response_bytes: int | None = 64 * 1024 * 1024
@@ -55,6 +58,15 @@ class EngineLimits:
 _SPECIAL_TOKENS_SLACK = 16
 # Per TokenizedText: the tags and lengths of its fields and a Residual (4 fields of <= 11 bytes).
 _TOKENIZED_OVERHEAD = 96
+# Per AlignedTrace: as above plus sequence_value and mass_error (9 bytes each) and the tags and
+# lengths of its four packed arrays and of its chunk list.
+_ALIGNED_OVERHEAD = 160
+# Per Chunk beyond its six int fields: value (9), one_to_one (2), its tag and length (<= 4).
+_CHUNK_OVERHEAD = 15
+# Source tokens an item may carry per UTF-8 byte of its text (plus the special-token slack): a
+# tokenizer makes at most one per byte unless its normalizer expands text (NFKC), never this
+# many; more is not a token trace of that text.
+MAX_SOURCE_TOKENS_PER_BYTE = 4
 
 
 def _varint_bytes(n: int) -> int:
@@ -71,6 +83,25 @@ def retokenize_response_bound(texts: Sequence[str], vocab_size: int) -> int:
         tokens = size + _SPECIAL_TOKENS_SLACK
         per_token = id_bytes + 2 * _varint_bytes(len(text))
         total += size + tokens * per_token + _TOKENIZED_OVERHEAD
+    return total
+
+
+def align_response_bound(items: Sequence[TraceItem], target_tokens: Sequence[int],
+                         vocab_size: int) -> int:
+    """An upper bound on the serialized AlignTraceResponse for `items`, whose texts the target
+    tokenizer encodes to `target_tokens` tokens each: per target token an id, two offsets and
+    a double; per chunk six ints, a double and a bool. Chunks end on distinct character
+    positions and on a cut of each side, so an item has at most min(its characters, source
+    tokens + target tokens + 1) of them (and at least one)."""
+    total = _TOKENIZED_OVERHEAD  # the batch residual
+    id_bytes = _varint_bytes(vocab_size)
+    for it, m in zip(items, target_tokens, strict=True):
+        chars = len(it.text)
+        n = int(np.asarray(it.source_token_ids).size)
+        per_token = id_bytes + 2 * _varint_bytes(chars) + 8
+        chunks = max(1, min(chars, n + m + 1))
+        per_chunk = 2 * (3 + _varint_bytes(chars) + _varint_bytes(n) + _varint_bytes(m))
+        total += m * per_token + chunks * (per_chunk + _CHUNK_OVERHEAD) + _ALIGNED_OVERHEAD
     return total
 
 
@@ -118,21 +149,29 @@ class AlignmentEngine:
         self._check_batch(texts, "texts")
         for i, text in enumerate(texts):
             _check_text(text, f"texts[{i}]", self.limits.max_text_bytes)
+        self._check_total(texts, "texts")
         if apply_chat_template:
             if not getattr(tok.hf, "chat_template", None):
                 raise FailedPrecondition("apply_chat_template",
                                          f"tokenizer {tokenizer_id!r} has no chat template")
             texts = [tok.hf.apply_chat_template([{"role": "user", "content": t}],
                                                 tokenize=False) for t in texts]
-        self._check_response(texts, tok)
-        encs = tok.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        self._check_response("texts", retokenize_response_bound(texts, tok.info.vocab_size),
+                             texts)
         out = []
-        for text, enc in zip(texts, encs, strict=True):
-            ids = np.asarray(enc.ids, dtype=np.int64)
-            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-            special = np.asarray(enc.special_tokens_mask, dtype=bool)
-            out.append(TokenizedText(ids, offsets, text,
-                                     self._residual(tok, text, ids, offsets, special)))
+        # In blocks: a tokenizer's Encoding holds ~10 fields per token (strings among them),
+        # so only one block's worth is alive at a time, not the whole call's.
+        block = max(1, self.limits.align_block_items)
+        for lo in range(0, len(texts), block):
+            part = list(texts[lo:lo + block])
+            encs = tok.backend.encode_batch(part, add_special_tokens=add_special_tokens)
+            for text, enc in zip(part, encs, strict=True):
+                ids = np.asarray(enc.ids, dtype=np.int64)
+                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                special = np.asarray(enc.special_tokens_mask, dtype=bool)
+                out.append(TokenizedText(ids, offsets, text,
+                                         self._residual(tok, text, ids, offsets, special)))
+            del encs
         return out
 
     # -- align ----------------------------------------------------------------------------
@@ -150,10 +189,27 @@ class AlignmentEngine:
         texts = [it.text for it in items]
         for i, text in enumerate(texts):
             _check_text(text, f"items[{i}].text", self.limits.max_text_bytes)
+        self._check_total(texts, "items")
+        for i, it in enumerate(items):
+            n_source = int(np.asarray(it.source_token_ids).size)
+            most = MAX_SOURCE_TOKENS_PER_BYTE * len(it.text.encode("utf-8")) + _SPECIAL_TOKENS_SLACK
+            if n_source > most:
+                raise InvalidArgument(f"items[{i}].source_token_ids",
+                                      f"{n_source} tokens for a text of {len(it.text)} "
+                                      f"characters; at most {most} can be its tokens")
+        tgt_ids: list[np.ndarray] = []
+        tgt_offsets: list[np.ndarray] = []
+        block = max(1, self.limits.align_block_items)
+        for lo in range(0, len(texts), block):  # one block's Encodings alive at a time
+            encs = tgt.backend.encode_batch(texts[lo:lo + block], add_special_tokens=False)
+            tgt_ids += [np.asarray(e.ids, dtype=np.int64) for e in encs]
+            tgt_offsets += [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encs]
+            del encs
+        # Once the target's token counts are known (encoding is the cheap part), before the
+        # source side, the alignment and the answer are built.
+        self._check_response("items", align_response_bound(
+            items, [len(t) for t in tgt_ids], tgt.info.vocab_size), texts)
         src_offsets, values = self._source_side(src, items)
-        encs = tgt.backend.encode_batch(texts, add_special_tokens=False)
-        tgt_ids = [np.asarray(e.ids, dtype=np.int64) for e in encs]
-        tgt_offsets = [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encs]
         results: list[AlignedTrace] = []
         block = max(1, self.limits.align_block_items)
         for lo in range(0, len(items), block):
@@ -178,18 +234,24 @@ class AlignmentEngine:
         return AlignTraceResult(results, agg)
 
     # -- helpers --------------------------------------------------------------------------
-    def _check_response(self, texts: Sequence[str], tok: LoadedTokenizer) -> None:
+    def _check_response(self, field: str, bound: int, texts: Sequence[str]) -> None:
         """Refuse, before any encoding, a batch whose response could exceed the message limit
         (it would fail only after all the work, with the same code)."""
         limit = self.limits.max_response_bytes
         if limit is None:
             return
-        bound = retokenize_response_bound(texts, tok.info.vocab_size)
         if bound > limit:
             raise ResourceExhausted(
-                "texts", f"{len(texts)} texts of {sum(len(t.encode('utf-8')) for t in texts)} "
-                f"UTF-8 bytes in all could make a response of up to {bound} bytes, over the "
-                f"{limit}-byte message limit; send them in smaller batches")
+                field, f"{len(texts)} {field} of {sum(len(t.encode('utf-8')) for t in texts)} "
+                f"UTF-8 bytes of text in all could make a response of up to {bound} bytes, over "
+                f"the {limit}-byte message limit; send them in smaller batches")
+
+    def _check_total(self, texts: Sequence[str], field: str) -> None:
+        total = sum(len(t.encode("utf-8")) for t in texts)
+        if total > self.limits.max_request_text_bytes:
+            raise InvalidArgument(field, f"{total} UTF-8 bytes of text in all, over the limit "
+                                  f"of {self.limits.max_request_text_bytes} per call; send "
+                                  "them in smaller batches")
 
     def _check_batch(self, seq: Sequence[Any], field: str) -> None:
         if len(seq) > self.limits.max_batch:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from mutualrl.common.alignment_types import Residual
 
@@ -26,6 +26,12 @@ NORMALIZED = Histogram(
 SHARE = Histogram(
     "mutualrl_thl_multi_token_chunk_share", "Per trace: share of target tokens in multi-token "
     "chunks.", ["target"], buckets=(0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1))
+CACHE_ENTRIES = Gauge("mutualrl_thl_tokenizer_cache_entries",
+                      "Loaded tokenizers kept in memory (at most thl.cache_size).")
+CACHE_BYTES = Gauge("mutualrl_thl_tokenizer_cache_bytes", "Serialized bytes of the loaded "
+                    "tokenizers kept in memory (at most thl.cache_max_bytes).")
+INFLIGHT_BYTES = Gauge("mutualrl_thl_inflight_request_bytes", "Request bytes of Retokenize / "
+                       "AlignTrace calls being worked on (thl.max_inflight_request_bytes).")
 MASS_ERROR = Counter("mutualrl_thl_inexact_mass_traces",
                      "Traces whose chunk sums could not all be represented exactly.", ["target"])
 

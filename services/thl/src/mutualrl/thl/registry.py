@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from mutualrl.common import ids
 from mutualrl.common.alignment_types import TokenizerInfo
-from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from mutualrl.common.keys import DEFAULT_PREFIX, KeySpace
 from mutualrl.common.redis_errors import sync_redis_op
 
@@ -48,6 +48,10 @@ class RegistryStore(Protocol):
     def load_all(self) -> dict[str, Record]: ...
 
     def get(self, tokenizer_id: str) -> Record | None: ...
+
+    def count(self) -> int:
+        """How many registrations the store holds."""
+        ...
 
     def put(self, tokenizer_id: str, record: Record) -> None: ...
 
@@ -69,6 +73,9 @@ class MemoryStore:
 
     def get(self, tokenizer_id: str) -> dict[str, Any] | None:
         return self._data.get(tokenizer_id)
+
+    def count(self) -> int:
+        return len(self._data)
 
     def put(self, tokenizer_id: str, record: Record) -> None:
         with self._lock:
@@ -99,6 +106,9 @@ class JsonFileStore:
 
     def get(self, tokenizer_id: str) -> dict[str, Any] | None:
         return self.load_all().get(tokenizer_id)
+
+    def count(self) -> int:
+        return len(self.load_all())
 
     def put(self, tokenizer_id: str, record: Record) -> None:
         self.update(tokenizer_id, lambda _: record)
@@ -142,6 +152,10 @@ class RedisStore:
             raw = self._client.hget(self.key, tokenizer_id)
         return json.loads(raw) if raw else None
 
+    def count(self) -> int:
+        with sync_redis_op("the tokenizer registry's count"):
+            return int(self._client.hlen(self.key))
+
     def put(self, tokenizer_id: str, record: Record) -> None:
         with sync_redis_op("the tokenizer registry's put"):
             self._client.hset(self.key, tokenizer_id, json.dumps(record, sort_keys=True))
@@ -182,6 +196,8 @@ class LoadedTokenizer:
 
     info: TokenizerInfo
     hf: Any  # transformers.PreTrainedTokenizerFast (typed Any: transformers is imported lazily)
+    nbytes: int = 0
+    """Size of its serialized form (tokenizer.json): what the cache's byte budget counts."""
 
     @property
     def backend(self) -> Any:
@@ -262,8 +278,16 @@ def _plain_encoding(tok: Any) -> Any:
 _TRANSFORMERS_IMPORT = threading.Lock()
 
 
-def load_fast_tokenizer(path: str) -> Any:
-    """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones."""
+def _too_big(path: str, size: int, max_bytes: int | None) -> InvalidArgument | None:
+    if max_bytes is None or size <= max_bytes:
+        return None
+    return InvalidArgument("path", f"the tokenizer at {path!r} is {size} bytes serialized, over "
+                           f"THL's limit of {max_bytes} (thl.max_tokenizer_bytes)")
+
+
+def load_fast_tokenizer(path: str, max_bytes: int | None = None) -> Any:
+    """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones, and ones
+    larger than `max_bytes` serialized (its tokenizer.json is measured before loading)."""
     with _TRANSFORMERS_IMPORT:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -273,6 +297,9 @@ def load_fast_tokenizer(path: str) -> Any:
     try:
         if not p.exists():
             raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
+        spec_file = p / "tokenizer.json" if p.is_dir() else p
+        if spec_file.is_file() and (err := _too_big(path, spec_file.stat().st_size, max_bytes)):
+            raise err
         if p.is_file():
             if p.suffix != ".json":
                 raise InvalidArgument("path", f"{path!r} is a file but not a tokenizer.json")
@@ -290,8 +317,19 @@ def load_fast_tokenizer(path: str) -> Any:
     return _plain_encoding(tok)
 
 
-def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
-    spec = json.loads(tok.backend_tokenizer.to_str())
+def loaded(tokenizer_id: str, path: str, tok: Any, max_bytes: int | None = None
+           ) -> LoadedTokenizer:
+    """`tok` with its description and size (refused when over `max_bytes` serialized: a
+    directory without tokenizer.json is converted on load, so only now is its size known)."""
+    text = tok.backend_tokenizer.to_str()
+    if err := _too_big(path, len(text), max_bytes):
+        raise err
+    return LoadedTokenizer(describe(tokenizer_id, path, tok, text), tok, len(text))
+
+
+def describe(tokenizer_id: str, path: str, tok: Any, spec_text: str | None = None
+             ) -> TokenizerInfo:
+    spec = json.loads(spec_text if spec_text is not None else tok.backend_tokenizer.to_str())
     model_type = str((spec.get("model") or {}).get("type", ""))
     normalizer = spec.get("normalizer") or {}
     norm_type = str(normalizer.get("type", ""))
@@ -311,18 +349,35 @@ def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
                          vocab_size=len(tok), byte_level=byte_level, normalizer=norm_type)
 
 
+@dataclass(frozen=True)
+class RegistryLimits:
+    """What the registry holds at most (THL's config passes its own; None: no limit)."""
+
+    cache_max_bytes: int | None = None
+    """Serialized bytes of the loaded tokenizers kept (the most recent one is always kept)."""
+    max_tokenizer_bytes: int | None = None
+    """Largest tokenizer accepted, serialized."""
+    max_tokenizers: int | None = None
+    """Most registrations held."""
+    max_runs_per_tokenizer: int | None = None
+    """Most runs holding one registration."""
+
+
 class TokenizerRegistry:
     """Thread-safe registry: persisted registrations + an LRU of loaded tokenizers."""
 
     def __init__(self, store: RegistryStore | None = None, cache_size: int = 16,
-                 roots: Sequence[str | Path] | None = None) -> None:
+                 roots: Sequence[str | Path] | None = None, *,
+                 limits: RegistryLimits | None = None) -> None:
         self._store: RegistryStore = store if store is not None else MemoryStore()
         self.roots: list[Path] | None = (None if roots is None
                                          else [_absolute(str(r)) for r in roots])
         """Directories `register` may read from, absolute (None: anywhere, for in-process
         use)."""
+        self.limits = limits or RegistryLimits()
         self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
         self._cache_size = max(1, cache_size)
+        self._cache_bytes = 0
         self._lock = threading.RLock()
         self.loads = 0
         """How many times a tokenizer was loaded from disk (cache misses)."""
@@ -345,14 +400,21 @@ class TokenizerRegistry:
         if existing is not None and not overwrite and existing.get("path") != path:
             raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} is registered with path "
                                 f"{existing.get('path')!r}; set overwrite to replace it")
-        loaded: LoadedTokenizer | None = None
+        most = self.limits.max_tokenizers
+        # Checked before the update, not inside it: replicas registering new ids at the same
+        # moment may overshoot by one each.
+        if existing is None and most is not None and self._store.count() >= most:
+            raise ResourceExhausted("tokenizer_id", f"THL holds {most} registrations, its limit "
+                                    "(thl.max_tokenizers); delete a run's tokenizers first")
+        max_bytes = self.limits.max_tokenizer_bytes
+        new: LoadedTokenizer | None = None
         if overwrite or existing is None or existing.get("path") != path:
-            tok = load_fast_tokenizer(path)  # slow: outside the store's critical section
-            loaded = LoadedTokenizer(describe(tokenizer_id, path, tok), tok)
+            # slow: outside the store's critical section
+            new = loaded(tokenizer_id, path, load_fast_tokenizer(path, max_bytes), max_bytes)
 
         def hold(current: Record | None) -> Record:
-            if loaded is not None:
-                record: Record = {"path": path, "info": asdict(loaded.info),
+            if new is not None:
+                record: Record = {"path": path, "info": asdict(new.info),
                                   "registered_at": time.time(), "runs": [], "pinned": False}
                 if current is not None:  # overwrite: the runs that held the id still do
                     record["runs"] = list(current.get("runs", []))
@@ -364,6 +426,11 @@ class TokenizerRegistry:
                 record = dict(current, runs=list(current.get("runs", [])),
                               pinned=_pinned(current))
             if run_id:
+                runs = self.limits.max_runs_per_tokenizer
+                if run_id not in record["runs"] and runs is not None and len(
+                        record["runs"]) >= runs:
+                    raise ResourceExhausted("run_id", f"{runs} runs hold {tokenizer_id!r}, the "
+                                            "limit (thl.max_runs_per_tokenizer)")
                 record["runs"] = sorted({*record["runs"], run_id})
             else:
                 record["pinned"] = True
@@ -372,9 +439,9 @@ class TokenizerRegistry:
         record = self._store.update(tokenizer_id, hold)
         assert record is not None
         info = TokenizerInfo(**record["info"])
-        if loaded is not None:
+        if new is not None:
             with self._lock:
-                self._remember(tokenizer_id, loaded)
+                self._remember(tokenizer_id, new)
         return info
 
     def delete_run(self, run_id: str) -> int:
@@ -393,7 +460,7 @@ class TokenizerRegistry:
         for tid in held:
             if self._store.update(tid, release) is None:
                 with self._lock:
-                    self._cache.pop(tid, None)
+                    self._forget(tid)
         if not held:
             raise NotFound("run_id", f"no tokenizer is registered for run {run_id!r}")
         return len(held)
@@ -414,12 +481,13 @@ class TokenizerRegistry:
         record = self._store.get(tokenizer_id)
         if record is None:
             raise NotFound(field, f"no tokenizer registered as {tokenizer_id!r}")
-        tok = load_fast_tokenizer(record["path"])
-        loaded = LoadedTokenizer(describe(tokenizer_id, record["path"], tok), tok)
+        max_bytes = self.limits.max_tokenizer_bytes
+        found = loaded(tokenizer_id, record["path"],
+                       load_fast_tokenizer(record["path"], max_bytes), max_bytes)
         with self._lock:
             self.loads += 1
-            self._remember(tokenizer_id, loaded)
-        return loaded
+            self._remember(tokenizer_id, found)
+        return found
 
     def close(self) -> None:
         """Release the store's connection (Redis), if it has one."""
@@ -431,8 +499,22 @@ class TokenizerRegistry:
         with self._lock:
             return list(self._cache)
 
-    def _remember(self, tokenizer_id: str, loaded: LoadedTokenizer) -> None:
-        self._cache[tokenizer_id] = loaded
-        self._cache.move_to_end(tokenizer_id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+    @property
+    def cached_bytes(self) -> int:
+        """Serialized bytes of the tokenizers in the cache."""
+        return self._cache_bytes
+
+    def _remember(self, tokenizer_id: str, found: LoadedTokenizer) -> None:
+        self._forget(tokenizer_id)
+        self._cache[tokenizer_id] = found
+        self._cache_bytes += found.nbytes
+        budget = self.limits.cache_max_bytes
+        while len(self._cache) > 1 and (len(self._cache) > self._cache_size or (
+                budget is not None and self._cache_bytes > budget)):
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= old.nbytes
+
+    def _forget(self, tokenizer_id: str) -> None:
+        old = self._cache.pop(tokenizer_id, None)
+        if old is not None:
+            self._cache_bytes -= old.nbytes

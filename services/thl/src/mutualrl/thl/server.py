@@ -15,6 +15,7 @@ from mutualrl.thl.registry import (
     JsonFileStore,
     MemoryStore,
     RedisStore,
+    RegistryLimits,
     RegistryStore,
     TokenizerRegistry,
 )
@@ -34,11 +35,18 @@ def build_store(cfg: ThlConfig) -> RegistryStore:
 
 def build_engine(cfg: ThlConfig) -> AlignmentEngine:
     """The engine a THL process serves (also what an in-process trainer can build from config)."""
-    registry = TokenizerRegistry(build_store(cfg), cfg.cache_size, cfg.tokenizer_roots)
+    registry = TokenizerRegistry(build_store(cfg), cfg.cache_size, cfg.tokenizer_roots,
+                                 limits=RegistryLimits(
+                                     cache_max_bytes=cfg.cache_max_bytes,
+                                     max_tokenizer_bytes=cfg.max_tokenizer_bytes,
+                                     max_tokenizers=cfg.max_tokenizers,
+                                     max_runs_per_tokenizer=cfg.max_runs_per_tokenizer))
     log.info("THL reads tokenizers registered over gRPC from under: %s",
              ", ".join(str(r) for r in registry.roots or []) or "(nowhere)")
     engine = AlignmentEngine(registry, EngineLimits(max_batch=cfg.max_batch,
                                                     max_text_bytes=cfg.max_text_bytes,
+                                                    max_request_text_bytes=(
+                                                        cfg.max_request_text_bytes),
                                                     align_block_items=cfg.align_block_items,
                                                     max_response_bytes=cfg.max_message_bytes))
     for tokenizer_id, path in cfg.tokenizers.items():
@@ -60,7 +68,7 @@ class ThlServer(ServiceServer):
 async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
     """Start THL on cfg.host:cfg.port (0 = free port) with health, reflection, auth, metrics."""
     engine = engine if engine is not None else build_engine(cfg)
-    servicer = AlignmentServicer(engine)
+    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes)
 
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)

@@ -8,11 +8,13 @@ threads so the event loop keeps answering health checks and other calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import grpc
 
 from mutualrl.common import alignment_wire as wire
-from mutualrl.common.errors import InvalidArgument, grpc_errors
+from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
 from mutualrl.thl import metrics
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.v1 import alignment_pb2 as pb
@@ -22,11 +24,39 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
 
 
+class RequestBudget:
+    """Request bytes worked on at once, at most `limit` (one call alone always runs): what
+    bounds THL's working memory across concurrent calls."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.in_use = 0
+
+    @contextlib.contextmanager
+    def hold(self, size: int, field: str) -> Iterator[None]:
+        if self.limit is not None and self.in_use and self.in_use + size > self.limit:
+            raise ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
+                                    f"requests (at most {self.limit} B at once, "
+                                    "thl.max_inflight_request_bytes); retry later")
+        self.in_use += size
+        metrics.INFLIGHT_BYTES.set(self.in_use)
+        try:
+            yield
+        finally:
+            self.in_use -= size
+            metrics.INFLIGHT_BYTES.set(self.in_use)
+
+
 class AlignmentServicer:
     """Implements the Alignment RPCs on an engine."""
 
-    def __init__(self, engine: AlignmentEngine) -> None:
+    def __init__(self, engine: AlignmentEngine, max_inflight_request_bytes: int | None = None
+                 ) -> None:
         self.engine = engine
+        self.budget = RequestBudget(max_inflight_request_bytes)
+        registry = engine.registry
+        metrics.CACHE_ENTRIES.set_function(lambda: len(registry.cached_ids()))
+        metrics.CACHE_BYTES.set_function(lambda: registry.cached_bytes)
 
     @grpc_errors
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest,
@@ -50,9 +80,16 @@ class AlignmentServicer:
     @grpc_errors
     async def Retokenize(self, request: pb.RetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.RetokenizeResponse:
-        results = await asyncio.to_thread(
-            self.engine.retokenize, request.tokenizer_id, list(request.texts),
-            request.add_special_tokens, request.apply_chat_template)
+        if len(request.texts) > self.engine.limits.max_batch:  # before the budget and copies
+            raise InvalidArgument("texts", f"{len(request.texts)} entries, over the limit of "
+                                  f"{self.engine.limits.max_batch} per call")
+        # The answer is built under the budget too: it is as large as the work.
+        with self.budget.hold(request.ByteSize(), "texts"):
+            return await asyncio.to_thread(self._retokenize, request)
+
+    def _retokenize(self, request: pb.RetokenizeRequest) -> pb.RetokenizeResponse:
+        results = self.engine.retokenize(request.tokenizer_id, list(request.texts),
+                                         request.add_special_tokens, request.apply_chat_template)
         target = request.tokenizer_id
         for r in results:
             metrics.observe_text("Retokenize", target, r.residual)
@@ -71,10 +108,14 @@ class AlignmentServicer:
         if len(request.items) > self.engine.limits.max_batch:  # before converting them all
             raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
                                   f"{self.engine.limits.max_batch} per call")
+        with self.budget.hold(request.ByteSize(), "items"):
+            return await asyncio.to_thread(self._align_trace, request)
+
+    def _align_trace(self, request: pb.AlignTraceRequest) -> pb.AlignTraceResponse:
         items = [wire.item_from_pb(it, i) for i, it in enumerate(request.items)]
-        result = await asyncio.to_thread(
-            self.engine.align_trace, request.source_tokenizer_id, request.target_tokenizer_id,
-            items, wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement])
+        result = self.engine.align_trace(
+            request.source_tokenizer_id, request.target_tokenizer_id, items,
+            wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement])
         target = request.target_tokenizer_id
         for a, it in zip(result.results, items, strict=True):
             metrics.observe_text("AlignTrace", target, a.residual)

@@ -148,3 +148,40 @@ async def test_thl_and_mwra_honour_the_same_scopes(redis_url: str, run_id: str) 
     finally:
         await thl.stop(0)
         await mwra.stop(0)
+
+
+async def test_policy_token_registers_only_its_own_tokenizer(redis_url: str, run_id: str) -> None:
+    """A trainer holding policy A's token registers `<run>/A` for its run (what
+    `PeerExchange.join` does), never another policy's id, another run's, or a free-form id."""
+    import tempfile
+
+    from mutualrl.thl.config import ThlConfig
+    from mutualrl.thl.server import start_thl
+    from mutualrl.thl.testing import trained_tokenizers
+
+    paths = trained_tokenizers()
+    thl = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=redis_url,
+                                    key_prefix=run_id, auth_token=SECRET,
+                                    tokenizer_roots=[tempfile.gettempdir()]))
+    tok_a = derive_token(SECRET, "policy:a")
+    try:
+        async with AsyncThlClient(thl.address, token=tok_a, retries=0) as a:
+            info = await a.register(f"{run_id}/a", paths["char"], overwrite=True, run_id=run_id)
+            assert info.tokenizer_id == f"{run_id}/a"
+            for tid, run in ((f"{run_id}/b", run_id),  # another policy of the run
+                             (f"{run_id}/a", "other-run"),  # its id under another run's name
+                             ("other-run/a", ""),  # no run: would outlive every run
+                             (f"{run_id}/a/x", run_id), ("a", run_id)):
+                try:
+                    await a.register(tid, paths["char"], overwrite=True, run_id=run)
+                except grpc.aio.AioRpcError as err:
+                    assert err.code() == DENIED, (tid, run)
+                    assert "policy 'a'" in (err.details() or ""), err.details()
+                else:
+                    raise AssertionError(f"{tid} for run {run!r} was registered")
+            assert [t.tokenizer_id for t in await a.list()] == [f"{run_id}/a"]
+        async with AsyncThlClient(thl.address, token=SECRET, retries=0) as admin:
+            b = await admin.register(f"{run_id}/b", paths["char"], run_id=run_id)
+            assert b.tokenizer_id == f"{run_id}/b"
+    finally:
+        await thl.stop(0)

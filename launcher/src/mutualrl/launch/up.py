@@ -50,6 +50,8 @@ class LaunchPlan:
     policies: list[str]
     metrics_files: dict[str, Path]
     rounds: int
+    tau: float = 1.0
+    """The run's success threshold, as the trainers would create the run."""
     endpoints: dict[str, str] = field(default_factory=dict)
     specs: list[ProcessSpec] = field(default_factory=list)
     warm_start: list[ProcessSpec] = field(default_factory=list)
@@ -138,6 +140,8 @@ def make_launch_plan(config: Path, redis_url: str | None,
                                 finishes=True, stop_group=2))
 
     thl["tokenizer_roots"] = tokenizer_roots(thl.get("tokenizer_roots"), tr)
+    if token:  # each trainer gets its policy's token below, never a shared one in the file
+        services.pop("token", None)
     eff_path = run_dir / "run.yaml"
     eff_path.write_text(yaml.safe_dump(eff, sort_keys=False))
     env = {"MUTUALRL_AUTH_TOKEN": token} if token else {}
@@ -145,7 +149,7 @@ def make_launch_plan(config: Path, redis_url: str | None,
                 policies=[p.name for p in trainer.policies],
                 metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
                                for p in trainer.policies},
-                rounds=trainer.grpo.rounds, warm_start=warm)
+                rounds=trainer.grpo.rounds, tau=trainer.probe.tau, warm_start=warm)
     plan.endpoints = {
         "see_grpc": f"127.0.0.1:{ports['see']}",
         "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
@@ -168,11 +172,23 @@ def make_launch_plan(config: Path, redis_url: str | None,
     for name in plan.policies:
         plan.specs.append(ProcessSpec(
             name=f"trainer-{name}", argv=[*CLI, "train", "-c", str(eff_path), "--policy", name],
-            log_path=run_dir / "logs" / f"trainer-{name}.log", env=dict(env), restart=restart,
-            max_restarts=up.max_restarts, stop_group=2, finishes=True))
+            log_path=run_dir / "logs" / f"trainer-{name}.log", env=trainer_env(token, name),
+            restart=restart, max_restarts=up.max_restarts, stop_group=2, finishes=True))
     for spec in warm:
-        spec.env.update(env)
+        spec.env.update(trainer_env(token, None))
     return plan, pre
+
+
+def trainer_env(secret: str | None, policy: str | None) -> dict[str, str]:
+    """The token a trainer of `policy` runs with: its policy's token only (publish, fetch,
+    ack and report as that policy, register its own tokenizer), never the run's secret, which
+    children otherwise inherit from this process. `policy` None: a child that talks to no
+    service (a warm start) gets no token."""
+    from mutualrl.common.auth import POLICY_SCOPE, derive_token
+
+    if not secret:
+        return {}
+    return {"MUTUALRL_AUTH_TOKEN": derive_token(secret, POLICY_SCOPE + policy) if policy else ""}
 
 
 def run_up(config: Path, console: Any) -> int:
@@ -229,8 +245,29 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
     except ChildFailed as err:
         console.print(f"[red]{err}[/]\n{err.log_tail}")
         return EXIT_FAILED
+    import grpc
+
+    try:
+        _create_run(plan)
+    except grpc.RpcError as err:
+        console.print(f"[red]creating run {plan.run_id} in SEE failed: {err.code().name}: "
+                      f"{err.details()}[/]")
+        return EXIT_FAILED
     with _local_worker(plan):
         return _train(plan, sup, signals, console)
+
+
+def _create_run(plan: LaunchPlan) -> None:
+    """Create the run in SEE with the run's secret (idempotent: a resumed run finds it), as
+    the trainers would have; their policy tokens may not create runs (`mutualrl.see.access`)."""
+    from mutualrl.client.see import SeeClient
+    from mutualrl.common.channel import ClientOptions
+
+    client = SeeClient(ClientOptions(address=plan.endpoints["see_grpc"]))
+    try:
+        client.create_run(plan.run_id, plan.policies, plan.tau, exist_ok=True)
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager

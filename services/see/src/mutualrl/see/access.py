@@ -1,6 +1,14 @@
 """Which of SEE's RPCs the scoped tokens may call (`mutualrl.common.auth`): a policy's token
 publishes, fetches, acks and asks for stats and successes as that policy only; any valid token
-reads runs and their streams; creating and deleting runs takes the run's secret itself."""
+reads runs and their streams; creating and deleting runs takes the run's secret itself.
+
+CreateRun stays admin only, also with `exist_ok`: a policy token is derived from the secret,
+not from a run, so it could not be confined to "its" run. Allowed to create, any trainer could
+open runs under any id (each one holding streams and keys until its TTL) and would fix the
+run's policies, tau and retention for everyone by being first. Whoever holds the secret creates
+the run (`mutualrl up` does, before it starts the trainers); a trainer holding a policy token
+only checks, through GetRun, that its run exists and lists its policy
+(`mutualrl.trainer.exchange.PeerExchange.join`)."""
 
 from __future__ import annotations
 

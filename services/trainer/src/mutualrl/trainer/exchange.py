@@ -110,10 +110,37 @@ class PeerExchange:
         """Create the run (idempotent) and register tokenizers (id -> local path) with THL:
         this policy's own with a THL service (each trainer registers its own), every policy's
         with the in-process engine (which knows only what this process registers). They are
-        registered for this run: THL's DeleteRun of the run releases them."""
-        self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
+        registered for this run: THL's DeleteRun of the run releases them.
+
+        Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
+        exist already, made by whoever holds the secret (`mutualrl up` does), and list this
+        policy (`mutualrl.see.access`)."""
+        import grpc
+
+        try:
+            self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            self._check_run_exists()
         for tid, path in tokenizers.items():
             self.thl.register(tid, path, overwrite=True, run_id=self.run_id)
+
+    def _check_run_exists(self) -> None:
+        import grpc
+
+        try:
+            run = self.client.get_run(self.run_id)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            raise RuntimeError(
+                f"run {self.run_id!r} does not exist in SEE and this trainer's token may not "
+                "create it (a policy token): create the run with the run's secret first "
+                "(`mutualrl up` does)") from None
+        if self.policy not in run.config.policies:
+            raise RuntimeError(f"run {self.run_id!r} in SEE does not list policy {self.policy!r}"
+                               f" (it lists {', '.join(run.config.policies)})")
 
     def close(self) -> None:
         self.client.close()

@@ -40,7 +40,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     d = s.dist
 
     alloc = d.from_main(lambda: s.allocator.allocation(k))
-    torch.set_num_threads(alloc.threads)
+    # MWRA's threads are the policy's: its ranks share them.
+    torch.set_num_threads(max(1, alloc.threads // d.world))
     n_prompts = max(1, min(g.prompts_per_round, alloc.rollout_budget // g.group_size))
     prompts = s.task.round_prompts(k, g.prompts_per_round, s.cfg.seed)[:n_prompts]
 

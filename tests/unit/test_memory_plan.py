@@ -69,6 +69,22 @@ def test_plan_exact_numbers_hf_engine(llama_dir: Path) -> None:
     assert ref.train_peak == p.train_peak + 552_192
 
 
+def test_plan_of_one_rank_of_a_data_parallel_policy(llama_dir: Path) -> None:
+    one = plan(model_shape(llama_dir), _inputs(), 1 << 40)
+    two = plan(model_shape(llama_dir), _inputs(nproc=2), 1 << 40)
+    # FSDP2: half of weights, gradients and optimizer state per rank, half the rollouts ...
+    for item in ("weights", "gradients", "optimizer", "kv_cache"):
+        assert two.items[item] == one.items[item] // 2, item
+    # ... plus the gathered root (64,000 embedding values) and one block (37,024 values: the
+    # 74,048 non-embedding parameters over 2 layers), with their unsharded gradients.
+    assert two.items["gathered"] == 2 * (64_000 + 37_024) * 4
+    sharded = 552_192 + 552_192 + 1_104_384  # weights, gradients, optimizer of one process
+    assert two.train_peak == one.train_peak - sharded // 2 + two.items["gathered"]
+    # Sampling gathers the whole model beside the shards.
+    assert two.rollout_peak == (552_192 + 1_104_384) // 2 + 552_192 + 131_072 // 2
+    assert plan(model_shape(llama_dir), _inputs(nproc=4), 1 << 40).items["weights"] == 138_048
+
+
 def test_plan_exact_numbers_sglang(llama_dir: Path) -> None:
     p = plan(model_shape(llama_dir), _inputs(engine="sglang"), 8 * GIB)
     assert p.items["engine"] == 4 * GIB

@@ -42,7 +42,7 @@ def plan_inputs(cfg: TrainerConfig, policy: PolicySettings, prompt_tokens: int) 
         reference_copy=policy.lora is None and (g.beta > 0 or cfg.diagnostics.kl_every > 0),
         rows=g.prompts_per_round * g.group_size, seq_tokens=prompt_tokens + max_new,
         engine=policy.rollout_engine, mem_fraction_static=policy.sglang.mem_fraction_static,
-        release_memory=policy.sglang.release_memory)
+        release_memory=policy.sglang.release_memory, nproc=policy.nproc)
 
 
 def device_bytes(policy: PolicySettings, device_memory_gb: float | None) -> int:

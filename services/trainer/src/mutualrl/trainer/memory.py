@@ -68,6 +68,8 @@ class PlanInputs:
     engine: str
     mem_fraction_static: float
     release_memory: bool
+    nproc: int = 1
+    """Data-parallel ranks (`policies[].nproc`); the plan is then one rank's (one device's)."""
 
 
 @dataclass
@@ -102,10 +104,19 @@ def layer_activation_values(shape: ModelShape) -> int:
 def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
     """The memory plan of one policy on a device of `device_bytes`."""
     b, a = x.dtype_bytes, x.act_bytes
-    weights = shape.params * b
-    grads = shape.trainable * b
-    optim = 2 * shape.trainable * b
-    reference = weights if x.reference_copy else 0
+    n = max(1, x.nproc)
+    full = shape.params * b
+    # FSDP2 (nproc > 1): each rank holds 1/n of weights, gradients and optimizer state; the
+    # root unit (embeddings, a tied head) stays gathered from forward to backward and one
+    # block is gathered at a time, with their unsharded gradients before the reduce-scatter.
+    weights = -(-full // n)
+    grads = -(-shape.trainable * b // n)
+    optim = -(-2 * shape.trainable * b // n)
+    block = max(shape.params - shape.vocab * shape.hidden, 0) // max(shape.layers, 1)
+    gathered = 2 * (shape.vocab * shape.hidden + block) * b if n > 1 else 0
+    rollout_weights = full if n > 1 else 0  # sampling gathers the whole model
+    rows = -(-x.rows // n)  # each rank samples its share
+    reference = full if x.reference_copy else 0
     per_layer = layer_activation_values(shape) * x.micro_batch_tokens * a
     if x.activation_checkpointing:
         acts = shape.layers * shape.hidden * x.micro_batch_tokens * a + per_layer
@@ -113,21 +124,23 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
         acts = shape.layers * per_layer
     logits = x.logit_chunk_tokens * shape.vocab * (a + 8)
     kv_tok = kv_bytes_per_token(shape, b)
-    round_kv = x.rows * x.seq_tokens * kv_tok
+    round_kv = rows * x.seq_tokens * kv_tok
     items = {"weights": weights, "gradients": grads, "optimizer": optim,
              "reference": reference, "activations": acts, "logit_chunk": logits}
+    if n > 1:
+        items["gathered"] = gathered
     resident = weights + optim + reference
     problems: list[str] = []
     if x.engine == "sglang":
         static = int(x.mem_fraction_static * device_bytes)
         # SGLang starts after the trainer loaded its weights; its KV pool is what is left of
         # its share once those and its own copy of the weights are counted.
-        pool = static - weights - reference - weights
-        rows_at_once = min(x.rows, max(pool, 0) // max(x.seq_tokens * kv_tok, 1))
+        pool = static - weights - reference - full
+        rows_at_once = min(rows, max(pool, 0) // max(x.seq_tokens * kv_tok, 1))
         items["engine"] = static
         items["kv_cache"] = max(pool, 0)
-        rollout = resident + static
-        train = resident + grads + acts + logits + (
+        rollout = resident + rollout_weights + static
+        train = resident + gathered + grads + acts + logits + (
             RELEASED_ENGINE_BYTES if x.release_memory else static)
         if rows_at_once < 1:
             problems.append(
@@ -135,10 +148,10 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
                 f"{x.seq_tokens} tokens: raise policies[].sglang.mem_fraction_static")
     else:
         pool = round_kv
-        rows_at_once = x.rows
+        rows_at_once = rows
         items["kv_cache"] = round_kv
-        rollout = resident + round_kv
-        train = resident + grads + acts + logits
+        rollout = resident + rollout_weights + round_kv
+        train = resident + gathered + grads + acts + logits
     reserve = RESERVE_BYTES + int(RESERVE_FRACTION * device_bytes)
     room = device_bytes - reserve
     if train > room:
@@ -170,8 +183,9 @@ def _gib(n: int) -> str:
 
 def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     """The plan as a few aligned lines."""
+    per_rank = f", 1/{x.nproc} per rank (FSDP2)" if x.nproc > 1 else ""
     rows = [
-        ("parameters", p.items["weights"], f"{shape.params:,} x {x.dtype_bytes} B"),
+        ("parameters", p.items["weights"], f"{shape.params:,} x {x.dtype_bytes} B{per_rank}"),
         ("gradients", p.items["gradients"], f"{shape.trainable:,} trainable"),
         ("optimizer state", p.items["optimizer"], "AdamW, 2 moments"),
         ("reference copy", p.items["reference"],
@@ -182,9 +196,13 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
         ("logit chunk", p.items["logit_chunk"],
          f"{x.logit_chunk_tokens:,} tokens x {shape.vocab:,} vocab"),
         ("KV cache", p.items["kv_cache"],
-         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {x.rows:,} rollouts of "
-         f"{x.seq_tokens:,} tokens at once"),
+         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.nproc):,} "
+         f"rollouts of {x.seq_tokens:,} tokens at once"),
     ]
+    if "gathered" in p.items:
+        rows.append(("gathered units", p.items["gathered"],
+                     "root (embeddings, head) + one block, with their gradients; sampling "
+                     "gathers the whole model"))
     if "engine" in p.items:
         rows.append(("SGLang static pool", p.items["engine"],
                      f"mem_fraction_static {x.mem_fraction_static}, released in training: "

@@ -77,6 +77,9 @@ def _dry_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     cfg = load_trainer_config(args.config)
+    if args.nproc is not None:  # one rank's plan, as `train --nproc` would run it
+        for policy in cfg.policies:
+            policy.nproc = args.nproc
     try:
         plans = memory_plans(cfg, [args.policy] if args.policy else None,
                              args.device_memory_gb, args.prompt_tokens)

@@ -12,6 +12,8 @@ status is 1 when there is any error.
     python deploy/validate_policies.py compose docker-compose.yml
     kubectl kustomize deploy/k8s/overlays/dev | python deploy/validate_policies.py k8s dev -
     python deploy/validate_policies.py same configs/demo.yaml deploy/k8s/base/run.yaml
+    python deploy/validate_policies.py tokens deploy/k8s/base/auth.env \
+        deploy/k8s/base/policy-tokens.env
     python deploy/validate_policies.py constraints . constraints.txt \
         deploy/docker/constraints-gpu.txt
     python deploy/validate_policies.py context . deploy/docker/Dockerfile.service
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import hmac
 import importlib
 import io
 import pkgutil
@@ -284,6 +288,28 @@ def check_same(source: Path, copy: Path) -> list[str]:
     return []
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text("utf-8").splitlines()
+             if line.strip() and not line.lstrip().startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def check_policy_tokens(auth_env: Path, tokens_env: Path) -> list[str]:
+    """Every `policy=token` of `tokens_env` is that policy's token under the secret of
+    `auth_env` (HMAC-SHA256(secret, "policy:<name>"), as `mutualrl token policy NAME` prints)."""
+    secret = _env_file(auth_env).get("MUTUALRL_AUTH_TOKEN")
+    if not secret:
+        return [f"{auth_env}: no MUTUALRL_AUTH_TOKEN"]
+    errors = []
+    for policy, token in _env_file(tokens_env).items():
+        mac = hmac.new(secret.encode(), f"policy:{policy}".encode(), hashlib.sha256).hexdigest()
+        if token != f"policy.{policy}.{mac}":
+            errors.append(f"{tokens_env}: {policy} is not the token of policy {policy} under "
+                          f"{auth_env}'s secret; refresh it with: MUTUALRL_AUTH_TOKEN=<secret> "
+                          f"mutualrl token policy {policy}")
+    return errors
+
+
 # ---- the packages as the images run them -------------------------------------------------------
 
 
@@ -518,6 +544,8 @@ def main(argv: list[str]) -> int:
             errors = check_k8s(args[0], docs)
         elif command == "same" and len(args) == 2:
             errors = check_same(paths[0], paths[1])
+        elif command == "tokens" and len(args) == 2:
+            errors = check_policy_tokens(paths[0], paths[1])
         elif command == "constraints" and len(args) >= 2:
             errors = check_constraints(paths[0], paths[1:])
         elif command == "context" and len(args) == 2:

@@ -15,7 +15,8 @@
 #      no torch, matplotlib or tensorboard;
 #   4. copies that must not drift: deploy/docker/constraints-gpu.txt vs constraints.txt
 #      (scripts/constraints.py --check-gpu), the Kubernetes run config (deploy/k8s/base/run.yaml)
-#      vs configs/demo.yaml;
+#      vs configs/demo.yaml, the trainers' tokens (deploy/k8s/base/policy-tokens.env) vs the
+#      secret they derive from (auth.env);
 #   5. the packages as the images run them: every module of an image's packages imports with
 #      only that image's distributions importable (the rest blocked), and every `mutualrl ...`
 #      command and healthcheck in the compose file and manifests parses with the CLI of the
@@ -246,6 +247,13 @@ if want copies; then
             pass "copies: deploy/k8s/base/run.yaml is configs/demo.yaml"
         else
             fail "copies: deploy/k8s/base/run.yaml is configs/demo.yaml" "$out"
+        fi
+    fi
+    if [ -f "$K8S_DIR/base/policy-tokens.env" ]; then
+        if out="$("$PYTHON" "$POLICIES" tokens "$K8S_DIR/base/auth.env" "$K8S_DIR/base/policy-tokens.env" 2>&1)"; then
+            pass "copies: deploy/k8s/base/policy-tokens.env follows auth.env's secret"
+        else
+            fail "copies: deploy/k8s/base/policy-tokens.env follows auth.env's secret" "$out"
         fi
     fi
 fi

@@ -103,6 +103,7 @@ def test_repository_files_pass() -> None:
         assert imports in ok
     assert "constraints: only name==version pins" in ok
     assert "copies: deploy/docker/constraints-gpu.txt follows constraints.txt" in ok
+    assert "copies: deploy/k8s/base/policy-tokens.env follows auth.env's secret" in ok
     assert "package: compose and Kubernetes commands parse with their image's mutualrl CLI" in ok
     # The GPU target's sglang is not installed here: said, not hidden.
     assert "(target gpu): not followed further" in result.stdout
@@ -180,14 +181,18 @@ def test_container_without_limits_fails(tree: Path) -> None:
 def test_drifted_copies_fail(tree: Path) -> None:
     replace_once(tree / "deploy/docker/constraints-gpu.txt", "sglang==0.5.23", "sglang==0.5.22")
     (tree / "configs/demo.yaml").write_text("# edited after the copy was made\n")
+    # A new secret whose trainer tokens were not derived again.
+    replace_once(tree / "deploy/k8s/base/auth.env", "=dev-only-change-me", "=a-new-secret")
     result = validate_tree(tree, "copies")
     assert result.returncode == 1
     assert failed_checks(result.stdout) == [
         "copies: deploy/docker/constraints-gpu.txt follows constraints.txt",
         "copies: deploy/k8s/base/run.yaml is configs/demo.yaml",
+        "copies: deploy/k8s/base/policy-tokens.env follows auth.env's secret",
     ]
     assert "constraints-gpu.txt: does not follow" in result.stdout
     assert "refresh it with: cp " in result.stdout
+    assert "mutualrl token policy gpt2-bpe" in result.stdout
 
 
 def test_pip_install_without_constraints_fails(tree: Path) -> None:

@@ -106,15 +106,17 @@ class PeerExchange:
         """Stream id of the last peer rollout acknowledged (saved with checkpoints)."""
 
     # ---- set-up ---------------------------------------------------------------------------
-    def join(self, policies: Sequence[str], tokenizers: dict[str, str]) -> None:
+    def join(self, policies: Sequence[str], tokenizers: dict[str, str],
+             run_wait_s: float = 30.0) -> None:
         """Create the run (idempotent) and register tokenizers (id -> local path) with THL:
         this policy's own with a THL service (each trainer registers its own), every policy's
         with the in-process engine (which knows only what this process registers). They are
         registered for this run: THL's DeleteRun of the run releases them.
 
         Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
-        exist already, made by whoever holds the secret (`mutualrl up` does), and list this
-        policy (`mutualrl.see.access`)."""
+        exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
+        create-run` do), and list this policy (`mutualrl.see.access`); it is waited for up to
+        `run_wait_s` seconds."""
         import grpc
 
         try:
@@ -122,22 +124,29 @@ class PeerExchange:
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.PERMISSION_DENIED:
                 raise
-            self._check_run_exists()
+            self._check_run_exists(run_wait_s)
         for tid, path in tokenizers.items():
             self.thl.register(tid, path, overwrite=True, run_id=self.run_id)
 
-    def _check_run_exists(self) -> None:
+    def _check_run_exists(self, wait_s: float) -> None:
+        """Wait up to `wait_s` for the run to appear (a deployment's run-init job may still be
+        creating it), then check it lists this policy."""
         import grpc
 
-        try:
-            run = self.client.get_run(self.run_id)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            raise RuntimeError(
-                f"run {self.run_id!r} does not exist in SEE and this trainer's token may not "
-                "create it (a policy token): create the run with the run's secret first "
-                "(`mutualrl up` does)") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                run = self.client.get_run(self.run_id)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"run {self.run_id!r} does not exist in SEE and this trainer's token may "
+                        "not create it (a policy token): create the run with the run's secret "
+                        "first (`mutualrl up` and `mutualrl create-run` do)") from None
+                time.sleep(1.0)
         if self.policy not in run.config.policies:
             raise RuntimeError(f"run {self.run_id!r} in SEE does not list policy {self.policy!r}"
                                f" (it lists {', '.join(run.config.policies)})")

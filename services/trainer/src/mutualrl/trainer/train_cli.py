@@ -94,6 +94,33 @@ def _dry_run(args: argparse.Namespace) -> int:
     return 2 if bad else 0
 
 
+def _create_run(args: argparse.Namespace) -> int:
+    """Create the config's run in SEE with the run's secret (MUTUALRL_AUTH_TOKEN), as
+    trainers holding a policy token may not (`mutualrl.see.access`); idempotent."""
+    import sys
+
+    import grpc
+
+    from mutualrl.client.see import SeeClient
+    from mutualrl.common.channel import ClientOptions
+    from mutualrl.trainer.config import load_trainer_config
+
+    cfg = load_trainer_config(args.config)
+    svc = cfg.services
+    policies = [p.name for p in cfg.policies]
+    client = SeeClient(ClientOptions(address=svc.see, token=svc.token, timeout=svc.timeout))
+    try:
+        client.create_run(cfg.run_id, policies, cfg.probe.tau, exist_ok=True)
+    except grpc.RpcError as err:
+        print(f"mutualrl create-run: run {cfg.run_id} at {svc.see}: {err.code().name}: "
+              f"{err.details()}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"run {cfg.run_id} in SEE at {svc.see}: policies {', '.join(policies)}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from mutualrl.trainer.bench import bench_command
 
@@ -126,6 +153,9 @@ def register_train_commands(commands: Any) -> None:
     p.add_argument("--nproc", type=int, default=None,
                    help="Data-parallel ranks for this policy (overrides the policy's nproc): "
                         "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")
+    r = commands.add(("create-run",), "Create a run config's run in SEE with the run's secret "
+                     "(trainers holding a policy token may not create it).", _create_run)
+    r.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
     b = commands.add(("bench", "trainer"),
                      "Steps/s of our GRPO step vs TRL's GRPOTrainer on the same model.", _bench)
     b.add_argument("--json", default=None, help="Write the result JSON here.")

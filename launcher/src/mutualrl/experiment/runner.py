@@ -79,7 +79,8 @@ def make_warm_starts(plan: ExperimentPlan, cfg: ExperimentConfig, out: Path, con
                 name = f"sft-{w.regime}-{w.policy}-s{w.seed}"
                 sup.start(ProcessSpec(name=name, argv=[*CHILD, "sft", "-c", str(cfg_path)],
                                       log_path=out / "logs" / f"{name}.log", finishes=True,
-                                      env={"OMP_NUM_THREADS": "1"}))
+                                      # SFT talks to no service: none of the secret.
+                                      env={"OMP_NUM_THREADS": "1", "MUTUALRL_AUTH_TOKEN": ""}))
                 running[name] = w
                 console.print(f"  training warm start {w.key} -> {w.out_dir}")
             for child, code in sup.poll():
@@ -196,6 +197,7 @@ def _count_lines(path: Path) -> int:
 def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
               cfg: ExperimentConfig) -> ActiveRun:
     from mutualrl.client.mwra import MwraClient
+    from mutualrl.launch.up import create_run, trainer_env
 
     run_dir = out / "runs" / spec.run_id
     if run_dir.exists():
@@ -214,12 +216,12 @@ def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
         mwra.register_local_worker(spec.run_id, worker_id, slots=slots)
     keep_client = MwraClient(svc.endpoints["mwra_grpc"], token=svc.token)
     keepalive = keep_client.keepalive(spec.run_id, worker_id, 2.0)
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if svc.token:
-        env["MUTUALRL_AUTH_TOKEN"] = svc.token
+    if svc.token:  # trainers get policy tokens, which may not create the run
+        create_run(svc.endpoints["see_grpc"], trainer)
     names = []
     for pol in spec.policies:
         name = f"{spec.run_id}/{pol}"
+        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **trainer_env(svc.token, pol)}
         sup.start(ProcessSpec(
             name=name, argv=[*CHILD, "train", "-c", str(cfg_path), "--policy", pol],
             log_path=run_dir / "logs" / f"trainer-{pol}.log", env=env, finishes=True,

@@ -50,8 +50,8 @@ class LaunchPlan:
     policies: list[str]
     metrics_files: dict[str, Path]
     rounds: int
-    tau: float = 1.0
-    """The run's success threshold, as the trainers would create the run."""
+    secret: bool = False
+    """The run has a secret (auth on): trainers get policy tokens, `up` creates the run."""
     endpoints: dict[str, str] = field(default_factory=dict)
     specs: list[ProcessSpec] = field(default_factory=list)
     warm_start: list[ProcessSpec] = field(default_factory=list)
@@ -149,7 +149,7 @@ def make_launch_plan(config: Path, redis_url: str | None,
                 policies=[p.name for p in trainer.policies],
                 metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
                                for p in trainer.policies},
-                rounds=trainer.grpo.rounds, tau=trainer.probe.tau, warm_start=warm)
+                rounds=trainer.grpo.rounds, secret=bool(token), warm_start=warm)
     plan.endpoints = {
         "see_grpc": f"127.0.0.1:{ports['see']}",
         "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
@@ -248,7 +248,8 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
     import grpc
 
     try:
-        _create_run(plan)
+        if plan.secret:  # trainers get policy tokens, which may not create the run
+            create_run(plan.endpoints["see_grpc"], load_yaml(plan.config_path)["trainer"])
     except grpc.RpcError as err:
         console.print(f"[red]creating run {plan.run_id} in SEE failed: {err.code().name}: "
                       f"{err.details()}[/]")
@@ -257,15 +258,19 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
         return _train(plan, sup, signals, console)
 
 
-def _create_run(plan: LaunchPlan) -> None:
-    """Create the run in SEE with the run's secret (idempotent: a resumed run finds it), as
-    the trainers would have; their policy tokens may not create runs (`mutualrl.see.access`)."""
+def create_run(see: str, trainer: dict[str, Any]) -> None:
+    """Create the run of a `trainer:` section in SEE at `see` with the run's secret
+    (MUTUALRL_AUTH_TOKEN; idempotent: a resumed run finds it), as the trainers would have:
+    their policy tokens may not create runs (`mutualrl.see.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
+    from mutualrl.trainer.config import TrainerConfig
 
-    client = SeeClient(ClientOptions(address=plan.endpoints["see_grpc"]))
+    cfg = TrainerConfig.model_validate(trainer)
+    client = SeeClient(ClientOptions(address=see))
     try:
-        client.create_run(plan.run_id, plan.policies, plan.tau, exist_ok=True)
+        client.create_run(cfg.run_id, [p.name for p in cfg.policies], cfg.probe.tau,
+                          exist_ok=True)
     finally:
         client.close()
 

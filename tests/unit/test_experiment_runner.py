@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mutualrl.experiment.plan import WarmStart
-from mutualrl.experiment.runner import warm_start_report
+from mutualrl.experiment.plan import RunSpec, WarmStart
+from mutualrl.experiment.runner import experiment_tokenizer_roots, warm_start_report
 
 
 def test_warm_start_report_flags_leaky_weak_and_unlearned_strong_skills(tmp_path: Path) -> None:
@@ -20,3 +20,22 @@ def test_warm_start_report_flags_leaky_weak_and_unlearned_strong_skills(tmp_path
     assert rep["heldout_accuracy"]["rev"] == 0.97
     assert rep["flags"] == ["strong add only 0.19 (< 0.5)", "weak sort starts at 0.27 (> 0.05)"]
     assert warm_start_report(w, weak_max=0.5, strong_min=0.1)["flags"] == []
+
+
+def _run(regime: str, policies: list[dict[str, str]]) -> RunSpec:
+    return RunSpec(regime=regime, probe="sgt", seed=0, run_id=f"x-{regime}", policies=[],
+                   rounds=1, trainer={"output_dir": "ignored", "policies": policies}, warm={},
+                   eta_s=1.0)
+
+
+def test_one_thl_may_read_the_tokenizers_of_every_run_of_the_experiment(tmp_path: Path) -> None:
+    """THL serves all runs: its roots hold the experiment's directory (warm starts, run dirs)
+    and the checkpoints of the policies of every regime, not only the first run's."""
+    out = tmp_path / "exp"
+    runs = [_run("short", [{"name": "A", "model_path": str(tmp_path / "ckpt-a")}]),
+            _run("short3", [{"name": "C", "sft_checkpoint": str(tmp_path / "elsewhere" / "c")}])]
+    roots = experiment_tokenizer_roots({"tokenizer_roots": ["/srv/tok"]}, out, runs)
+    assert roots == [str(out.resolve()), "/srv/tok", str((tmp_path / "ckpt-a").resolve()),
+                     str((tmp_path / "elsewhere" / "c").resolve())]
+    default = experiment_tokenizer_roots({}, out, runs[:1])
+    assert default[0] == str(out.resolve()) and "runs" in default

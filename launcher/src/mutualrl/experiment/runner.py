@@ -114,7 +114,7 @@ class Services:
     names: list[str] = field(default_factory=list)
 
 
-def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first: RunSpec,
+def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, runs: list[RunSpec],
                    redis_url: str | None, token: str | None, console: Any) -> Services:
     """Redis (private unless REDIS_URL), SEE, THL and MWRA as supervised processes, through
     `mutualrl.launch.up.make_launch_plan` (free ports, effective YAML, health checks). Redis is
@@ -127,7 +127,10 @@ def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first:
     doc: dict[str, Any] = {k: dict(raw.get(k) or {}) for k in ("see", "thl", "mwra")}
     # THL persists registrations in Redis under its prefix: keep this experiment's apart.
     doc["thl"].setdefault("key_prefix", cfg.run_prefix)
-    doc["trainer"] = {**first.trainer, "run_id": "services", "output_dir": str(svc_dir)}
+    # One THL serves every run: it may read the tokenizers of all of them (warm starts and run
+    # directories under `out`, and every policy's own checkpoint), not only the first run's.
+    doc["thl"]["tokenizer_roots"] = experiment_tokenizer_roots(doc["thl"], out, runs)
+    doc["trainer"] = {**runs[0].trainer, "run_id": "services", "output_dir": str(svc_dir)}
     yml = svc_dir / "services-input.yaml"
     yml.write_text(yaml.safe_dump(doc, sort_keys=False))
     plan, pre = make_launch_plan(yml, redis_url, token)
@@ -141,6 +144,18 @@ def start_services(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, first:
     (out / "services.json").write_text(json.dumps(plan.endpoints, indent=2))
     return Services(endpoints=plan.endpoints, token=token, sup=sup,
                     redis_url=plan.endpoints["redis"], names=[s.name for s in services])
+
+
+def experiment_tokenizer_roots(thl: dict[str, Any], out: Path, runs: list[RunSpec]) -> list[str]:
+    """THL's `tokenizer_roots` for an experiment: the configured ones (else THL's default), the
+    experiment's output directory, and every run's policy `model_path` and `sft_checkpoint`."""
+    from mutualrl.launch.up import tokenizer_roots
+
+    roots: list[str] = [str(out.resolve())]
+    configured = thl.get("tokenizer_roots")
+    for run in runs:
+        roots += tokenizer_roots(configured, {**run.trainer, "output_dir": str(out)})
+    return list(dict.fromkeys(roots))
 
 
 def wait_services(svc: Services, cfg: ExperimentConfig, console: Any) -> None:
@@ -505,7 +520,7 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
     t_runs = time.monotonic()
     try:
         if not warm_only:
-            svc = start_services(cfg, raw, out, plan.runs[0], redis_url, token, console)
+            svc = start_services(cfg, raw, out, plan.runs, redis_url, token, console)
         warm_reports = make_warm_starts(plan, cfg, out, console, stop)
         (out / "warm_start.json").write_text(json.dumps(warm_reports, indent=2))
         if warm_only or svc is None:

@@ -54,7 +54,7 @@ def test_sdk_alone_has_no_torch_and_only_its_commands(tmp_path: Path) -> None:
     mutualrl = venv / "bin" / "mutualrl"
     top = _run(mutualrl, "--help")
     listed = set(re.findall(r"^    (\S+)", top, flags=re.MULTILINE))
-    assert listed == {"health", "inspect", "thl", "version"}, top
+    assert listed == {"health", "inspect", "thl", "token", "version"}, top
     thl = _run(mutualrl, "thl", "--help")
     assert "register" in thl and "list" in thl and "serve" not in thl
     assert "mutualrl-sdk 0.2.0" in _run(mutualrl, "version")

@@ -51,6 +51,10 @@ class ThlConfig(ServiceConfig):
     """Request bytes of Retokenize / AlignTrace calls worked on at once; a call that would
     exceed it is RESOURCE_EXHAUSTED (retry later), except that one call alone always runs.
     With `max_request_text_bytes` it bounds THL's working memory whatever clients send."""
+    work_threads: int = Field(default=2, ge=1)
+    """Retokenize / AlignTrace calls worked on at once (others wait their turn, their request
+    bytes counted in `max_inflight_request_bytes`). Each holds up to ~130 bytes per token of
+    one block of text (256 KiB, or one larger text) in tokenizer encodings, plus its answer."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])

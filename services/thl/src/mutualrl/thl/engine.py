@@ -69,6 +69,28 @@ _CHUNK_OVERHEAD = 15
 MAX_SOURCE_TOKENS_PER_BYTE = 4
 
 
+# Text encoded per tokenizer call: a tokenizer's Encoding holds ~130 bytes per token (ids, type
+# ids, the token strings, offsets, masks, word ids), so only this much text's worth is alive
+# at once (a single larger text goes alone).
+ENCODE_BLOCK_BYTES = 256 * 1024
+
+
+def encode_blocks(texts: Sequence[str], max_items: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of `texts` with at most `max_items` texts and, unless one text alone is
+    larger, at most ENCODE_BLOCK_BYTES of UTF-8 each."""
+    out: list[tuple[int, int]] = []
+    lo, size = 0, 0
+    for i, text in enumerate(texts):
+        n = len(text.encode("utf-8"))
+        if i > lo and (i - lo >= max_items or size + n > ENCODE_BLOCK_BYTES):
+            out.append((lo, i))
+            lo, size = i, 0
+        size += n
+    if lo < len(texts):
+        out.append((lo, len(texts)))
+    return out
+
+
 def _varint_bytes(n: int) -> int:
     return max(1, (max(n, 1).bit_length() + 6) // 7)
 
@@ -146,10 +168,7 @@ class AlignmentEngine:
                    apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
         """Encode texts with a registered tokenizer: ids, char offsets and residual metrics."""
         tok = self.registry.get(tokenizer_id)
-        self._check_batch(texts, "texts")
-        for i, text in enumerate(texts):
-            _check_text(text, f"texts[{i}]", self.limits.max_text_bytes)
-        self._check_total(texts, "texts")
+        self.check_texts(texts, "texts")
         if apply_chat_template:
             if not getattr(tok.hf, "chat_template", None):
                 raise FailedPrecondition("apply_chat_template",
@@ -159,11 +178,8 @@ class AlignmentEngine:
         self._check_response("texts", retokenize_response_bound(texts, tok.info.vocab_size),
                              texts)
         out = []
-        # In blocks: a tokenizer's Encoding holds ~10 fields per token (strings among them),
-        # so only one block's worth is alive at a time, not the whole call's.
-        block = max(1, self.limits.align_block_items)
-        for lo in range(0, len(texts), block):
-            part = list(texts[lo:lo + block])
+        for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
+            part = list(texts[lo:hi])
             encs = tok.backend.encode_batch(part, add_special_tokens=add_special_tokens)
             for text, enc in zip(part, encs, strict=True):
                 ids = np.asarray(enc.ids, dtype=np.int64)
@@ -185,11 +201,8 @@ class AlignmentEngine:
             raise InvalidArgument("placement", f"{placement!r} is not one of {PLACEMENTS}")
         src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
         tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
-        self._check_batch(items, "items")
         texts = [it.text for it in items]
-        for i, text in enumerate(texts):
-            _check_text(text, f"items[{i}].text", self.limits.max_text_bytes)
-        self._check_total(texts, "items")
+        self.check_texts(texts, "items")
         for i, it in enumerate(items):
             n_source = int(np.asarray(it.source_token_ids).size)
             most = MAX_SOURCE_TOKENS_PER_BYTE * len(it.text.encode("utf-8")) + _SPECIAL_TOKENS_SLACK
@@ -199,9 +212,8 @@ class AlignmentEngine:
                                       f"characters; at most {most} can be its tokens")
         tgt_ids: list[np.ndarray] = []
         tgt_offsets: list[np.ndarray] = []
-        block = max(1, self.limits.align_block_items)
-        for lo in range(0, len(texts), block):  # one block's Encodings alive at a time
-            encs = tgt.backend.encode_batch(texts[lo:lo + block], add_special_tokens=False)
+        for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
+            encs = tgt.backend.encode_batch(texts[lo:hi], add_special_tokens=False)
             tgt_ids += [np.asarray(e.ids, dtype=np.int64) for e in encs]
             tgt_offsets += [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encs]
             del encs
@@ -234,6 +246,15 @@ class AlignmentEngine:
         return AlignTraceResult(results, agg)
 
     # -- helpers --------------------------------------------------------------------------
+    def check_texts(self, texts: Sequence[str], field: str) -> None:
+        """The limits on a call's texts (`field`: "texts", or "items" whose entries' `.text`
+        they are): how many, each one's size and validity, and their total size."""
+        self._check_batch(texts, field)
+        entry = "{field}[{i}]" if field == "texts" else "{field}[{i}].text"
+        for i, text in enumerate(texts):
+            _check_text(text, entry.format(field=field, i=i), self.limits.max_text_bytes)
+        self._check_total(texts, field)
+
     def _check_response(self, field: str, bound: int, texts: Sequence[str]) -> None:
         """Refuse, before any encoding, a batch whose response could exceed the message limit
         (it would fail only after all the work, with the same code)."""
@@ -297,21 +318,30 @@ class AlignmentEngine:
             offsets.append(off)
         if need:
             texts = [items[i].text for i in need]
-            plain = src.backend.encode_batch(texts, add_special_tokens=False)
-            for i, enc in zip(need, plain, strict=True):
-                ids = np.asarray(items[i].source_token_ids, dtype=np.int64).reshape(-1)
-                chosen = enc if np.array_equal(ids, enc.ids) else None
-                if chosen is None:
-                    with_special = src.backend.encode(items[i].text, add_special_tokens=True)
-                    if np.array_equal(ids, with_special.ids):
-                        chosen = with_special
-                if chosen is None:
-                    raise InvalidArgument(
-                        f"items[{i}].source_token_ids", "without source offsets the ids must "
-                        "equal the source tokenizer's encoding of text (they do not); send "
-                        "source_offset_starts/ends")
-                offsets[i] = np.asarray(chosen.offsets, dtype=np.int64).reshape(-1, 2)
+            for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
+                plain = src.backend.encode_batch(texts[lo:hi], add_special_tokens=False)
+                self._source_offsets(src, items, need[lo:hi], plain, offsets)
         return [o for o in offsets if o is not None], values
+
+    @staticmethod
+    def _source_offsets(src: LoadedTokenizer, items: Sequence[TraceItem],
+                        need: Sequence[int], plain: Sequence[Any],
+                        offsets: builtins.list[np.ndarray | None]) -> None:
+        """Offsets of items[need] from their encodings `plain` (or with special tokens), which
+        must carry the items' ids."""
+        for i, enc in zip(need, plain, strict=True):
+            ids = np.asarray(items[i].source_token_ids, dtype=np.int64).reshape(-1)
+            chosen = enc if np.array_equal(ids, enc.ids) else None
+            if chosen is None:
+                with_special = src.backend.encode(items[i].text, add_special_tokens=True)
+                if np.array_equal(ids, with_special.ids):
+                    chosen = with_special
+            if chosen is None:
+                raise InvalidArgument(
+                    f"items[{i}].source_token_ids", "without source offsets the ids must "
+                    "equal the source tokenizer's encoding of text (they do not); send "
+                    "source_offset_starts/ends")
+            offsets[i] = np.asarray(chosen.offsets, dtype=np.int64).reshape(-1, 2)
 
     def _residual(self, tok: LoadedTokenizer, text: str, ids: np.ndarray, offsets: np.ndarray,
                   special: np.ndarray, multi_token_chunk_share: float = 0.0) -> Residual:

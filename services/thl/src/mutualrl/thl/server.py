@@ -68,7 +68,7 @@ class ThlServer(ServiceServer):
 async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
     """Start THL on cfg.host:cfg.port (0 = free port) with health, reflection, auth, metrics."""
     engine = engine if engine is not None else build_engine(cfg)
-    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes)
+    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes, cfg.work_threads)
 
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
@@ -76,6 +76,7 @@ async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> Th
     running = await start_server(cfg, add, [SERVICE_NAME], access=ACCESS)
 
     async def close_registry() -> None:
+        servicer.close()
         engine.registry.close()
 
     running.on_close.append(close_registry)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import ctypes
+import ctypes.util
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from mutualrl.common import alignment_wire as wire
+from mutualrl.common.alignment_types import TokenizerInfo
 from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
 from mutualrl.thl import metrics
 from mutualrl.thl.engine import AlignmentEngine
@@ -22,6 +26,32 @@ from mutualrl.v1 import runs_pb2 as runs_pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
+# A call whose request is at least this large hands its freed memory back to the OS afterwards.
+TRIM_AFTER_BYTES = 256 * 1024
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim: freed blocks of a large call otherwise stay in the heap of the thread
+    that worked on it (resident, though free) until that heap happens to be reused."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+
+@contextlib.contextmanager
+def _trimmed(request_bytes: int) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if _MALLOC_TRIM is not None and request_bytes >= TRIM_AFTER_BYTES:
+            _MALLOC_TRIM(0)
 
 
 class RequestBudget:
@@ -50,10 +80,14 @@ class RequestBudget:
 class AlignmentServicer:
     """Implements the Alignment RPCs on an engine."""
 
-    def __init__(self, engine: AlignmentEngine, max_inflight_request_bytes: int | None = None
-                 ) -> None:
+    def __init__(self, engine: AlignmentEngine, max_inflight_request_bytes: int | None = None,
+                 work_threads: int = 2) -> None:
         self.engine = engine
         self.budget = RequestBudget(max_inflight_request_bytes)
+        # Retokenize / AlignTrace run here: each working call holds a block of Encodings and
+        # its answer, so how many run at once bounds memory as much as the budget does.
+        self._work = ThreadPoolExecutor(max_workers=max(1, work_threads),
+                                        thread_name_prefix="thl-work")
         registry = engine.registry
         metrics.CACHE_ENTRIES.set_function(lambda: len(registry.cached_ids()))
         metrics.CACHE_BYTES.set_function(lambda: registry.cached_bytes)
@@ -61,9 +95,13 @@ class AlignmentServicer:
     @grpc_errors
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest,
                                 context: grpc.aio.ServicerContext) -> pb.TokenizerInfo:
-        info = await asyncio.to_thread(self.engine.register, request.tokenizer_id, request.path,
-                                       request.overwrite, request.run_id)
+        info = await asyncio.to_thread(self._register, request)
         return wire.info_to_pb(info)
+
+    def _register(self, request: pb.RegisterTokenizerRequest) -> TokenizerInfo:
+        with _trimmed(TRIM_AFTER_BYTES):  # a load parses the whole tokenizer.json
+            return self.engine.register(request.tokenizer_id, request.path, request.overwrite,
+                                        request.run_id)
 
     @grpc_errors
     async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
@@ -80,14 +118,18 @@ class AlignmentServicer:
     @grpc_errors
     async def Retokenize(self, request: pb.RetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.RetokenizeResponse:
-        if len(request.texts) > self.engine.limits.max_batch:  # before the budget and copies
-            raise InvalidArgument("texts", f"{len(request.texts)} entries, over the limit of "
-                                  f"{self.engine.limits.max_batch} per call")
+        # A call over the limits is refused before it waits for (or is refused by) the budget.
+        self.engine.check_texts(request.texts, "texts")
         # The answer is built under the budget too: it is as large as the work.
         with self.budget.hold(request.ByteSize(), "texts"):
-            return await asyncio.to_thread(self._retokenize, request)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._work, self._retokenize, request)
 
     def _retokenize(self, request: pb.RetokenizeRequest) -> pb.RetokenizeResponse:
+        with _trimmed(request.ByteSize()):
+            return self._retokenize_response(request)
+
+    def _retokenize_response(self, request: pb.RetokenizeRequest) -> pb.RetokenizeResponse:
         results = self.engine.retokenize(request.tokenizer_id, list(request.texts),
                                          request.add_special_tokens, request.apply_chat_template)
         target = request.tokenizer_id
@@ -108,10 +150,20 @@ class AlignmentServicer:
         if len(request.items) > self.engine.limits.max_batch:  # before converting them all
             raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
                                   f"{self.engine.limits.max_batch} per call")
+        self.engine.check_texts([it.text for it in request.items], "items")
         with self.budget.hold(request.ByteSize(), "items"):
-            return await asyncio.to_thread(self._align_trace, request)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._work, self._align_trace, request)
+
+    def close(self) -> None:
+        """Stop the work threads (calls still queued are cancelled)."""
+        self._work.shutdown(wait=False, cancel_futures=True)
 
     def _align_trace(self, request: pb.AlignTraceRequest) -> pb.AlignTraceResponse:
+        with _trimmed(request.ByteSize()):
+            return self._align_trace_response(request)
+
+    def _align_trace_response(self, request: pb.AlignTraceRequest) -> pb.AlignTraceResponse:
         items = [wire.item_from_pb(it, i) for i, it in enumerate(request.items)]
         result = self.engine.align_trace(
             request.source_tokenizer_id, request.target_tokenizer_id, items,

@@ -198,7 +198,7 @@ def see_stats(plan: LaunchPlan) -> dict[str, Any] | None:
     import os
 
     url = f"{plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats"
-    token = os.environ.get("MUTUALRL_AUTH_TOKEN")
+    token = plan.secret or os.environ.get("MUTUALRL_AUTH_TOKEN")
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
                                  else {})
     try:

@@ -50,8 +50,9 @@ class LaunchPlan:
     policies: list[str]
     metrics_files: dict[str, Path]
     rounds: int
-    secret: bool = False
-    """The run has a secret (auth on): trainers get policy tokens, `up` creates the run."""
+    secret: str | None = None
+    """The run's secret (auth on): trainers get policy tokens derived from it, `up` creates
+    the run with it. Kept out of the effective YAML, which trainers read."""
     endpoints: dict[str, str] = field(default_factory=dict)
     specs: list[ProcessSpec] = field(default_factory=list)
     warm_start: list[ProcessSpec] = field(default_factory=list)
@@ -110,6 +111,12 @@ def make_launch_plan(config: Path, redis_url: str | None,
     mwra.update(host="127.0.0.1", port=ports["mwra"], metrics_port=ports["mwra_metrics"],
                 redis_url=redis_url)
     eff["see"], eff["thl"], eff["mwra"] = see, thl, mwra
+    # A secret written in the services' sections would reach every trainer through the
+    # effective YAML: it goes to the services' environment instead.
+    written = {str(v) for v in (sec.pop("auth_token", None) for sec in (see, thl, mwra)) if v}
+    if len(written) > 1:
+        raise ValueError("see, thl and mwra: auth_token differs between them (one secret a run)")
+    secret = next(iter(written), None) or token
     tr = eff["trainer"]
     services = tr.setdefault("services", {}) or {}
     services.update(local=False, see=f"127.0.0.1:{ports['see']}",
@@ -140,16 +147,16 @@ def make_launch_plan(config: Path, redis_url: str | None,
                                 finishes=True, stop_group=2))
 
     thl["tokenizer_roots"] = tokenizer_roots(thl.get("tokenizer_roots"), tr)
-    if token:  # each trainer gets its policy's token below, never a shared one in the file
+    if secret:  # each trainer gets its policy's token below, never a shared one in the file
         services.pop("token", None)
     eff_path = run_dir / "run.yaml"
     eff_path.write_text(yaml.safe_dump(eff, sort_keys=False))
-    env = {"MUTUALRL_AUTH_TOKEN": token} if token else {}
+    env = {"MUTUALRL_AUTH_TOKEN": secret} if secret else {}
     plan = LaunchPlan(run_dir=run_dir, config_path=eff_path, up=up, run_id=trainer.run_id,
                 policies=[p.name for p in trainer.policies],
                 metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
                                for p in trainer.policies},
-                rounds=trainer.grpo.rounds, secret=bool(token), warm_start=warm)
+                rounds=trainer.grpo.rounds, secret=secret, warm_start=warm)
     plan.endpoints = {
         "see_grpc": f"127.0.0.1:{ports['see']}",
         "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
@@ -172,10 +179,10 @@ def make_launch_plan(config: Path, redis_url: str | None,
     for name in plan.policies:
         plan.specs.append(ProcessSpec(
             name=f"trainer-{name}", argv=[*CLI, "train", "-c", str(eff_path), "--policy", name],
-            log_path=run_dir / "logs" / f"trainer-{name}.log", env=trainer_env(token, name),
+            log_path=run_dir / "logs" / f"trainer-{name}.log", env=trainer_env(secret, name),
             restart=restart, max_restarts=up.max_restarts, stop_group=2, finishes=True))
     for spec in warm:
-        spec.env.update(trainer_env(token, None))
+        spec.env.update(trainer_env(secret, None))
     return plan, pre
 
 
@@ -249,7 +256,8 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
 
     try:
         if plan.secret:  # trainers get policy tokens, which may not create the run
-            create_run(plan.endpoints["see_grpc"], load_yaml(plan.config_path)["trainer"])
+            create_run(plan.endpoints["see_grpc"], load_yaml(plan.config_path)["trainer"],
+                       plan.secret)
     except grpc.RpcError as err:
         console.print(f"[red]creating run {plan.run_id} in SEE failed: {err.code().name}: "
                       f"{err.details()}[/]")
@@ -258,16 +266,16 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
         return _train(plan, sup, signals, console)
 
 
-def create_run(see: str, trainer: dict[str, Any]) -> None:
+def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> None:
     """Create the run of a `trainer:` section in SEE at `see` with the run's secret
-    (MUTUALRL_AUTH_TOKEN; idempotent: a resumed run finds it), as the trainers would have:
-    their policy tokens may not create runs (`mutualrl.see.access`)."""
+    (`secret`, else MUTUALRL_AUTH_TOKEN; idempotent: a resumed run finds it), as the trainers
+    would have: their policy tokens may not create runs (`mutualrl.see.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
     from mutualrl.trainer.config import TrainerConfig
 
     cfg = TrainerConfig.model_validate(trainer)
-    client = SeeClient(ClientOptions(address=see))
+    client = SeeClient(ClientOptions(address=see, token=secret))
     try:
         client.create_run(cfg.run_id, [p.name for p in cfg.policies], cfg.probe.tau,
                           exist_ok=True)
@@ -280,7 +288,7 @@ def _local_worker(plan: LaunchPlan) -> Iterator[None]:
     """Offer this machine's CPU threads to MWRA as the run's worker for as long as it trains."""
     from mutualrl.client.mwra import MwraClient
 
-    client = MwraClient(plan.endpoints["mwra_grpc"])
+    client = MwraClient(plan.endpoints["mwra_grpc"], token=plan.secret)
     try:
         worker_id, lease = client.register_local_worker(plan.run_id, slots=plan.up.worker_slots)
         keepalive = client.keepalive(plan.run_id, worker_id, max(0.2, lease.lease_seconds / 3))

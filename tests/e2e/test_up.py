@@ -136,9 +136,10 @@ def test_up_trains_three_policies_on_two_units_without_waiting(tmp_path: Path) -
         # registered); from then on everyone holds one thread every round and nobody waits.
         later = rows[1:]
         assert all(r["threads"] == 1.0 and r["fallback"] == 0.0 for r in later), (name, rows)
-        # Before MWRA shared a short CPU pool, every round took ~5 s (a turn, then the
-        # deadline); now it is a step's compute.
-        assert max(r["step_s"] for r in later) < 3.0, [r["step_s"] for r in rows]
+        # Before MWRA shared a short CPU pool, every round took over 5 s (a turn, then the
+        # 5 s deadline); now it is a step's compute (0.3-0.5 s idle, up to ~3.5 s at load 12),
+        # so no round may reach the deadline.
+        assert max(r["step_s"] for r in later) < 5.0, [r["step_s"] for r in rows]
     summary = json.loads((run_dir / "results.json").read_text())
     stats = summary["see_stats"]["matrix"]["REWARD_STATS"]
     assert {t: set(s) for t, s in stats.items()} == {n: set(names) - {n} for n in names}

@@ -49,7 +49,8 @@ export class RunPage {
   // yet (its trainers are still starting) appears by itself: the page looks again every 3 s.
   missing(e) {
     const notFound = e instanceof ApiError && e.status === 404;
-    const invalid = e instanceof ApiError && e.status === 400;
+    // 400 from SEE's own id check, 422 from the REST schema's run id pattern.
+    const invalid = e instanceof ApiError && (e.status === 400 || e.status === 422);
     clear(this.app, h("div", { class: "notice", id: "run-missing" },
       h("h1", {}, notFound || invalid ? `Run “${this.runId}” not found` : `Run “${this.runId}” could not be loaded`),
       h("p", {}, invalid ? `SEE says the id is not valid: ${e.message}.`

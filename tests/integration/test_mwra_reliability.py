@@ -250,3 +250,42 @@ async def test_a_late_registrant_asking_a_follower_is_taken_in_by_the_leader(
     finally:
         await b.stop(0)
         await a.stop(0)
+
+
+async def test_a_late_registrant_gets_a_turn_in_the_current_time_share_round(
+        redis_url: str, run_id: str) -> None:
+    """time-share took a late policy in only from the next round: it sat the round out, and
+    its peers' records of that round never met its own."""
+    srv = await start_mwra(_cfg(redis_url, run_id, strategy="time-share", turn_policies=1))
+    try:
+        async with _client(srv) as c:
+            await c.register_worker(run_id, "w", cpu_slots=2)
+            for pid in ("p0", "p1"):
+                await c.register_policy(run_id, pid)
+            first = await c.get_allocation(run_id, "p0", 0)
+            assert first.active and first.units == 2 and first.epoch == 1
+            await c.register_policy(run_id, "late")
+            late = await c.get_allocation(run_id, "late", 0)
+            # in the round, its turn after the planned ones; the active turn is unchanged
+            assert late.round == 0 and not late.active and late.epoch == 2
+            assert (await c.get_allocation(run_id, "p0", 0)).units == 2
+            order = []
+            for _ in range(3):
+                allocs = [await c.get_allocation(run_id, p, 0) for p in ("p0", "p1", "late")]
+                active = [a.policy_id for a in allocs if a.active]
+                assert len(active) == 1 and all(a.round == 0 for a in allocs), allocs
+                assert next(a for a in allocs if a.active).units == 2
+                order += active
+                await c.report_step_cost(run_id, active[0], 0, 0.5, units=2)
+                deadline = time.monotonic() + 5  # the leader's tick hands over the turn
+                while time.monotonic() < deadline and len(order) < 3:
+                    now = [a for a in (await c.list_allocations(run_id)).allocations
+                           if a.active]
+                    if now and now[0].policy_id != active[0]:
+                        break
+                    await asyncio.sleep(0.05)
+            assert order == ["p0", "p1", "late"]
+            nxt = await c.get_allocation(run_id, "p1", 1)
+            assert nxt.round == 1
+    finally:
+        await srv.stop(0)

@@ -392,3 +392,20 @@ def test_time_share_skips_gone_policies_and_other_plans_are_always_done() -> Non
     assert next_turn_plan(nxt, pols, workers, {"a": 0, "c": 0}) is None  # last turn
     shared = plan_round(None, pols, workers, Settings(short_pool="share"), 0)
     assert round_done(shared, {}, ids) and next_turn_plan(shared, pols, workers, {}) is None
+
+
+def test_admit_late_adds_turns_after_the_planned_ones() -> None:
+    from mutualrl.mwra.allocation import admit_late
+
+    pool = [PoolWorker("w", 2, cpu_slots=2)]
+    ts = Settings(strategy="time-share", turn_policies=1)
+    plan = plan_round(None, [PolicySpec("a"), PolicySpec("b")], pool, ts, 3)
+    pols = [PolicySpec("a"), PolicySpec("b"), PolicySpec("z"), PolicySpec("c", min_units=2)]
+    new = admit_late(plan, pols, pool, ts)
+    assert new is not None
+    assert new.round == 3 and new.epoch == plan.epoch + 1 and new.turn == plan.turn
+    assert new.turns == [["a"], ["b"], ["c"], ["z"]] and new.policies == ["a", "b", "c", "z"]
+    assert new.active == plan.active and new.units == {"a": 2, "b": 0, "c": 0, "z": 0}
+    assert admit_late(new, pols, pool, ts) is None  # nobody left out
+    balanced = plan_round(None, pols[:2], pool, Settings(strategy="balanced"), 0)
+    assert admit_late(balanced, pols, pool, Settings(strategy="balanced")) is None

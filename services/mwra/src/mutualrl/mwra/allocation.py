@@ -49,7 +49,9 @@ Policies (``Settings.strategy``)
 Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
 ``plan_round`` is called only when a policy asks for a later round (between rounds), or, outside
 time-share, to take into the current round a live policy the plan was made without (a trainer
-that registered late: it gets units at once instead of sitting the round out).
+that registered late: it gets units at once instead of sitting the round out). A time-share
+round takes such a policy in with ``admit_late``: it gets turns after the planned ones, so it
+trains in the current round too, and the turns already under way are left as they are.
 
 Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespan``,
 ``apportion``); nothing steps through the units one by one, since N is a number clients send.
@@ -58,6 +60,7 @@ Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespa
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import json
@@ -486,6 +489,31 @@ def next_turn_plan(plan: PoolAssignment, policies: Sequence[PolicySpec],
                         and any(w.worker_id in ws for ws in placement.values())},
                turns=plan.turns, turn=idx)
     return _bump(plan, nxt)
+
+
+def admit_late(plan: PoolAssignment, policies: Sequence[PolicySpec],
+               workers: Sequence[PoolWorker], settings: Settings) -> PoolAssignment | None:
+    """time-share: the round's plan with the live policies it was made without (registered
+    late) as turns after the planned ones: same round, the active turn unchanged, a new epoch.
+    None when no policy is left out (or the plan is not a time-share one)."""
+    if plan.strategy != "time-share" or not plan.turns:
+        return None
+    late = sorted(p.policy_id for p in policies if p.policy_id not in plan.policies)
+    total = sum(w.units for w in workers if w.units > 0)
+    if not late:
+        return None
+    mins = _clamped_minimums({p.policy_id: p.min_units for p in policies
+                              if p.policy_id in late}, total)
+    max_active = settings.turn_policies if settings.strategy == "time-share" else None
+    extra, _ = round_turns(late, mins, total, None, max_active)
+    costs = effective_costs(sorted(policies, key=lambda p: p.policy_id))
+    new = dataclasses.replace(
+        plan, policies=sorted([*plan.policies, *late]), turns=[*plan.turns, *extra],
+        units={**plan.units, **{p: 0 for p in late}},
+        placement={**plan.placement, **{p: {} for p in late}},
+        threads={**plan.threads, **{p: 0 for p in late}},
+        costs={**plan.costs, **{p: costs[p] for p in late}})
+    return _bump(plan, new)
 
 
 def place(units: Mapping[str, int], workers: Sequence[PoolWorker],

@@ -40,6 +40,7 @@ from mutualrl.mwra.allocation import (
     PoolAssignment,
     PoolWorker,
     Settings,
+    admit_late,
     next_turn_plan,
     plan_round,
     round_done,
@@ -260,9 +261,9 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     def _left_out(self, state: RunState, now: int) -> list[str]:
         """Live policies the current plan was made without (they registered after it, or came
-        back after their lease lapsed); time-share plans take them in at the next round."""
+        back after their lease lapsed): `_admit` takes them into the round."""
         plan = state.plan
-        if plan is None or plan.strategy == "time-share":
+        if plan is None:
             return []
         return sorted({p.policy_id for p in self._live_policies(state, now)}
                       - set(plan.policies))
@@ -271,14 +272,17 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         """Re-plan the current round with the live policies it left out (leader only; a new
         epoch of the same round). A trainer that loads its model more slowly than its peers
         registers after the first plan was made; without this it would sit that round out
-        and its peers would wait for its records until their deadlines."""
+        and its peers would wait for its records until their deadlines. A time-share round
+        gives it turns after the planned ones (`admit_late`)."""
         async with self._lock(run_id):
             state = await self.store.load(run_id)
             plan, now = state.plan, now_ms()
             if plan is None or not self._left_out(state, now):
                 return plan
             pool, settings = self._pool(state, now)
-            new = plan_round(plan, self._live_policies(state, now), pool, settings, plan.round)
+            live = self._live_policies(state, now)
+            admitted = admit_late(plan, live, pool, settings)  # time-share with turns only
+            new = admitted or plan_round(plan, live, pool, settings, plan.round)
             if await self.store.commit_plan(run_id, self.replica, state.version, new) < 0:
                 self._leading.pop(run_id, None)
                 fresh, _ = await self.store.load_plan(run_id)
@@ -327,7 +331,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         and taking the policy into the current round when the plan was made without it."""
         plan, _ = await self.store.load_plan(run_id)
         if plan is not None and (plan.round > round_ or (plan.round == round_ and not plan.empty)):
-            if policy_id in plan.policies or plan.strategy == "time-share":
+            if policy_id in plan.policies:
                 return plan
             if self.is_leader(run_id) or await self._lead(run_id):
                 return await self._admit(run_id)
@@ -336,8 +340,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(0.05, self.cfg.tick_seconds))
                 fresh, _ = await self.store.load_plan(run_id)
-                if fresh is not None and (policy_id in fresh.policies
-                                          or fresh.strategy == "time-share"):
+                if fresh is not None and policy_id in fresh.policies:
                     return fresh
                 if self.is_leader(run_id):
                     return await self._admit(run_id)

@@ -246,3 +246,24 @@ def test_error_names_the_configured_roots_only_by_their_setting() -> None:
     with pytest.raises(InvalidArgument) as err:
         confine("/etc/passwd", [Path("/srv/tokenizers")])
     assert "/srv" not in str(err.value) and re.search(r"thl\.tokenizer_roots", str(err.value))
+
+
+async def test_a_dropped_tokenizer_leaves_no_metric_series(server: ThlServer, root: Path) -> None:
+    """Series were labelled by tokenizer id and kept forever: ids come and go with runs."""
+    from prometheus_client import REGISTRY
+
+    def series(tid: str) -> int:
+        return sum(1 for m in REGISTRY.collect() if m.name.startswith("mutualrl_thl_")
+                   for s in m.samples if s.labels.get("target") == tid)
+
+    async with _client(server) as thl:
+        await thl.register("gone/p", str(root / "byte_bpe"), run_id="gone")
+        await thl.register("kept/p", str(root / "wordpiece"), run_id="kept")
+        for tid in ("gone/p", "kept/p"):
+            src = (await thl.retokenize(tid, ["hello world"]))[0]
+            item = TraceItem("hello world", src.token_ids, np.zeros(len(src.token_ids)))
+            await thl.align_trace(tid, tid, [item])
+        before = series("gone/p")
+        assert before > 20 and series("kept/p") == before
+        assert await thl.delete_run("gone") == 1
+        assert series("gone/p") == 0 and series("kept/p") == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from mutualrl.common.alignment_types import Residual
@@ -40,3 +42,19 @@ def observe_text(rpc: str, target: str, residual: Residual) -> None:
     ROUNDTRIP.labels(rpc, target).observe(residual.roundtrip_mismatch_chars)
     UNCOVERED.labels(rpc, target).observe(residual.uncovered_bytes)
     NORMALIZED.labels(rpc, target).observe(residual.normalized_changed_chars)
+
+
+_BY_RPC_AND_TARGET = (ITEMS, TARGET_TOKENS, ROUNDTRIP, UNCOVERED, NORMALIZED)
+_BY_TARGET = (SOURCE_TOKENS, CHUNKS, MULTI_TOKEN_TARGET_TOKENS, SHARE, MASS_ERROR)
+
+
+def forget_target(tokenizer_id: str) -> None:
+    """Drop the series of a tokenizer no longer registered: ids come and go with runs, and
+    their series would otherwise accumulate for the life of the process."""
+    for metric in _BY_RPC_AND_TARGET:
+        for rpc in ("Retokenize", "AlignTrace"):
+            with contextlib.suppress(KeyError):  # never observed
+                metric.remove(rpc, tokenizer_id)
+    for metric in _BY_TARGET:
+        with contextlib.suppress(KeyError):
+            metric.remove(tokenizer_id)

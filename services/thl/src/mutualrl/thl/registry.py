@@ -378,6 +378,8 @@ class TokenizerRegistry:
         self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
         self._cache_size = max(1, cache_size)
         self._cache_bytes = 0
+        self.on_drop: builtins.list[Callable[[str], None]] = []
+        """Called with each tokenizer id `delete_run` drops (its metrics go with it)."""
         self._lock = threading.RLock()
         self.loads = 0
         """How many times a tokenizer was loaded from disk (cache misses)."""
@@ -461,6 +463,8 @@ class TokenizerRegistry:
             if self._store.update(tid, release) is None:
                 with self._lock:
                     self._forget(tid)
+                for hook in self.on_drop:
+                    hook(tid)
         if not held:
             raise NotFound("run_id", f"no tokenizer is registered for run {run_id!r}")
         return len(held)

@@ -91,6 +91,7 @@ class AlignmentServicer:
         registry = engine.registry
         metrics.CACHE_ENTRIES.set_function(lambda: len(registry.cached_ids()))
         metrics.CACHE_BYTES.set_function(lambda: registry.cached_bytes)
+        registry.on_drop.append(metrics.forget_target)
 
     @grpc_errors
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest,

@@ -43,9 +43,10 @@ class EngineLimits:
     """Most texts / items in one call."""
     max_text_bytes: int = 1 << 20
     """Largest text in UTF-8 bytes."""
-    max_request_text_bytes: int = 4 << 20
+    max_request_text_bytes: int | None = None
     """Most UTF-8 bytes of text in one call, all texts / items together (the work and the
-    memory a call takes grow with it)."""
+    memory a call takes grow with it); None: no limit (a trainer's in-process engine; the
+    service passes `thl.max_request_text_bytes`)."""
     align_block_items: int = 64
     """Items aligned per vectorised pass (keeps the working set in cache)."""
     max_response_bytes: int | None = 64 * 1024 * 1024
@@ -268,11 +269,13 @@ class AlignmentEngine:
                 f"the {limit}-byte message limit; send them in smaller batches")
 
     def _check_total(self, texts: Sequence[str], field: str) -> None:
+        limit = self.limits.max_request_text_bytes
+        if limit is None:
+            return
         total = sum(len(t.encode("utf-8")) for t in texts)
-        if total > self.limits.max_request_text_bytes:
+        if total > limit:
             raise InvalidArgument(field, f"{total} UTF-8 bytes of text in all, over the limit "
-                                  f"of {self.limits.max_request_text_bytes} per call; send "
-                                  "them in smaller batches")
+                                  f"of {limit} per call; send them in smaller batches")
 
     def _check_batch(self, seq: Sequence[Any], field: str) -> None:
         if len(seq) > self.limits.max_batch:

@@ -324,12 +324,21 @@ def loaded(tokenizer_id: str, path: str, tok: Any, max_bytes: int | None = None
     text = tok.backend_tokenizer.to_str()
     if err := _too_big(path, len(text), max_bytes):
         raise err
-    return LoadedTokenizer(describe(tokenizer_id, path, tok, text), tok, len(text))
+    return LoadedTokenizer(describe(tokenizer_id, path, tok), tok, len(text))
 
 
-def describe(tokenizer_id: str, path: str, tok: Any, spec_text: str | None = None
-             ) -> TokenizerInfo:
-    spec = json.loads(spec_text if spec_text is not None else tok.backend_tokenizer.to_str())
+def _state(component: Any) -> Any:
+    return json.loads(component.__getstate__()) if component is not None else None
+
+
+def describe(tokenizer_id: str, path: str, tok: Any) -> TokenizerInfo:
+    # The components' own JSON, not the whole tokenizer's: its vocabulary and merges would be
+    # parsed into Python objects ~10x their size only to read three fields.
+    backend = tok.backend_tokenizer
+    spec = {"model": {"type": type(backend.model).__name__,
+                      "byte_fallback": bool(getattr(backend.model, "byte_fallback", False))},
+            "normalizer": _state(backend.normalizer),
+            "pre_tokenizer": _state(backend.pre_tokenizer)}
     model_type = str((spec.get("model") or {}).get("type", ""))
     normalizer = spec.get("normalizer") or {}
     norm_type = str(normalizer.get("type", ""))
@@ -378,6 +387,9 @@ class TokenizerRegistry:
         self._cache: OrderedDict[str, LoadedTokenizer] = OrderedDict()
         self._cache_size = max(1, cache_size)
         self._cache_bytes = 0
+        # One load at a time: a load holds a tokenizer's JSON and its parse at once, so loads in
+        # parallel (registrations, cache misses) would add those peaks up.
+        self._load_lock = threading.Lock()
         self.on_drop: builtins.list[Callable[[str], None]] = []
         """Called with each tokenizer id `delete_run` drops (its metrics go with it)."""
         self._lock = threading.RLock()
@@ -412,7 +424,8 @@ class TokenizerRegistry:
         new: LoadedTokenizer | None = None
         if overwrite or existing is None or existing.get("path") != path:
             # slow: outside the store's critical section
-            new = loaded(tokenizer_id, path, load_fast_tokenizer(path, max_bytes), max_bytes)
+            with self._load_lock:
+                new = loaded(tokenizer_id, path, load_fast_tokenizer(path, max_bytes), max_bytes)
 
         def hold(current: Record | None) -> Record:
             if new is not None:
@@ -486,8 +499,9 @@ class TokenizerRegistry:
         if record is None:
             raise NotFound(field, f"no tokenizer registered as {tokenizer_id!r}")
         max_bytes = self.limits.max_tokenizer_bytes
-        found = loaded(tokenizer_id, record["path"],
-                       load_fast_tokenizer(record["path"], max_bytes), max_bytes)
+        with self._load_lock:
+            found = loaded(tokenizer_id, record["path"],
+                           load_fast_tokenizer(record["path"], max_bytes), max_bytes)
         with self._lock:
             self.loads += 1
             self._remember(tokenizer_id, found)

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from mutualrl.trainer.presets import ensure_preset, load_policy
-from mutualrl.trainer.rollout import HFEngine, Sample, completion_offsets, make_engine
+from mutualrl.trainer.rollout import (
+    HFEngine,
+    Sample,
+    _inverse_cdf,
+    completion_offsets,
+    make_engine,
+)
 
 torch.set_num_threads(1)
 
@@ -83,10 +89,12 @@ def test_stop_strings_end_with_stop(cache: Path) -> None:
     reasons = [s.finish_reason for g in out for s in g]
     assert reasons.count("stop") >= len(reasons) - 1
     for s in (s for g in out for s in g):
-        if s.finish_reason == "stop" and s.token_ids[-1] != tok.eos_token_id:
-            assert s.text[-1] in stops and not any(c in stops for c in s.text[:-1])
-        else:
+        if s.finish_reason == "length":
             assert len(s.token_ids) == 20
+        elif s.token_ids[-1] == tok.eos_token_id:  # EOS ends a completion too
+            assert not any(c in stops for c in s.text)
+        else:
+            assert s.text[-1] in stops and not any(c in stops for c in s.text[:-1])
 
 
 class _EosBias(torch.nn.Module):
@@ -168,3 +176,15 @@ def test_factory_and_sglang_boundary(cache: Path) -> None:
             make_engine("sglang", model, tok, model_path=str(cache))
     with pytest.raises(ValueError):
         HFEngine(model, tok).generate(PROMPTS, 0, 5)
+
+
+def test_inverse_cdf_draws_the_distribution_and_never_a_zero() -> None:
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    n = 20_000
+    u = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(_inverse_cdf(probs.expand(n, -1), u), minlength=5).double() / n
+    assert freq[1] == 0 and freq[4] == 0
+    assert torch.allclose(freq, probs.double(), atol=0.015)  # > 4 sigma at n = 20,000
+    # The ends: u = 0 takes the first entry of mass, u x total at the total the last one.
+    ends = _inverse_cdf(probs.expand(2, -1), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert ends.tolist() == [0, 3]

@@ -14,6 +14,14 @@ against TRL's `GRPOTrainer`, on the same model and the same data, in the same ru
   maximum RSS (getrusage), which includes loading the model and the libraries: `base_rss_mb`
   (RSS before the first step) says how much of it is baseline. Steps/s times the last step (the
   first is a warm-up when `steps` > 1). With `repeats` > 1 every figure is the median.
+- Both timed windows hold the same work: generation of the G x P completions, rewards, the
+  loss forward and backward and one optimizer step (TRL: `on_step_begin` to `on_step_end`,
+  whose `training_step` generates in `_prepare_inputs`; ours: `run_round`).
+- Each process runs one torch thread, so its CPU seconds for the step (`step_cpu_s`, process
+  time) measure the work whatever else the machine runs; wall seconds (`step_s`) are
+  stretched by load, and a shared machine's load changes between configurations run minutes
+  apart. Steps/s is reported both ways, and the configurations run interleaved (ours and TRL
+  at P, then both at 2P) so that each comparison is made at nearly the same load.
 """
 
 from __future__ import annotations
@@ -134,13 +142,15 @@ def child_ours(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed:
         s = build_session(cfg, "ours")
         s.task = _Task(prompt_texts(prompts * steps, seed), new_tokens)  # type: ignore[assignment]
         base = _rss_mb()
-        times = []
+        times, cpu = [], []
         for k in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             run_round(s, k)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         s.close()
-    return {"peak_rss_mb": _peak_rss_mb(), "base_rss_mb": base, "step_s": times[-1]}
+    return {"peak_rss_mb": _peak_rss_mb(), "base_rss_mb": base, "step_s": times[-1],
+            "step_cpu_s": cpu[-1]}
 
 
 def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: int,
@@ -156,15 +166,17 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
     torch.set_num_threads(1)
     model, tok = load_policy(model_dir)
     times: list[float] = []
+    cpu: list[float] = []
 
     class Timer(TrainerCallback):
-        t0 = 0.0
+        t0 = c0 = 0.0
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             times.append(time.perf_counter() - self.t0)
+            cpu.append(time.process_time() - self.c0)
 
     def reward(completions: list[str], **_: Any) -> list[float | None]:
         return [even_share(c) for c in completions]
@@ -184,7 +196,8 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
             callbacks=[Timer()])
         base = _rss_mb()
         trainer.train()
-    return {"peak_rss_mb": _peak_rss_mb(), "base_rss_mb": base, "step_s": times[-1]}
+    return {"peak_rss_mb": _peak_rss_mb(), "base_rss_mb": base, "step_s": times[-1],
+            "step_cpu_s": cpu[-1]}
 
 
 def _run_child(side: str, model_dir: Path, prompts: int, a: argparse.Namespace
@@ -213,8 +226,8 @@ def run_bench(a: argparse.Namespace) -> dict[str, Any]:
     model_dir = build_model(cache / "qwen2-vocab-random", a.seed)
     runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(a.repeats):
-        for side in ("ours", "trl"):
-            for mult in (1, 2):
+        for mult in (1, 2):  # interleaved: each side's pair runs at nearly the same load
+            for side in ("ours", "trl"):
                 runs.setdefault(f"{side}_{mult}", []).append(
                     _run_child(side, model_dir, a.prompts * mult, a))
 
@@ -240,11 +253,16 @@ def run_bench(a: argparse.Namespace) -> dict[str, Any]:
         "trl_base_rss_mb": med("trl_1", "base_rss_mb"),
         "steps_per_s": 1.0 / med("ours_1", "step_s"),
         "trl_steps_per_s": 1.0 / med("trl_1", "step_s"),
+        "steps_per_s_cpu": 1.0 / med("ours_1", "step_cpu_s"),
+        "trl_steps_per_s_cpu": 1.0 / med("trl_1", "step_cpu_s"),
+        "steps_per_s_2x": 1.0 / med("ours_2", "step_s"),
+        "trl_steps_per_s_2x": 1.0 / med("trl_2", "step_s"),
         "ratio_memory": med("ours_2", "peak_rss_mb") / med("trl_2", "peak_rss_mb"),
         "growth": med("ours_2", "peak_rss_mb") / med("ours_1", "peak_rss_mb"),
         "load_avg_1m_5m_15m": list(load),
         "anchor": "trl.GRPOTrainer (HF generate, use_cpu, fp32), same model and prompts, "
-                  "each configuration in a fresh subprocess",
+                  "each configuration in a fresh subprocess, ours and TRL interleaved; timed: "
+                  "generation + rewards + loss + backward + one optimizer step on both sides",
         "runs": runs,
     }
 

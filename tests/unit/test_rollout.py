@@ -186,5 +186,18 @@ def test_inverse_cdf_draws_the_distribution_and_never_a_zero() -> None:
     assert freq[1] == 0 and freq[4] == 0
     assert torch.allclose(freq, probs.double(), atol=0.015)  # > 4 sigma at n = 20,000
     # The ends: u = 0 takes the first entry of mass, u x total at the total the last one.
-    ends = _inverse_cdf(probs.expand(2, -1), torch.tensor([0.0, 1.0], dtype=torch.float64))
-    assert ends.tolist() == [0, 3]
+    for block in (1, 2, 3, 1024):  # blocks of one entry, across the zeros, one partial block
+        ends = _inverse_cdf(probs.expand(3, -1), torch.tensor([0.0, 0.15, 1.0],
+                                                              dtype=torch.float64), block)
+        assert ends.tolist() == [0, 2, 3]
+
+
+def test_inverse_cdf_blocks_agree_with_one_cumulative_sum() -> None:
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(3 * torch.randn(16, 5003, generator=g), dim=-1)
+    probs[:, 100:2000] = 0.0  # whole blocks without mass
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    for block in (7, 64, 1024):
+        u = torch.rand(16, dtype=torch.float64, generator=g)
+        want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        assert torch.equal(_inverse_cdf(probs, u, block), want)

@@ -104,3 +104,33 @@ def test_views_are_zero_copy_and_little_endian() -> None:
     assert not view.flags.owndata and view.tolist() == [1, 2, 70_000]
     assert ta.logprobs(rec).dtype == np.float32 and ta.logprobs(rec).tolist() == [-0.5, -1, -2]
     assert ta.n_tokens(rec) == 3
+
+
+def _batch_bytes(records: list[pb.ExperienceRecord]) -> int:
+    return len(pb.PublishRequest(run_id="r1", records=records).SerializeToString())
+
+
+@pytest.mark.parametrize("with_batch_bytes", [False, True])
+def test_record_size_rule_with_and_without_the_request_size(with_batch_bytes: bool) -> None:
+    lim = SeeLimits(max_record_bytes=4096)
+    records = [rollout("a", 0, "p", i, n_tokens=50) for i in range(40)]
+    bb = _batch_bytes(records) if with_batch_bytes else None
+    assert bb is None or bb > lim.max_record_bytes  # the bound decides, not the request size
+    assert validate_records(records, RUN, lim, batch_bytes=bb) == [50] * 40
+    big = rollout("a", 0, "p", 99, n_tokens=300)  # ~4.8 kB of arrays alone
+    records[7] = big
+    bb = _batch_bytes(records) if with_batch_bytes else None
+    with pytest.raises(InvalidArgument, match="serialized size") as err:
+        validate_records(records, RUN, lim, batch_bytes=bb)
+    assert err.value.field == "records[7]"
+    # An earlier oversized record is named before a later record's other error.
+    records[9].policy_id = "nope"
+    bb = _batch_bytes(records) if with_batch_bytes else None
+    with pytest.raises(InvalidArgument) as err:
+        validate_records(records, RUN, lim, batch_bytes=bb)
+    assert err.value.field == "records[7]"
+    records[7] = rollout("a", 0, "p", 7, n_tokens=50)
+    bb = _batch_bytes(records) if with_batch_bytes else None
+    with pytest.raises(InvalidArgument) as err:
+        validate_records(records, RUN, lim, batch_bytes=bb)
+    assert err.value.field == "records[9].policy_id"

@@ -304,7 +304,7 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
             for s, r in zip(see_runs, raw_runs, strict=True)),
         "see_all": see_runs, "raw_redis_all": raw_runs,
         "see_stream_memory_bytes": used,
-        "target_ratio": 0.5,
+        "target_ratio": 0.65,
     }
 
 

@@ -81,7 +81,7 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
             run = await self.store.get_run(req.run_id)
             if not req.records:
                 return publish_response([], "")
-            validate_records(req.records, run.config, limits)
+            validate_records(req.records, run.config, limits, batch_bytes=len(request))
             rids, flags = await self.store.publisher.publish(run, req.records)
             return publish_response([r.encode() for r in rids], flags)
 

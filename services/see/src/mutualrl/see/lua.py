@@ -81,13 +81,14 @@ local counts = {}
 local dups = 0
 local touched = {}
 local rounds = {}
-local batch = split(ARGV[9], '\30')
 local stage = ARGV[10]
 local dup_stages = {}
-for i = 0, n - 1 do
-  local f = split(batch[i + 1], '\29')
-  local rid = f[1]
-  local kind = tonumber(f[2])
+local i = -1
+-- One pattern match per record, no table: half the cost of splitting the batch, then each row.
+for rid, kind_s, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
+    '([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\30]*)\30') do
+  i = i + 1
+  local kind = tonumber(kind_s)
   local id = string.format('%d-%d', lms, lseq + 1)
   if redis.call('HSETNX', KEYS[2], rid, kind .. ':' .. id) == 0 then
     out[i + 1] = '0'
@@ -98,12 +99,12 @@ for i = 0, n - 1 do
     local rec_key = rec_prefix .. rid
     redis.call('RENAME', stage .. i, rec_key)
     redis.call('EXPIRE', rec_key, ttl)
-    redis.call('XADD', KEYS[6 + kind], id, 'h', f[4])
+    redis.call('XADD', KEYS[6 + kind], id, 'h', header)
     added[kind] = added[kind] + 1
-    local cf = f[3] .. '|' .. kind
+    local cf = policy .. '|' .. kind
     counts[cf] = (counts[cf] or 0) + 1
     if kind ~= 1 then
-      local aux = split(f[5], '\31')
+      local aux = split(aux_s, '\31')
       local key = KEYS[tonumber(aux[1])]
       touched[key] = true
       if kind == 2 then

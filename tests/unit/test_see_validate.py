@@ -134,3 +134,20 @@ def test_record_size_rule_with_and_without_the_request_size(with_batch_bytes: bo
     with pytest.raises(InvalidArgument) as err:
         validate_records(records, RUN, lim, batch_bytes=bb)
     assert err.value.field == "records[9].policy_id"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("record_id", ""), ("record_id", "a|b"), ("record_id", "a\nb"), ("record_id", "x" * 257),
+    ("prompt_id", "p\x00"), ("prompt_id", ""), ("tokenizer_id", "-tok"),
+    ("tokenizer_id", "t" * 129), ("tokenizer_id", "a\nb")])
+def test_batch_id_rules_name_the_record(field: str, value: str) -> None:
+    records = [rollout("a", 0, "p", i, n_tokens=4) for i in range(8)]
+    ok = validate_records(records, RUN, LIM)
+    assert ok == [4] * 8
+    setattr(records[5], field, value)
+    with pytest.raises(InvalidArgument) as err:
+        validate_records(records, RUN, LIM)
+    assert err.value.field == f"records[5].{field}"
+    records[5] = rollout("a", 0, "p", 5, n_tokens=4)
+    setattr(records[5], field, "x" * (256 if field != "tokenizer_id" else 128))
+    assert validate_records(records, RUN, LIM) == [4] * 8

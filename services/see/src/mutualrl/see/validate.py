@@ -6,6 +6,7 @@ client would write it (`records[3].reward`), so a trainer can fix its input from
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -102,9 +103,16 @@ def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
     policies = frozenset(run.policies)
     counts: list[int] = []
     text_lens: list[int] = []
+    # The id rules for the whole batch in one regex pass each; only a batch that fails them
+    # checks ids record by record (which names the field, in the per-record order).
+    check_ids = not (_all_valid(ids.RECORD_KEY, [r.record_id for r in records])
+                     and _all_valid(ids.RECORD_KEY, [r.prompt_id for r in records])
+                     and _all_valid(ids.TOKENIZER_ID,
+                                    [t for t in (r.tokenizer_id for r in records) if t]))
     for i, rec in enumerate(records):
         try:
-            n, text_len = _validate_scalars(rec, i, run, policies, limits, check_size=False)
+            n, text_len = _validate_scalars(rec, i, run, policies, limits, check_size=False,
+                                            check_ids=check_ids)
         except InvalidArgument:
             # An earlier record's size error comes first, as when checked record by record.
             _check_sizes(records[:i], limits, None, None)
@@ -114,6 +122,22 @@ def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
     _check_sizes(records, limits, counts, batch_bytes)
     _check_arrays(records, counts, text_lens)
     return counts
+
+
+@functools.cache
+def _batch_re(rule: ids.IdRule) -> re.Pattern[str]:
+    # (no rule admits a newline, so newline-terminated values cannot run into each other)
+    return re.compile(f"(?:{rule.pattern[1:-1]}\n)*")
+
+
+def _all_valid(rule: ids.IdRule, values: list[str]) -> bool:
+    """Every value follows `rule`."""
+    if not values:
+        return True
+    joined = "\n".join(values) + "\n"
+    # (a value holding a newline would read as two: it fails the count, not the pattern)
+    return (joined.count("\n") == len(values)
+            and _batch_re(rule).fullmatch(joined) is not None)
 
 
 def _check_sizes(records: Sequence[pb.ExperienceRecord], limits: SeeLimits,
@@ -144,20 +168,22 @@ def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
 
 
 def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
-                      policies: frozenset[str], limits: SeeLimits, check_size: bool = True
-                      ) -> tuple[int, int]:
-    """Every rule except the per-token values (and the record size, unless `check_size`);
-    returns the record's token count and text length (characters)."""
+                      policies: frozenset[str], limits: SeeLimits, check_size: bool = True,
+                      check_ids: bool = True) -> tuple[int, int]:
+    """Every rule except the per-token values (and the record size, unless `check_size`; the
+    id rules, unless `check_ids`); returns the record's token count and text length
+    (characters)."""
     f = f"records[{idx}]"
-    # (valid() first: the field names are only built for an error)
-    rid, prompt_id, tokenizer_id = rec.record_id, rec.prompt_id, rec.tokenizer_id
-    if not ids.RECORD_KEY.valid(rid):
-        ids.check_record_key(rid, f"{f}.record_id")
-    if not ids.RECORD_KEY.valid(prompt_id):
-        ids.check_record_key(prompt_id, f"{f}.prompt_id")
-    # optional (REWARD_STATS records carry no tokens)
-    if tokenizer_id and not ids.TOKENIZER_ID.valid(tokenizer_id):
-        ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
+    if check_ids:
+        # (valid() first: the field names are only built for an error)
+        rid, prompt_id, tokenizer_id = rec.record_id, rec.prompt_id, rec.tokenizer_id
+        if not ids.RECORD_KEY.valid(rid):
+            ids.check_record_key(rid, f"{f}.record_id")
+        if not ids.RECORD_KEY.valid(prompt_id):
+            ids.check_record_key(prompt_id, f"{f}.prompt_id")
+        # optional (REWARD_STATS records carry no tokens)
+        if tokenizer_id and not ids.TOKENIZER_ID.valid(tokenizer_id):
+            ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
         raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
     if rec.policy_id not in policies:

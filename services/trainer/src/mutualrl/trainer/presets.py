@@ -162,6 +162,10 @@ def ensure_preset(name: str, cache_dir: Path, seed: int = 0) -> Path:
     tmp.mkdir()
     try:
         build_preset(name, tmp, seed)
+        if not (tmp / "config.json").exists():
+            # save_pretrained skips writing on ranks other than 0 of a torch.distributed group.
+            raise RuntimeError(f"preset {name!r}: the build wrote no config.json into {tmp} "
+                               "(built on a torch.distributed rank other than 0?)")
         (tmp / MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
         if final.exists() and not (final / MARKER).exists():
             # Left over by a builder that did not use this protocol: move it out of the way.

@@ -151,7 +151,9 @@ def build_session(
     def weights_dir(p: PolicySettings) -> Path:
         return p.sft_checkpoint or policy_dir(p, cache, cfg.seed)
 
-    start = weights_dir(policy)
+    # Rank 0 alone builds a missing preset: transformers' save_pretrained writes only on rank 0
+    # once torch.distributed is up, so another rank's build would be an empty model directory.
+    start = dist.from_main(lambda: weights_dir(policy))
     if dist.active and policy.lora is not None:
         raise ValueError(f"policy {policy.name}: lora with nproc > 1 is not supported yet "
                          "(FSDP2 shards full fine-tuning only); set nproc: 1 or drop lora")

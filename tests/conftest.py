@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from service_loop import delete_keys
 
 REDIS_URL = os.environ.get("MUTUALRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -29,14 +30,6 @@ def redis_url() -> str:
 @pytest.fixture
 def run_id(redis_url: str) -> Iterator[str]:
     """A run id no other test uses; every Redis key that contains it is deleted afterwards."""
-    import redis
-
     rid = f"t{uuid.uuid4().hex[:12]}"
     yield rid
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"*{rid}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_keys(redis_url, f"*{rid}*")

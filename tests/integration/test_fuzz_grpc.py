@@ -16,7 +16,6 @@ Python protobuf API refuses to hold: invalid UTF-8 in a `string` field, a 64-bit
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import itertools
@@ -24,7 +23,6 @@ import logging
 import math
 import pkgutil
 import struct
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -34,13 +32,13 @@ from typing import Any
 
 import grpc
 import pytest
-import redis
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
+from service_loop import LoopThread, delete_keys
 
 import mutualrl.v1
 from mutualrl.common.auth import derive_token
@@ -344,22 +342,6 @@ class ErrorLog(logging.Handler):
         return out
 
 
-class LoopThread:
-    """An event loop in a daemon thread that runs one server."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Awaitable[Any], timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
 @dataclass
 class Stack:
     """The running services: service full name -> address, and the ids that exist."""
@@ -430,13 +412,7 @@ def stack(redis_url: str) -> Iterator[Stack]:
             with contextlib.suppress(Exception):
                 loops[name].run(srv.stop(0.2), timeout=20)
             loops[name].close()
-        client = redis.Redis.from_url(redis_url)
-        try:
-            keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
-        finally:
-            client.close()
+        delete_keys(redis_url, f"*{prefix}*")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
+from service_loop import LoopThread, delete_keys
 
 from mutualrl.see.testing import make_config, rollout, stats_record
 
@@ -21,21 +22,14 @@ SECRET = "rest-fuzz-secret"
 @pytest.fixture(scope="module")
 def see_rest(redis_url: str) -> Iterator[dict[str, Any]]:
     """A SEE with auth on, one run with records of two policies, in a background loop."""
-    import asyncio
-    import threading
     import uuid
-
-    import redis
 
     from mutualrl.client.see import SeeClient
     from mutualrl.see.server import start_see
 
     prefix = f"rfuzz{uuid.uuid4().hex[:10]}"
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    see = asyncio.run_coroutine_threadsafe(
-        start_see(make_config(redis_url, key_prefix=prefix, auth_token=SECRET)), loop).result(30)
+    loop = LoopThread("rest-fuzz")
+    see = loop.run(start_see(make_config(redis_url, key_prefix=prefix, auth_token=SECRET)), 30)
     run_id = f"{prefix}run"
     with SeeClient(see.address, token=SECRET) as client:
         client.create_run(run_id, ["a", "b"], 0.5)
@@ -45,16 +39,9 @@ def see_rest(redis_url: str) -> Iterator[dict[str, Any]]:
     try:
         yield {"url": see.rest_url, "run_id": run_id}
     finally:
-        asyncio.run_coroutine_threadsafe(see.stop(0.2), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        client_r = redis.Redis.from_url(redis_url)
-        try:
-            keys = list(client_r.scan_iter(match=f"*{prefix}*", count=1000))
-            if keys:
-                client_r.delete(*keys)
-        finally:
-            client_r.close()
+        loop.run(see.stop(0.2), 30)
+        loop.close()
+        delete_keys(redis_url, f"*{prefix}*")
 
 
 # Routes fuzzed in each mode: POSITIVE inputs (the schema allows them: accepted, 2xx or 404 for

@@ -3,7 +3,6 @@ for a silent peer reports the round's time minus the wait (real SEE, real MWRA, 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -12,27 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from service_loop import LoopThread, delete_keys
 
 DEADLINE_S = 1.5
 
 
 @pytest.fixture(scope="module")
 def services(redis_url: str) -> Iterator[dict[str, str]]:
-    import redis
-
     from mutualrl.mwra.config import MwraConfig
     from mutualrl.mwra.server import start_mwra
     from mutualrl.see.config import SeeConfig
     from mutualrl.see.server import start_see
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    loop = LoopThread("step-cost")
+    call = loop.run
     prefix = f"cost{uuid.uuid4().hex[:10]}"
-
-    def call(coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
-
     common: dict[str, Any] = dict(port=0, metrics_port=None, auth_token=None,
                                   grace_seconds=0.2, key_prefix=prefix, redis_url=redis_url)
     see = call(start_see(SeeConfig(rest_port=None, **common)))
@@ -43,12 +36,8 @@ def services(redis_url: str) -> Iterator[dict[str, str]]:
     finally:
         for server in (see, mwra, turns):
             call(server.stop(0.2))
-        loop.call_soon_threadsafe(loop.stop)
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(f"{prefix}:*"))
-        if keys:
-            r.delete(*keys)
-        r.close()
+        loop.close()
+        delete_keys(redis_url, f"{prefix}:*")
 
 
 def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, str],

@@ -4,9 +4,7 @@ the receiver's own EOS, and PRP's sender and receiver sums cover the same text a
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from service_loop import LoopThread, delete_keys
 
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.datasets import JsonlTaskConfig, make_task
@@ -36,19 +35,12 @@ class Sample:
 
 @pytest.fixture(scope="module")
 def see_address(redis_url: str) -> Iterator[str]:
-    import redis
-
     from mutualrl.see.config import SeeConfig
     from mutualrl.see.server import start_see
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    loop = LoopThread("stop-tokens")
+    call = loop.run
     prefix = f"stop{uuid.uuid4().hex[:10]}"
-
-    def call(coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
-
     server = call(start_see(SeeConfig(redis_url=redis_url, rest_port=None, port=0,
                                       metrics_port=None, auth_token=None, grace_seconds=0.2,
                                       key_prefix=prefix)))
@@ -56,12 +48,8 @@ def see_address(redis_url: str) -> Iterator[str]:
         yield server.address
     finally:
         call(server.stop(0.2))
-        loop.call_soon_threadsafe(loop.stop)
-        r = redis.Redis.from_url(redis_url)
-        keys = list(r.scan_iter(f"{prefix}:*"))
-        if keys:
-            r.delete(*keys)
-        r.close()
+        loop.close()
+        delete_keys(redis_url, f"{prefix}:*")
 
 
 @pytest.fixture(scope="module")

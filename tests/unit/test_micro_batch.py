@@ -5,11 +5,11 @@ rollout engine; PRP's chunk weights are checked by hand; mini-batches make the c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_round import FakeSample
 
 from mutualrl.trainer.algos.grpo import group_advantages
 from mutualrl.trainer.batch import completion_logprobs, pack
@@ -29,14 +29,6 @@ from mutualrl.trainer.update import peer_weights, round_loss
 torch.set_num_threads(1)
 PAD = 0
 MAX_LEN = 8
-
-
-@dataclass
-class FakeSample:
-    token_ids: list[int]
-    text: str = ""
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = "stop"
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:

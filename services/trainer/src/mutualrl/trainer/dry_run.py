@@ -61,23 +61,17 @@ def device_bytes(policy: PolicySettings, device_memory_gb: float | None) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def weights_dir(cfg: TrainerConfig, policy: PolicySettings, cache_dir: Path | None) -> Path:
-    from mutualrl.trainer.session import policy_dir
-
-    if policy.sft_checkpoint is not None:
-        return policy.sft_checkpoint
-    return policy_dir(policy, cache_dir or cfg.output_dir / "presets", cfg.seed)
-
-
 def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                  device_memory_gb: float | None = None, prompt_tokens: int = 512,
                  cache_dir: Path | None = None) -> list[PolicyPlan]:
     """The plan of each policy in `names` (default: every policy of the run)."""
+    from mutualrl.trainer.session import policy_dir
+
     out = []
     for name in names or [p.name for p in cfg.policies]:
         pcfg = cfg.for_policy(name)
         policy = pcfg.policy(name)
-        path = weights_dir(pcfg, policy, cache_dir)
+        path = policy_dir(policy, cache_dir or pcfg.output_dir / "presets", pcfg.seed)
         if not (Path(path) / "config.json").exists():
             raise FileNotFoundError(f"policy {name}: {path} has no config.json")
         shape = model_shape(path, policy.lora)

@@ -31,7 +31,10 @@ log = logging.getLogger(__name__)
 
 
 def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
-    """Where the policy's weights and tokenizer load from (a preset is built once, offline)."""
+    """Where the policy's weights and tokenizer load from: its warm start (`sft_checkpoint`),
+    else its `model_path`, else its preset (built once, offline, into `cache_dir`)."""
+    if policy.sft_checkpoint is not None:
+        return policy.sft_checkpoint
     if policy.model_path is not None:
         return policy.model_path
     from mutualrl.trainer.presets import ensure_preset
@@ -148,12 +151,9 @@ def build_session(
     run_dir = cfg.run_dir(policy.name)
     cache = cache_dir or cfg.output_dir / "presets"
 
-    def weights_dir(p: PolicySettings) -> Path:
-        return p.sft_checkpoint or policy_dir(p, cache, cfg.seed)
-
     # Rank 0 alone builds a missing preset: transformers' save_pretrained writes only on rank 0
     # once torch.distributed is up, so another rank's build would be an empty model directory.
-    start = dist.from_main(lambda: weights_dir(policy))
+    start = dist.from_main(lambda: policy_dir(policy, cache, cfg.seed))
     if dist.active and policy.lora is not None:
         raise ValueError(f"policy {policy.name}: lora with nproc > 1 is not supported yet "
                          "(FSDP2 shards full fine-tuning only); set nproc: 1 or drop lora")
@@ -214,7 +214,7 @@ def build_session(
         # A THL service learns each tokenizer from its own trainer; the in-process engine
         # knows only what this process registers, so it gets every policy's.
         tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {
-            cfg.tokenizer_id(p.name): str(weights_dir(p)) for p in cfg.policies}
+            cfg.tokenizer_id(p.name): str(policy_dir(p, cache, cfg.seed)) for p in cfg.policies}
         exchange.join([p.name for p in cfg.policies], tokenizers)
     allocator = AllocatorClient(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,

@@ -16,30 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_up import up_config, write_yaml
 
 pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path: Path, rounds: int) -> Path:
-    cfg = {
-        "up": {"restart": "never", "health_timeout": 120, "stop_grace": 60, "status_every": 0.5},
-        "trainer": {
-            "run_id": "up-e2e",
-            "output_dir": str(tmp_path / "runs"),
-            "task": {"regime": "short", "skills": ["add", "rev"], "heldout_per_skill": 8},
-            "grpo": {"group_size": 4, "prompts_per_round": 4, "rounds": rounds,
-                     "max_new_tokens": 6},
-            "probe": {"kind": "sgt", "deadline_seconds": 2.0},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 1000},
-            "metrics": {"tensorboard": False},
-            "policies": [{"name": "gpt2-bpe", "preset": "gpt2-bpe"},
-                         {"name": "llama-char", "preset": "llama-char"}],
-        },
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_yaml(tmp_path / "tiny.yaml", up_config(tmp_path, "up-e2e", rounds))
 
 
 def _get(url: str) -> dict | None:

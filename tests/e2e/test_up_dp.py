@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from tiny_up import up_config, write_yaml
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -20,25 +20,9 @@ ROUNDS = 3
 
 
 def test_up_trains_a_two_rank_policy_with_a_peer_through_the_services(tmp_path: Path) -> None:
-    cfg = {
-        "up": {"restart": "never", "health_timeout": 120, "stop_grace": 60,
-               "status_every": 0.5},
-        "trainer": {
-            "run_id": "up-dp",
-            "output_dir": str(tmp_path / "runs"),
-            "task": {"regime": "short", "skills": ["add", "rev"], "heldout_per_skill": 8},
-            "grpo": {"group_size": 4, "prompts_per_round": 4, "rounds": ROUNDS,
-                     "max_new_tokens": 6},
-            "probe": {"kind": "sgt", "deadline_seconds": 5.0},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 1000},
-            "metrics": {"tensorboard": False},
-            "policies": [{"name": "gpt2-bpe", "preset": "gpt2-bpe"},
-                         {"name": "llama-char", "preset": "llama-char", "nproc": 2}],
-        },
-    }
-    path = tmp_path / "dp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    cfg = up_config(tmp_path, "up-dp", ROUNDS, deadline_seconds=5.0)
+    cfg["trainer"]["policies"][1]["nproc"] = 2  # llama-char on two gloo ranks
+    path = write_yaml(tmp_path / "dp.yaml", cfg)
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # private redis-server
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
+from tiny_up import up_config, write_yaml
 
 from mutualrl.common.auth import derive_token
 
@@ -26,24 +26,9 @@ POLICIES = ("gpt2-bpe", "llama-char")
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = {
-        "up": {"restart": "never", "health_timeout": 120, "stop_grace": 60, "status_every": 0.5},
-        "trainer": {
-            "run_id": "up-tokens",
-            "output_dir": str(tmp_path / "runs"),
-            "task": {"regime": "short", "skills": ["add", "rev"], "heldout_per_skill": 8},
-            "grpo": {"group_size": 4, "prompts_per_round": 4, "rounds": 10_000,
-                     "max_new_tokens": 6},
-            "probe": {"kind": "sgt", "deadline_seconds": 2.0},
-            "eval": {"every": 0},
-            "checkpoint": {"every": 1000},
-            "metrics": {"tensorboard": False},
-            "policies": [{"name": name, "preset": name} for name in POLICIES],
-        },
-    }
-    path = tmp_path / "tokens.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    cfg = up_config(tmp_path, "up-tokens", 10_000)
+    assert tuple(p["name"] for p in cfg["trainer"]["policies"]) == POLICIES
+    return write_yaml(tmp_path / "tokens.yaml", cfg)
 
 
 def _records(rest: str) -> list[dict]:

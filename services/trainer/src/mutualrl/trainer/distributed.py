@@ -10,7 +10,7 @@
   depend on N. For sampling the parameters are gathered once (`gathered`) and each rank's
   forwards are local: ranks stop at different times without waiting for each other.
 - Rank 0 alone talks to MWRA and SEE/THL and broadcasts the allocation and the probe's plan.
-- The loss uses global denominators (`update.round_loss(reduce=...)`); each rank backpropagates
+- The loss uses the mini-batch's global denominators (`step.coefficients`); each rank backpropagates
   `world x` its share, and FSDP's mean over ranks turns that into the sum: N ranks take the
   step one process would.
 

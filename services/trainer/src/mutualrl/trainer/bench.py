@@ -15,6 +15,7 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,12 @@ def _ours(model_dir: Path, out: Path, seed: int) -> Any:
     return s
 
 
-def _trl(model_dir: Path, out: Path, seed: int, steps: int, prompts: list[str],
-         callback: Any) -> Any:
+def trl_trainer(model_dir: Path, out: Path, seed: int, steps: int, prompts: list[str],
+                callback: Any, reward: Callable[[str], float], *, rows: int, group: int,
+                new_tokens: int, lr: float, checkpointing: bool = False) -> Any:
+    """TRL's `GRPOTrainer` set up as ours trains (the anchor of `bench trainer` and `bench
+    memory`): `rows` samples a step in groups of `group`, `new_tokens` sampled at temperature 1,
+    lr constant, clip 0.2/0.28, DAPO token-mean loss, no KL, fp32 on the CPU."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -90,20 +95,20 @@ def _trl(model_dir: Path, out: Path, seed: int, steps: int, prompts: list[str],
 
     model, tok = load_policy(model_dir)
 
-    def reward(completions: list[str], **_: Any) -> list[float | None]:
-        return [digit_share(c) for c in completions]
+    def rewards(completions: list[str], **_: Any) -> list[float | None]:
+        return [reward(c) for c in completions]
 
     args = GRPOConfig(
         output_dir=str(out), use_cpu=True, seed=seed, report_to="none", save_strategy="no",
-        logging_strategy="no", max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+        logging_strategy="no", max_steps=steps, per_device_train_batch_size=rows,
+        num_generations=group, max_completion_length=new_tokens, temperature=1.0, top_p=1.0,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", num_iterations=1,
         scale_rewards="group", disable_dropout=True, dataloader_num_workers=0,
         # TRL defaults to gradient checkpointing and bf16 autocast; on a CPU both only cost
         # time (bf16 matmuls are emulated), and ours runs fp32 without checkpointing.
-        gradient_checkpointing=False, bf16=False)
-    return GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tok,
+        gradient_checkpointing=checkpointing, bf16=False)
+    return GRPOTrainer(model=model, reward_funcs=[rewards], args=args, processing_class=tok,
                        train_dataset=Dataset.from_dict({"prompt": prompts}),
                        callbacks=[callback])
 
@@ -146,7 +151,9 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
                 rss.phase = "between"
                 torch.set_num_threads(1)
 
-        trainer = _trl(model_dir, tmp / "trl", seed, steps + 1, trl_prompts, Alternate())
+        trainer = trl_trainer(model_dir, tmp / "trl", seed, steps + 1, trl_prompts, Alternate(),
+                              digit_share, rows=PROMPTS * GROUP, group=GROUP,
+                              new_tokens=NEW_TOKENS, lr=LR)
         trainer.train()
     ours.close()
     ours_t, trl_t = ours_s[1:], trl_s[1:]  # the first step of each side is a warm-up

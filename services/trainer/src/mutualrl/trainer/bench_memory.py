@@ -157,14 +157,11 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
               checkpointing: bool) -> dict[str, float]:
     """One configuration of TRL's GRPOTrainer in this (fresh) process."""
     import torch
-    from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from mutualrl.trainer.presets import load_policy
+    from mutualrl.trainer.bench import trl_trainer
 
     torch.set_num_threads(1)
-    model, tok = load_policy(model_dir)
     times: list[float] = []
     cpu: list[float] = []
 
@@ -178,22 +175,11 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
             times.append(time.perf_counter() - self.t0)
             cpu.append(time.process_time() - self.c0)
 
-    def reward(completions: list[str], **_: Any) -> list[float | None]:
-        return [even_share(c) for c in completions]
-
     with tempfile.TemporaryDirectory(prefix="mutualrl-bench-memory-trl-") as tmp:
-        args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, seed=seed, report_to="none", save_strategy="no",
-            logging_strategy="no", max_steps=steps, per_device_train_batch_size=prompts * GROUP,
-            num_generations=GROUP, max_completion_length=new_tokens, temperature=1.0,
-            top_p=1.0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-            max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo",
-            num_iterations=1, scale_rewards="group", disable_dropout=True,
-            dataloader_num_workers=0, gradient_checkpointing=checkpointing, bf16=False)
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=[reward], args=args, processing_class=tok,
-            train_dataset=Dataset.from_dict({"prompt": prompt_texts(prompts * steps, seed)}),
-            callbacks=[Timer()])
+        trainer = trl_trainer(model_dir, Path(tmp), seed, steps,
+                              prompt_texts(prompts * steps, seed), Timer(), even_share,
+                              rows=prompts * GROUP, group=GROUP, new_tokens=new_tokens, lr=LR,
+                              checkpointing=checkpointing)
         base = _rss_mb()
         trainer.train()
     return {"peak_rss_mb": _peak_rss_mb(), "base_rss_mb": base, "step_s": times[-1],

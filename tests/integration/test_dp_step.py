@@ -31,7 +31,10 @@ def _helpers() -> Any:
     """tests/unit/test_micro_batch.py: its tiny model and fixed round with each probe's plan."""
     name = "micro_batch_cases"
     if name not in sys.modules:  # dataclasses look their module up while it loads
-        path = Path(__file__).resolve().parents[1] / "unit" / "test_micro_batch.py"
+        tests = Path(__file__).resolve().parents[1]
+        if str(tests) not in sys.path:  # the ranks run outside pytest (its pythonpath setting)
+            sys.path.insert(0, str(tests))
+        path = tests / "unit" / "test_micro_batch.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         sys.modules[name] = importlib.util.module_from_spec(spec)

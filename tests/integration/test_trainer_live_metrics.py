@@ -140,7 +140,9 @@ def test_wandb_offline_logs_every_round_and_resumes_the_same_run(tmp_path: Path)
     assert (run.project, run.run_group, run.display_name, run.run_id) == \
         ("mutualrl-test", "run-7", "gpt2-bpe", run_key)
     assert list(run.tags) == ["ci"]
-    # A resumed trainer (same run directory) continues the same W&B run.
+    # A resumed trainer (same run directory) continues the same W&B run. wandb names an offline
+    # run's directory by its start second: start the resumed one in the next second.
+    time.sleep(1.05 - time.time() % 1)
     again = MetricsSink(tmp_path, "gpt2-bpe", settings, run_id="run-7")
     again.log(3, {"reward_mean": 1.0})
     again.close()

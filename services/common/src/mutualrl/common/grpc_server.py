@@ -6,6 +6,7 @@ auth, grpc.health.v1, reflection, Prometheus metrics per method and optional TLS
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 import signal
@@ -259,6 +260,23 @@ async def wait_for_signal(*also: asyncio.Future[Any]) -> int | None:
     return stop.result() if stop.done() else None
 
 
+# Young-generation collections every this many container allocations instead of CPython's
+# 700: a Publish of 4,096 records allocates that many tuples and lists in a few milliseconds.
+_GC_GEN0_THRESHOLD = 20_000
+
+
+def settle_heap() -> None:
+    """Set the garbage collector for a long-running service: what start-up left alive (modules,
+    pydantic models, protobuf descriptors: hundreds of thousands of objects that live as long as
+    the process) is moved out of the collector's view with `gc.freeze()`, so a full collection
+    no longer walks all of it again, and young collections run less often. Cycles are still
+    collected; only what existed before this call is never examined again."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(_GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 async def serve_until_signalled(running: RunningServer, grace: float,
                                 ready: str | None = None) -> None:
     """The serving loop of every `mutualrl <service> serve`: print `ready` (the line people and
@@ -266,6 +284,7 @@ async def serve_until_signalled(running: RunningServer, grace: float,
     `running.stop(grace)`."""
     if ready is not None:
         print(ready, flush=True)
+    settle_heap()
     # Cancelled only after the stop: cancelling grpc's wait_for_termination earlier would
     # cancel the shutdown it shares.
     terminated = asyncio.ensure_future(running.server.wait_for_termination())

@@ -5,8 +5,8 @@ Redis (redis.asyncio). Modules:
 
 - `config`: `SeeConfig`, the `see:` section of a run YAML.
 - `requests`, `validate`: request validation (the servicer runs it; `validate` checks a
-  Publish batch, per-token rules vectorised over the batch); `entries`: stream-entry headers and
-  ids; `wire`: the PublishResponse as bytes (all pure: no network code).
+  Publish batch as whole-batch columns, per-token rules vectorised over the batch); `entries`:
+  stream-entry headers and ids (all pure: no network code).
 - `keys`, `lua`: the Redis key layout (`<prefix>:see:{<run>}:...`, the common scheme) and the
   batch script.
 - `store`: one object over the Redis parts: `runs`, `publish`, `rollouts` (consumer groups),

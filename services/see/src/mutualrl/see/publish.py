@@ -30,11 +30,24 @@ from mutualrl.see.entries import SEP, redis_op, s
 from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
 from mutualrl.see.runs import RunRegistry
-from mutualrl.see.validate import text_digest
+from mutualrl.see.validate import Batch, text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
 # How long a Publish waits for its batch to reach the disk under see.durability=fsync.
 _WAITAOF_TIMEOUT_MS = 5_000
+_STORED, _DUPLICATE = pb.PUBLISH_STATUS_STORED, pb.PUBLISH_STATUS_DUPLICATE
+
+
+def publish_response(record_ids: Sequence[str], flags: str) -> pb.PublishResponse:
+    """The answer to a Publish: one result per record, in input order (`flags` as `publish`
+    returns them), and the counts."""
+    resp = pb.PublishResponse()
+    add = resp.results.add  # (cheaper than building a list of PublishResult messages)
+    for rid, flag in zip(record_ids, flags, strict=True):
+        add(record_id=rid, status=_STORED if flag == "1" else _DUPLICATE)
+    resp.stored = flags.count("1")
+    resp.duplicates = len(flags) - resp.stored
+    return resp
 
 
 class Publisher:
@@ -44,11 +57,11 @@ class Publisher:
         self.mode = Mode.REDIS
         """Set at start from `see.durability` (durability.py)."""
 
-    async def publish(self, run: pb.Run, records: Sequence[pb.ExperienceRecord]
+    async def publish(self, run: pb.Run, records: Sequence[pb.ExperienceRecord], batch: Batch
                       ) -> tuple[list[str], str]:
-        """Store validated records of `run`: (record ids, flags) with flag "1" for newly stored
-        and "0" for a duplicate, in input order. The records get their run_id and
-        created_unix_ms set."""
+        """Store validated records of `run` (`batch`: their fields, from `validate_records`):
+        (record ids, flags) with flag "1" for newly stored and "0" for a duplicate, in input
+        order. The records get their run_id and created_unix_ms set."""
         if not records:
             return [], ""
         run_id = run.config.run_id
@@ -63,46 +76,40 @@ class Publisher:
             ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
             limits.max_successes_per_prompt, len(records), rk.round_stats_prefix,
             rk.rec_prefix, slack]
-        # MSET's arguments: staging key, payload, staging key, payload, ...
-        flat: list[str | bytes] = []
-        sizes: list[int] = []
-        rows: list[str] = []
         now_ms = int(time.time() * 1000)
         stage = f"{rk.base}stage:{uuid.uuid4().hex}:"
-        ids: list[str] = []
-        kinds: list[int] = []
-        for i, rec in enumerate(records):
+        ids, kinds = batch.record_id, batch.kind
+        payloads: list[bytes] = []
+        rows: list[str] = []
+        for i, (rec, rid, kind, policy, prompt, round_, verified, version) in enumerate(zip(
+                records, ids, kinds, batch.policy_id, batch.prompt_id, batch.round,
+                batch.verified, batch.policy_version, strict=True)):
             rec.run_id = run_id
             rec.created_unix_ms = now_ms
-            rid = rec.record_id
-            kind = rec.kind
-            policy = rec.policy_id
+            payloads.append(rec.SerializeToString())
             # (f-strings rather than joins of str() calls: this loop runs once per record)
-            header = (f"{rid}{SEP}{policy}{SEP}{rec.prompt_id}{SEP}{rec.round}{SEP}"
-                      f"{'1' if rec.verified else '0'}{SEP}{rec.policy_version}")
-            aux = ""
+            row = (f"{rid}{FIELD_SEP}{kind}{FIELD_SEP}{policy}{FIELD_SEP}{rid}{SEP}{policy}{SEP}"
+                   f"{prompt}{SEP}{round_}{SEP}{'1' if verified else '0'}{SEP}{version}"
+                   f"{FIELD_SEP}")
             if kind != pb.ROLLOUT:
-                key = (rk.round_stats(rec.round) if kind == pb.REWARD_STATS
-                       else rk.successes(rec.prompt_id))
+                key = (rk.round_stats(round_) if kind == pb.REWARD_STATS
+                       else rk.successes(prompt))
                 idx = aux_keys.get(key)
                 if idx is None:
                     keys.append(key)
                     idx = aux_keys[key] = len(keys)
                 if kind == pb.REWARD_STATS:
                     st = rec.stats
-                    aux = SEP.join((str(idx), f"{rec.prompt_id}|{policy}",
-                                    f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
-                                    str(rec.round)))
+                    row += SEP.join((str(idx), f"{prompt}|{policy}",
+                                     f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
+                                     str(round_)))
                 else:
-                    aux = SEP.join((str(idx), f"{policy}|{text_digest(rec.text)}"))
-            rows.append(f"{rid}{FIELD_SEP}{kind}{FIELD_SEP}{policy}{FIELD_SEP}{header}"
-                        f"{FIELD_SEP}{aux}")
-            payload = rec.SerializeToString()
-            flat.append(f"{stage}{i}")
-            flat.append(payload)
-            sizes.append(len(payload))
-            ids.append(rid)
-            kinds.append(kind)
+                    row += SEP.join((str(idx), f"{policy}|{text_digest(batch.text[i])}"))
+            rows.append(row)
+        # MSET's arguments: staging key, payload, staging key, payload, ...
+        flat: list[str | bytes] = [item for i, payload in enumerate(payloads)
+                                   for item in (f"{stage}{i}", payload)]
+        sizes = list(map(len, payloads))
         args += (RECORD_SEP.join(rows), stage)
         async with redis_op("publish"):
             reply = await self._transaction(flat, keys, args)

@@ -18,9 +18,9 @@ from mutualrl.common.errors import (
 )
 from mutualrl.see import metrics as m
 from mutualrl.see import requests
+from mutualrl.see.publish import publish_response
 from mutualrl.see.store import SeeStore
 from mutualrl.see.validate import validate_records
-from mutualrl.see.wire import publish_response
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
@@ -68,9 +68,10 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
         return pb.ListRunsResponse(runs=await self.store.list_runs())
 
     @grpc_errors
-    async def Publish(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Registered with no (de)serializer: bytes in, bytes out (see `add_to_server`): the
-        response is written straight as bytes (`wire.publish_response`)."""
+    async def Publish(self, request: bytes, context: grpc.aio.ServicerContext
+                      ) -> pb.PublishResponse:
+        """Registered without a request deserializer (see `add_to_server`): the request's size
+        is held against the in-flight budget before it is parsed."""
         with _count_refusals("Publish"), self.store.publish_bytes.hold(len(request)):
             limits = self.store.cfg.limits
             try:
@@ -80,10 +81,10 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
             requests.check_publish(req, limits.max_batch_records)
             run = await self.store.get_run(req.run_id)
             if not req.records:
-                return publish_response([], "")
-            validate_records(req.records, run.config, limits, batch_bytes=len(request))
-            rids, flags = await self.store.publisher.publish(run, req.records)
-            return publish_response([r.encode() for r in rids], flags)
+                return pb.PublishResponse()
+            batch = validate_records(req.records, run.config, limits, batch_bytes=len(request))
+            rids, flags = await self.store.publisher.publish(run, req.records, batch)
+            return publish_response(rids, flags)
 
     @grpc_errors
     async def FetchRollouts(self, request: pb.FetchRolloutsRequest,
@@ -145,8 +146,8 @@ __all__ = ["SERVICE_NAME", "ExperienceExchangeServicer", "ServiceError"]
 
 
 def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server) -> None:
-    """Register the service like the generated helper does, except Publish, which takes and
-    returns raw bytes so records are stored exactly as the client serialized them."""
+    """Register the service like the generated helper does, except Publish, which takes the
+    request as bytes (its size is held against the in-flight budget before it is parsed)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     sym = pb.DESCRIPTOR.services_by_name["ExperienceExchange"]
     for method in sym.methods:
@@ -154,7 +155,8 @@ def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server)
         req = GetMessageClass(method.input_type)
         resp = GetMessageClass(method.output_type)
         if method.name == "Publish":
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(fn)
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                fn, response_serializer=resp.SerializeToString)
         elif method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 fn, request_deserializer=req.FromString,

@@ -20,7 +20,7 @@ from mutualrl.see.config import SeeConfig
 from mutualrl.see.connect import redis_client
 from mutualrl.see.inspection import Inspection, RecordPage
 from mutualrl.see.keys import KINDS, RunKeys
-from mutualrl.see.publish import Publisher
+from mutualrl.see.publish import Publisher, publish_response
 from mutualrl.see.rollouts import Rollouts
 from mutualrl.see.roundstats import RoundStats
 from mutualrl.see.runs import Retention, RunRegistry
@@ -95,16 +95,9 @@ class SeeStore:
         from mutualrl.see.validate import validate_records
 
         run = await self.runs.get(run_id, field="run_id")
-        validate_records(records, run.config, self.cfg.limits)
-        rids, flags = await self.publisher.publish(run, records)
-        resp = pb.PublishResponse()
-        for rid, flag in zip(rids, flags, strict=True):
-            ok = flag == "1"
-            resp.results.add(record_id=rid, status=pb.PUBLISH_STATUS_STORED if ok
-                             else pb.PUBLISH_STATUS_DUPLICATE)
-            resp.stored += ok
-        resp.duplicates = len(rids) - resp.stored
-        return resp
+        batch = validate_records(records, run.config, self.cfg.limits)
+        rids, flags = await self.publisher.publish(run, records, batch)
+        return publish_response(rids, flags)
 
     # reads
     async def fetch_rollouts(self, req: pb.FetchRolloutsRequest, deadline: float | None = None

@@ -11,6 +11,7 @@ import hashlib
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -75,6 +76,7 @@ def _finite(value: float, field: str) -> None:
 
 _ARRAY_FIELDS = ("token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32")
 _V1_ARRAY_FIELDS = frozenset((11, 12, 13, 14))
+_KIND_SET = frozenset(KINDS)
 
 
 def _v1_arrays(rec: pb.ExperienceRecord) -> bool:
@@ -86,42 +88,107 @@ def _v1_arrays(rec: pb.ExperienceRecord) -> bool:
         return False
 
 
-def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
-                     limits: SeeLimits, batch_bytes: int | None = None) -> list[int]:
-    """Check a Publish batch against the run; returns each record's token count.
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The fields of a Publish batch the publisher needs, each read from the records once (a
+    protobuf field read from Python costs a C call, and for text a copy); in record order."""
 
-    Every rule raises `InvalidArgument` naming the offending field (`records[3].reward`). The
-    per-record scalar rules run record by record; the per-token rules (ids >= 0, offsets inside
-    the text with start <= end, finite log-probs) run once over the whole batch: one
-    concatenation per array and a handful of numpy reductions, then the first offending element
-    is traced back to its record.
+    record_id: list[str]
+    prompt_id: list[str]
+    policy_id: list[str]
+    kind: list[int]
+    round: list[int]
+    policy_version: list[int]
+    verified: list[bool]
+    text: list[str]
+    counts: list[int]
+    """Tokens per record."""
+
+
+def validate_records(records: Sequence[pb.ExperienceRecord], run: pb.RunConfig,
+                     limits: SeeLimits, batch_bytes: int | None = None) -> Batch:
+    """Check a Publish batch against the run; returns its fields (`Batch`) for the publisher.
+
+    Every rule raises `InvalidArgument` naming the offending field (`records[3].reward`). Each
+    field is read once for the whole batch and the scalar rules run as one pass of set, min
+    and max tests over those columns; only a batch that fails that pass walks its records one
+    by one, which names the first offending record and rule exactly as a per-record validator
+    would. The per-token rules (ids >= 0, offsets inside the text with start <= end, finite
+    log-probs) run once over the whole batch: one concatenation per array and a handful of
+    numpy reductions, then the first offending element is traced back to its record.
 
     `batch_bytes`, the serialized request's size, spares the record size rule its per-record
     serialized-size walk where it cannot fail: a record is at most the request less every other
     record's four token arrays. The errors are the same, in the same order, with or without it.
     """
-    policies = frozenset(run.policies)
-    counts: list[int] = []
-    text_lens: list[int] = []
-    # The id rules for the whole batch in one regex pass each; only a batch that fails them
-    # checks ids record by record (which names the field, in the per-record order).
-    check_ids = not (_all_valid(ids.RECORD_KEY, [r.record_id for r in records])
-                     and _all_valid(ids.RECORD_KEY, [r.prompt_id for r in records])
-                     and _all_valid(ids.TOKENIZER_ID,
-                                    [t for t in (r.tokenizer_id for r in records) if t]))
-    for i, rec in enumerate(records):
-        try:
-            n, text_len = _validate_scalars(rec, i, run, policies, limits, check_size=False,
-                                            check_ids=check_ids)
-        except InvalidArgument:
-            # An earlier record's size error comes first, as when checked record by record.
-            _check_sizes(records[:i], limits, None, None)
-            raise
-        counts.append(n)
-        text_lens.append(text_len)
-    _check_sizes(records, limits, counts, batch_bytes)
-    _check_arrays(records, counts, text_lens)
-    return counts
+    # A list first: iterating the protobuf container makes each element's Python object anew.
+    records = list(records)
+    arrays = [[getattr(r, name) for r in records] for name in _ARRAY_FIELDS]
+    nbytes = list(map(len, arrays[0]))
+    text = [r.text for r in records]
+    batch = Batch(
+        record_id=[r.record_id for r in records], prompt_id=[r.prompt_id for r in records],
+        policy_id=[r.policy_id for r in records], kind=[r.kind for r in records],
+        round=[r.round for r in records], policy_version=[r.policy_version for r in records],
+        verified=[r.verified for r in records], text=text, counts=[n >> 2 for n in nbytes])
+    text_lens = list(map(len, text))
+    if not _scalars_pass(records, batch, run, limits, arrays, nbytes, text_lens):
+        policies = frozenset(run.policies)
+        for i, rec in enumerate(records):
+            try:
+                _validate_scalars(rec, i, run, policies, limits, check_size=False)
+            except InvalidArgument:
+                # An earlier record's size error comes first, as when checked record by record.
+                _check_sizes(records[:i], limits, None, None)
+                raise
+    _check_sizes(records, limits, batch.counts, batch_bytes)
+    _check_arrays(arrays, batch.counts, text_lens)
+    return batch
+
+
+def _scalars_pass(records: Sequence[pb.ExperienceRecord], b: Batch, run: pb.RunConfig,
+                  limits: SeeLimits, arrays: list[list[bytes]], nbytes: list[int],
+                  text_lens: list[int]) -> bool:
+    """Whether the batch keeps every rule of `_validate_scalars` (except the record size), as
+    whole-column tests. False does not say which record breaks which rule: the caller then walks
+    the records one by one for the exact error."""
+    if not records:
+        return True
+    finish = [r.finish_reason for r in records]
+    reward = [r.reward for r in records]
+    if not (_all_valid(ids.RECORD_KEY, b.record_id) and _all_valid(ids.RECORD_KEY, b.prompt_id)
+            and _all_valid(ids.TOKENIZER_ID, [t for t in (r.tokenizer_id for r in records) if t])
+            and {r.run_id for r in records} <= {"", run.run_id}
+            and set(b.policy_id) <= set(run.policies)
+            and set(b.kind) <= _KIND_SET and set(finish) <= FINISH_VALUES
+            and min(b.round) >= 0 and min(b.policy_version) >= 0
+            and max(text_lens) <= limits.max_text_chars
+            and max(map(len, [r.prompt_text for r in records])) <= limits.max_text_chars
+            and all(map(math.isfinite, reward))
+            and not any(n & 3 for n in nbytes) and max(nbytes) >> 2 <= limits.max_tokens
+            and all(list(map(len, a)) == nbytes for a in arrays[1:])
+            and not any(v and f == pb.FINISH_REASON_LENGTH
+                        for v, f in zip(b.verified, finish, strict=True))):
+        return False
+    for meta in [r.meta for r in records]:
+        # (values by key: the map's values() is a Python-level view, twice as slow)
+        if meta and (len(meta) > limits.max_meta_entries
+                     or max(map(len, meta)) > limits.max_meta_chars
+                     or max(map(len, map(meta.__getitem__, meta))) > limits.max_meta_chars):
+            return False
+    for i, kind in enumerate(b.kind):
+        if kind == pb.ROLLOUT:
+            if not nbytes[i]:
+                return False
+        elif kind == pb.REWARD_STATS:
+            try:
+                _validate_stats(records[i], "")
+            except InvalidArgument:
+                return False
+        elif not (b.verified[i] and reward[i] >= run.tau and finish[i] in VERIFIABLE_FINISH
+                  and b.text[i].strip()):
+            return False
+    return True
 
 
 @functools.cache
@@ -163,27 +230,21 @@ def validate_record(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     """One record on its own (every rule; as `validate_records` for a batch of one, with the
     record's index `idx` in the field names); returns its token count."""
     n, text_len = _validate_scalars(rec, idx, run, policies, limits)
-    _check_arrays([rec], [n], [text_len], first=idx)
+    _check_arrays([[getattr(rec, name)] for name in _ARRAY_FIELDS], [n], [text_len], first=idx)
     return n
 
 
 def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
-                      policies: frozenset[str], limits: SeeLimits, check_size: bool = True,
-                      check_ids: bool = True) -> tuple[int, int]:
-    """Every rule except the per-token values (and the record size, unless `check_size`; the
-    id rules, unless `check_ids`); returns the record's token count and text length
-    (characters)."""
+                      policies: frozenset[str], limits: SeeLimits, check_size: bool = True
+                      ) -> tuple[int, int]:
+    """Every rule except the per-token values (and the record size, unless `check_size`);
+    returns the record's token count and text length (characters)."""
     f = f"records[{idx}]"
-    if check_ids:
-        # (valid() first: the field names are only built for an error)
-        rid, prompt_id, tokenizer_id = rec.record_id, rec.prompt_id, rec.tokenizer_id
-        if not ids.RECORD_KEY.valid(rid):
-            ids.check_record_key(rid, f"{f}.record_id")
-        if not ids.RECORD_KEY.valid(prompt_id):
-            ids.check_record_key(prompt_id, f"{f}.prompt_id")
-        # optional (REWARD_STATS records carry no tokens)
-        if tokenizer_id and not ids.TOKENIZER_ID.valid(tokenizer_id):
-            ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
+    ids.check_record_key(rec.record_id, f"{f}.record_id")
+    ids.check_record_key(rec.prompt_id, f"{f}.prompt_id")
+    tokenizer_id = rec.tokenizer_id
+    if tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
+        ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
         raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
     if rec.policy_id not in policies:
@@ -265,20 +326,17 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     return n, text_len
 
 
-def _check_arrays(records: Sequence[pb.ExperienceRecord], counts: Sequence[int],
-                  text_lens: Sequence[int], first: int = 0) -> None:
+def _check_arrays(arrays: list[list[bytes]], counts: Sequence[int], text_lens: Sequence[int],
+                  first: int = 0) -> None:
     """Token ids >= 0, offsets inside the text with start <= end, log-probs finite: over the
-    whole batch at once. `counts` are the records' token counts (already checked to agree)."""
-    rows = [i for i, n in enumerate(counts) if n]
-    if not rows:
+    whole batch at once. `arrays`: the records' four token arrays (`_ARRAY_FIELDS` order);
+    `counts`: their token counts (already checked to agree)."""
+    if not any(counts):
         return
-    recs = [records[i] for i in rows]
-    tok = np.frombuffer(b"".join([r.token_ids_i32 for r in recs]), dtype="<i4")
-    starts = np.frombuffer(b"".join([r.offset_starts_i32 for r in recs]), dtype="<i4")
-    ends = np.frombuffer(b"".join([r.offset_ends_i32 for r in recs]), dtype="<i4")
-    lps = np.frombuffer(b"".join([r.logprobs_f32 for r in recs]), dtype="<f4")
-    n_of = np.fromiter((counts[i] for i in rows), dtype=np.int64, count=len(rows))
-    text_len = np.fromiter((text_lens[i] for i in rows), dtype=np.int64, count=len(rows))
+    tok, starts, ends = (np.frombuffer(b"".join(a), dtype="<i4") for a in arrays[:3])
+    lps = np.frombuffer(b"".join(arrays[3]), dtype="<f4")
+    n_of = np.fromiter(counts, dtype=np.int64, count=len(counts))
+    text_len = np.fromiter(text_lens, dtype=np.int64, count=len(text_lens))
     # Fast pass, no temporaries beyond one mask per rule: an offset read as uint32 is above
     # the (uint32) text length exactly when it is negative or past the text. Only a batch
     # that fails it pays for the pass below that finds the first offending element.
@@ -299,15 +357,16 @@ def _check_arrays(records: Sequence[pb.ExperienceRecord], counts: Sequence[int],
     if not any(bad.any() for bad, _, _ in checks):  # pragma: no cover (the fast pass said so)
         return
     bounds = np.cumsum(n_of)
-    # The first offending record, then the first rule it breaks.
+    # The first offending record, then the first rule it breaks (side="right" steps over
+    # records without tokens, whose bounds repeat the previous one).
     firsts = [int(np.searchsorted(bounds, int(np.argmax(bad)), side="right"))
-              if bad.any() else len(rows) for bad, _, _ in checks]
+              if bad.any() else len(counts) for bad, _, _ in checks]
     rec_pos = min(firsts)
     rule = firsts.index(rec_pos)
     _, name, msg = checks[rule]
     if msg is None:
         msg = f"must lie in [0, {int(text_len[rec_pos])}]"
-    raise InvalidArgument(f"records[{first + rows[rec_pos]}].{name}", msg)
+    raise InvalidArgument(f"records[{first + rec_pos}].{name}", msg)
 
 
 def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:

@@ -1,4 +1,4 @@
-"""SEE's wire-format helper agrees with protobuf itself; entry headers, keys, stats rules."""
+"""SEE's Publish answer, entry headers, keys, stats rules."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from mutualrl.common.errors import InvalidArgument
-from mutualrl.see import wire
 from mutualrl.see.config import SeeConfig, SeeLimits
 from mutualrl.see.entries import Header
 from mutualrl.see.keys import RunKeys
+from mutualrl.see.publish import publish_response
 from mutualrl.see.testing import stats_record
 from mutualrl.see.validate import normalise_text, text_digest, validate_record
 from mutualrl.v1 import experience_pb2 as pb
@@ -19,21 +19,15 @@ POL = frozenset(RUN.policies)
 LIM = SeeLimits()
 
 
-def test_publish_response_is_protobufs_own_encoding() -> None:
-    body = wire.publish_response([b"x/1", b"y"], "10")
-    resp = pb.PublishResponse.FromString(body)
+def test_publish_response_counts_and_orders_results() -> None:
+    resp = publish_response(["x/1", "y", "z"], "101")
     assert [(r.record_id, r.status) for r in resp.results] == [
-        ("x/1", pb.PUBLISH_STATUS_STORED), ("y", pb.PUBLISH_STATUS_DUPLICATE)]
-    assert (resp.stored, resp.duplicates) == (1, 1)
-    # Byte for byte, across the one-byte length fast path's edge (123/124) and beyond.
-    ids = [b"r" * n for n in (1, 60, 122, 123, 124, 125, 127, 128, 300, 20_000)]
-    flags = "".join("10"[i % 2] for i in range(len(ids)))
-    expected = pb.PublishResponse(
-        results=[pb.PublishResult(record_id=i.decode(), status=pb.PUBLISH_STATUS_STORED
-                                  if f == "1" else pb.PUBLISH_STATUS_DUPLICATE)
-                 for i, f in zip(ids, flags, strict=True)],
-        stored=flags.count("1"), duplicates=flags.count("0"))
-    assert wire.publish_response(ids, flags) == expected.SerializeToString()
+        ("x/1", pb.PUBLISH_STATUS_STORED), ("y", pb.PUBLISH_STATUS_DUPLICATE),
+        ("z", pb.PUBLISH_STATUS_STORED)]
+    assert (resp.stored, resp.duplicates) == (2, 1)
+    assert publish_response([], "") == pb.PublishResponse()
+    with pytest.raises(ValueError):  # one flag per record
+        publish_response(["x"], "")
 
 
 def test_header_round_trip_and_keys() -> None:

@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 
 from mutualrl.experiment.plan import RunSpec, WarmStart
-from mutualrl.experiment.runner import experiment_tokenizer_roots, warm_start_report
+from mutualrl.experiment.runner import (
+    experiment_tokenizer_roots,
+    lock_out_dir,
+    warm_start_report,
+)
 
 
 def test_warm_start_report_flags_leaky_weak_and_unlearned_strong_skills(tmp_path: Path) -> None:
@@ -39,3 +43,20 @@ def test_one_thl_may_read_the_tokenizers_of_every_run_of_the_experiment(tmp_path
                      str((tmp_path / "elsewhere" / "c").resolve())]
     default = experiment_tokenizer_roots({}, out, runs[:1])
     assert default[0] == str(out.resolve()) and "runs" in default
+
+
+def test_one_invocation_per_out_dir(tmp_path: Path) -> None:
+    """A second invocation on the same --out is refused while the first holds it (they would
+    share the private Redis's data directory), and allowed once the first ends."""
+    first = lock_out_dir(tmp_path)
+    assert first is not None
+    assert lock_out_dir(tmp_path) is None
+    other = tmp_path / "other"
+    other.mkdir()
+    second = lock_out_dir(other)
+    assert second is not None
+    first.close()
+    again = lock_out_dir(tmp_path)
+    assert again is not None
+    again.close()
+    second.close()

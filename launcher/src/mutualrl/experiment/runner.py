@@ -9,6 +9,7 @@ services); the statistics are `mutualrl.experiment.analysis`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -492,6 +493,19 @@ def report_only(cfg: ExperimentConfig, out: Path, console: Any) -> int:
     return EXIT_OK
 
 
+def lock_out_dir(out: Path) -> IO[bytes] | None:
+    """An exclusive lock on `out` for one invocation (held while the returned file stays open),
+    or None while another invocation holds it: two invocations on one --out would start two
+    private Redis servers on one data directory, which corrupts its append-only file."""
+    f = (out / ".experiment.lock").open("a+b")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
 def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
                    quick: bool = False, warm_only: bool = False,
                    redis_url: str | None = None, token: str | None = None) -> int:
@@ -500,6 +514,12 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out_dir(out)
+    if lock is None:
+        console.print(f"[red]another `mutualrl experiment` is running on {out}: give each "
+                      "concurrent invocation its own --out (they would share the private "
+                      "Redis's data directory); merge finished runs with --report-only[/]")
+        return EXIT_CONFIG
     plan = build_plan(cfg, out)
     for spec in plan.runs:  # every run's trainer section must validate before anything starts
         TrainerConfig.model_validate({**spec.trainer, "services": {"local": True}})
@@ -556,4 +576,5 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
                   f"{out}/results.md, results.json, curves.png")
     if failed and code == EXIT_OK:
         code = EXIT_FAILED
+    lock.close()
     return code

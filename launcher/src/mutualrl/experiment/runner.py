@@ -509,9 +509,8 @@ def lock_out_dir(out: Path) -> IO[bytes] | None:
 def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
                    quick: bool = False, warm_only: bool = False,
                    redis_url: str | None = None, token: str | None = None) -> int:
-    from mutualrl.launch.local_redis import RedisMissing
-    from mutualrl.trainer.config import TrainerConfig
-
+    """`mutualrl experiment`: warm starts, services, the grid of runs, the results; holding
+    `out` for the whole invocation."""
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out_dir(out)
@@ -520,6 +519,15 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
                       "concurrent invocation its own --out (they would share the private "
                       "Redis's data directory); merge finished runs with --report-only[/]")
         return EXIT_CONFIG
+    with lock:
+        return _run_locked(cfg, raw, out, console, quick, warm_only, redis_url, token)
+
+
+def _run_locked(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
+                quick: bool, warm_only: bool, redis_url: str | None, token: str | None) -> int:
+    from mutualrl.launch.local_redis import RedisMissing
+    from mutualrl.trainer.config import TrainerConfig
+
     plan = build_plan(cfg, out)
     for spec in plan.runs:  # every run's trainer section must validate before anything starts
         TrainerConfig.model_validate({**spec.trainer, "services": {"local": True}})
@@ -576,5 +584,4 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
                   f"{out}/results.md, results.json, curves.png")
     if failed and code == EXIT_OK:
         code = EXIT_FAILED
-    lock.close()
     return code

@@ -171,3 +171,51 @@ def test_default_config_subset_and_full_grid() -> None:
     arms = {(r.regime, r.probe) for r in plan.runs}
     for regime in ("short", "worked"):
         assert {(regime, a) for a in ("none", "sgt", "sgt-self", "oracle")} <= arms
+
+
+def test_extends_merges_a_study_into_its_base(tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text("experiment:\n  name: base\n  seeds: [0, 1]\n  regimes:\n    short:\n"
+                    "      task: {regime: short}\n      policies:\n"
+                    "        - {name: A, preset: gpt2-bpe, strong_skills: [add]}\n"
+                    "        - {name: B, preset: llama-char, strong_skills: [sub]}\n"
+                    "      trainer: {grpo: {rounds: 10, lr: 0.001}}\nsee: {retention: {}}\n")
+    study = tmp_path / "sub" / "study.yaml"
+    study.parent.mkdir()
+    study.write_text("extends: ../base.yaml\nexperiment:\n  name: study\n  regimes:\n"
+                     "    short: {trainer: {grpo: {rounds: 3}}}\n")
+    cfg, raw = load_experiment(study)
+    assert cfg.name == "study" and cfg.seeds == [0, 1]
+    assert cfg.regimes["short"].trainer["grpo"] == {"rounds": 3, "lr": 0.001}
+    assert [p.name for p in cfg.regimes["short"].policies] == ["A", "B"]
+    assert "see" in raw and "extends" not in raw
+    base.write_text("extends: sub/study.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_experiment(study)
+    study.write_text("extends: [a, b]\n")
+    with pytest.raises(ValueError, match="extends must be a file name"):
+        load_experiment(study)
+
+
+def test_prp_levels_config_runs_both_levels_in_both_regimes() -> None:
+    """Issue 17, point 4: sequence- and chunk-level PRP against GRPO in both regimes, on the
+    probe comparison's policies and warm starts (the same SFT configs, so the same cache keys),
+    within its own time budget."""
+    cfg, raw = load_experiment(CONFIG.with_name("prp-levels.yaml"))
+    base, _ = load_experiment(CONFIG)
+    plan = build_plan(cfg, Path("/tmp/x"))
+    assert {(r.regime, r.probe) for r in plan.runs} == {
+        (g, p) for g in ("short", "worked") for p in ("none", "prp-seq", "prp-chunk")}
+    assert len(plan.runs) == 6 * len(cfg.seeds) and len(cfg.seeds) >= 3
+    levels = {(r.regime, r.probe): r.trainer["probe"]["prp_level"] for r in plan.runs
+              if r.probe != "none"}
+    assert set(levels.values()) == {"sequence", "chunk"}
+    assert all(levels[(g, "prp-chunk")] == "chunk" for g in ("short", "worked"))
+    base_warm = {w.key: w.sft for w in build_plan(base, Path("/tmp/x")).warm_starts}
+    for w in plan.warm_starts:
+        assert base_warm[w.key] == w.sft
+    for r in plan.runs:
+        assert r.trainer["diagnostics"]["support_every"] == 5
+        assert r.trainer["grpo"] == base.regimes[r.regime].trainer["grpo"]
+    assert cfg.time_budget_s is not None and plan.eta_s < cfg.time_budget_s
+    assert {"see", "thl", "mwra"} <= set(raw)

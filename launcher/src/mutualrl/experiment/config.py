@@ -221,11 +221,27 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def load_with_extends(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping; a top-level `extends: <file>` (relative to this file) names a base
+    whose mapping this file's is merged into (`deep_merge`), so a study that differs from
+    another in a few settings states only those."""
+    here = Path(path).resolve()
+    if here in _seen:
+        raise ValueError(f"{path}: `extends` forms a cycle through {[str(p) for p in _seen]}")
+    raw = load_yaml(here)
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{path}: extends must be a file name, got {base!r}")
+    return deep_merge(load_with_extends(here.parent / base, (*_seen, here)), raw)
+
+
 def load_experiment(path: str | Path, quick: bool = False) -> tuple[ExperimentConfig,
                                                                      dict[str, Any]]:
     """The experiment section (with `quick` merged in when asked) and the whole YAML (the
-    services' sections `see:`, `thl:`, `mwra:` are read from it)."""
-    raw = load_yaml(path)
+    services' sections `see:`, `thl:`, `mwra:` are read from it), `extends` resolved."""
+    raw = load_with_extends(path)
     section = raw.get("experiment")
     if not isinstance(section, dict):
         raise ValueError(f"{path}: needs an `experiment:` mapping")

@@ -9,7 +9,8 @@ log-probs each) from the same number of writer processes with the same batch siz
 - anchor: each writer process sends the payloads straight to Redis with redis-py pipelines
   (`XADD <stream> * d <payload>` x batch, one round trip per batch).
 
-Figures: records/s of both, `ratio` = ours / raw redis, and p50/p99 latency of one batch.
+Figures: records/s of both, `ratio` = ours / raw redis, p50/p99 latency of one batch, and
+`p99_ratio` = ours / raw redis p99, each paired per repeat (medians over repeats).
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ def _three_policy_summary() -> dict[str, Any]:
     for seed in (0, 1, 2):
         e = 0.01 * seed
         for arm, gain in (("none", 0.0), ("sgt", 0.6), ("sgt-self", 0.3)):
-            demos = {"rescue_demos/rev/B": 2.0} if arm == "sgt" else {}
+            # (sgt-self as logged before it counted its own sources: SGT's peer texts)
+            demos = {"rescue_demos/rev/B": 2.0} if arm in ("sgt", "sgt-self") else {}
             r = {"A": rows({"add": 0.9, "rev": gain + e}, -3.0, demos),
                  "B": rows({"add": gain / 2 + e, "rev": 0.8}, -4.0,
                            {"rescue_demos/add/A": 1.0} if arm == "sgt" else {}),
@@ -167,6 +168,7 @@ def test_controls_transfer_matrix_and_tradeoff_for_three_policies(tmp_path: Path
     assert set(t["B"]["A"]["skills"]) == {"add"} and t["B"]["C"]["see_taken"] == 1
     assert t["C"]["B"]["skills"]["rev"]["final"]["mean"] == pytest.approx(0.62)
     assert set(s["transfer"]) == {"sgt", "sgt-self"}
+    assert s["transfer"]["sgt-self"]["A"]["B"]["demos"] == {}  # trained on no peer text
     tr = s["tradeoff"]["arms"]["sgt"]["A"]
     sm = tr["summary"]
     assert sm["support_first"]["mean"] == pytest.approx(-3.0)

@@ -30,18 +30,19 @@ def _cfg(**over: Any) -> ExperimentConfig:
 
 
 def test_default_config_runs_a_subset_within_its_time_budget() -> None:
-    """The default subset's estimate (the paces measured on the 2-core machine) fits its own
-    time budget, so no run of it is skipped. (Issue 17 asked for 90 minutes; the measured
-    default takes about 1 h 55 min of runs: README, "SGT's controls, three policies".)"""
+    """The default subset is what issue 17's targets need, and its estimate (the paces measured
+    on the 2-core machine) fits its own time budget, which leaves the warm starts room within
+    the 90 minutes the issue asks for."""
     cfg, raw = load_experiment(CONFIG)
     plan = build_plan(cfg, Path("/tmp/x"))
     assert cfg.probes == ["none", "xgrpo", "sgt", "sgt-self", "oracle", "prp-seq", "prp-chunk"]
     assert len(cfg.seeds) >= 3
     assert list(cfg.active_regimes()) == ["short", "worked", "worked3"]
-    assert len(plan.runs) == (4 + 5 + 2) * len(cfg.seeds)
+    assert len(plan.runs) == (2 + 2 + 2) * len(cfg.seeds)
     # One warm start per (policy, SFT config), reused by every seed, arm and regime.
     assert len(plan.warm_starts) == 5
     assert cfg.time_budget_s is not None and plan.eta_s < 0.9 * cfg.time_budget_s, plan.eta_s
+    assert cfg.time_budget_s <= 70 * 60
     full = build_plan(cfg.full(), Path("/tmp/x"))
     assert len(full.runs) == 4 * 7 * len(cfg.seeds) and len(full.warm_starts) == 6
     assert {"see", "thl", "mwra"} <= set(raw)
@@ -169,8 +170,10 @@ def test_default_config_subset_and_full_grid() -> None:
     three = [r for r in plan.runs if len(r.policies) == 3]
     assert three and {r.probe for r in three} >= {"none", "sgt"}
     arms = {(r.regime, r.probe) for r in plan.runs}
+    full_arms = {(r.regime, r.probe) for r in full.runs}
     for regime in ("short", "worked"):
-        assert {(regime, a) for a in ("none", "sgt", "sgt-self", "oracle")} <= arms
+        assert {(regime, a) for a in ("sgt", "sgt-self")} <= arms
+        assert {(regime, a) for a in ("none", "sgt", "sgt-self", "oracle")} <= full_arms
 
 
 def test_extends_merges_a_study_into_its_base(tmp_path: Path) -> None:

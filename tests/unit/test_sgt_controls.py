@@ -13,7 +13,7 @@ import torch
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, RoundData, make_probe
 from mutualrl.trainer.probes.prp import group_peer_rollouts
-from mutualrl.trainer.probes.sgt import SGTSelfProbe, draw_own
+from mutualrl.trainer.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe, draw_own
 from mutualrl.trainer.rollout import Sample
 from mutualrl.trainer.tasks import Prompt
 from mutualrl.trainer.update import round_loss
@@ -62,15 +62,58 @@ def test_sgt_self_matches_sgt_counts_when_the_pool_allows() -> None:
     pool = {f"p{i}": ([1, i], [f"a{i}", f"b{i}", f"c{i}"][: 1 + i % 3]) for i in range(10)}
     want = [1, 3, 2]  # SGT rescued three prompts with 1, 3 and 2 distinct peer texts
     drawn = draw_own(pool, want, random.Random(0))
-    labels = [j for j, _, _ in drawn]
+    labels = [j for j, _, _, _ in drawn]
     assert sorted(set(labels)) == [0, 1, 2]
     for j, n in enumerate(want):
-        texts = [t for jj, _, t in drawn if jj == j]
-        pid = {p for p, (_, ts) in pool.items() if texts[0] in ts}.pop()
-        assert texts == pool[pid][1][:n]  # up to n texts of one own prompt
+        pids = {pid for jj, pid, _, _ in drawn if jj == j}
+        assert len(pids) == 1  # one own prompt per group
+        pid = pids.pop()
+        texts = [t for jj, _, ids, t in drawn if jj == j and ids == pool[pid][0]]
+        assert texts == pool[pid][1][:n]  # up to n texts of that prompt
     assert draw_own(pool, want, random.Random(0)) == drawn  # seeded
     assert draw_own({}, want, random.Random(0)) == []
-    assert len({j for j, _, _ in draw_own(pool, [1] * 20, random.Random(1))}) == 10
+    assert len({j for j, _, _, _ in draw_own(pool, [1] * 20, random.Random(1))}) == 10
+
+
+class CharTokens:
+    """The one exchange method the controls' demonstrations use: texts -> receiver tokens."""
+
+    eos_token_id = 2
+
+    def retokenize(self, texts: list[str], ends: list[bool]) -> list[list[int]]:
+        return [[3 + (ord(c) % 20) for c in t] + ([2] if e else []) for t, e in
+                zip(texts, ends, strict=True)]
+
+
+def test_controls_report_what_they_trained_on_not_the_peers_texts() -> None:
+    """The transfer matrix counts `rescue_demos/<skill>/<source>`: SGT's peer texts by donor,
+    sgt-self's own texts under its own name and skill, the oracle's under `reference`."""
+    from mutualrl.trainer.probes.base import Rescue
+
+    probe = make_probe(ProbeSettings(kind="sgt-self", sgt_self_rounds=4), "A", None)
+    assert isinstance(probe, SGTSelfProbe)
+    data0 = round_data(0, [[1.0, 1.0], [1.0, 0.0]])
+    data0.prompts[1] = Prompt(id="r0p1", skill="rev", text="r0p1", answer="")
+    probe.plan(data0)
+    data1 = round_data(1, [[0.0, 0.0], [0.0, 0.0]])
+    texts = {"r1p0": ["peer-a", "peer-b"], "r1p1": ["peer-c"]}  # SGT would rescue both
+    rescue = Rescue(texts=texts, donors={("r1p0", "peer-a"): "B", ("r1p0", "peer-b"): "C",
+                                         ("r1p1", "peer-c"): "B"})
+    stats: dict[str, float] = {}
+    demos = probe.demonstrations(data1, CharTokens(), texts,  # type: ignore[arg-type]
+                                 Demos(prompt_index=[0, 0, 1], token_ids=[[5], [6], [7]]), stats)
+    assert demos is not None and len(demos) == 3  # r0p0 has 2 texts, r0p1 one: 2 + 1
+    taught = probe.taught(data1, rescue, demos)
+    assert taught == {"rescue_demos/add/A": 2.0, "rescue_demos/rev/A": 1.0}
+    sgt = make_probe(ProbeSettings(kind="sgt"), "A", None)
+    assert isinstance(sgt, SGTProbe)
+    assert sgt.taught(data1, rescue, demos) == {"rescue_demos/add/B": 2.0,
+                                                "rescue_demos/add/C": 1.0}
+    oracle = make_probe(ProbeSettings(kind="oracle"), "A", None)
+    assert isinstance(oracle, OracleProbe)
+    refs = Demos(prompt_index=[0, 1], token_ids=[[5], [6]])
+    assert oracle.taught(data1, rescue, refs) == {"rescue_demos/add/reference": 2.0}
+
 
 
 def test_demos_on_earlier_prompts_use_their_own_prompt_tokens() -> None:

@@ -231,7 +231,10 @@ def transfer_matrix(by_probe: dict[str, dict[int, RunResult]], fb: FB, arm: str,
             taken = [float(((run.see.get("matrix") or {}).get("VERIFIED_SUCCESS") or {})
                            .get(r, {}).get(d, 0.0)) for run in runs.values() if run.see]
             demos: dict[str, float] = {}
-            for run in runs.values():
+            # Only SGT trains on peers' texts: sgt-self trains on its own successes, the oracle
+            # on reference answers. (Their older runs logged, under the peers' names, the peer
+            # texts SGT would have used; so their cells count no demonstrations.)
+            for run in runs.values() if arm == "sgt" else ():
                 for row in run.rows[r]:
                     for key, v in row.items():
                         if key.startswith("rescue_demos/") and key.endswith(f"/{d}"):

@@ -24,7 +24,8 @@ def plot_curves(results: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(len(regimes), n_cols, figsize=(4.2 * n_cols, 3.4 * len(regimes)),
                              squeeze=False, sharey=True)
     for i, (regime, reg) in enumerate(regimes):
-        cols = [*reg["policies"], "both"]
+        mean_col = "both" if len(reg["policies"]) == 2 else "all"  # as results.md says
+        cols = [*reg["policies"], mean_col]
         for j in range(n_cols):
             ax = axes[i][j]
             if j >= len(cols):
@@ -32,7 +33,8 @@ def plot_curves(results: dict[str, Any], path: Path) -> Path:
                 continue
             name = cols[j]
             for probe, per_pol in reg["curves"].items():
-                c = _both_curve(per_pol, reg["policies"]) if name == "both" else per_pol.get(name)
+                c = (_both_curve(per_pol, reg["policies"]) if name == mean_col
+                     else per_pol.get(name))
                 if not c or not c["rounds"]:
                     continue
                 color = COLORS.get(probe)

@@ -17,6 +17,7 @@ from mutualrl.trainer.probes.base import (
     Demos,
     LossInputs,
     Probe,
+    Rescue,
     RoundData,
     grpo_inputs,
     index_of,
@@ -40,7 +41,7 @@ class SGTProbe(Probe):
         peer = rescue_demos(data, ex, rescue.texts, rescue.ends)
         plan.support = peer
         plan.demos = self.demonstrations(data, ex, rescue.texts, peer, plan.stats)
-        plan.stats.update(rescue.by_skill_and_donor(data.prompts))
+        plan.stats.update(self.taught(data, rescue, plan.demos))
         where = index_of(data.prompts)
         for pid in rescue.texts:  # per skill: which skills peers unlock (the dashboard's bars)
             key = f"rescued/{data.prompts[where[pid]].skill}"
@@ -53,6 +54,11 @@ class SGTProbe(Probe):
                        peer: Demos, stats: dict[str, float]) -> Demos | None:
         """What the NLL term trains on, given SGT's rescue set (SGT: the peers' texts)."""
         return peer
+
+    def taught(self, data: RoundData, rescue: Rescue, demos: Demos | None) -> dict[str, float]:
+        """What the NLL term trained on per skill and source, {'rescue_demos/<skill>/<source>':
+        n}: the trainer's side of the transfer matrix (SGT: each peer text by its donor)."""
+        return rescue.by_skill_and_donor(data.prompts)
 
 
 class OracleProbe(SGTProbe):
@@ -73,6 +79,11 @@ class OracleProbe(SGTProbe):
         ends = [not getattr(self.task, "stop", None)] * len(refs)
         return Demos(prompt_index=[where[p] for p in pids], token_ids=ex.retokenize(refs, ends))
 
+    def taught(self, data: RoundData, rescue: Rescue, demos: Demos | None) -> dict[str, float]:
+        """The reference answers, counted under the source `reference` (no peer taught them)."""
+        return count_taught([data.prompts[i].skill for i in demos.prompt_index] if demos else [],
+                            "reference")
+
 
 class SGTSelfProbe(SGTProbe):
     """SGT's count of prompts and demonstrations per prompt, filled with own successes of the
@@ -86,6 +97,10 @@ class SGTSelfProbe(SGTProbe):
         self.own: OrderedDict[int, list[tuple[str, list[int], str, bool]]] = OrderedDict()
         """round -> own verified successes (prompt id, prompt tokens, completion text, whether
         it ended with this policy's EOS)."""
+        self.skill_of: dict[str, str] = {}
+        """Prompt id -> skill, for the prompts in `own` (what the demonstrations taught)."""
+        self.drawn_skills: list[str] = []
+        """The skill of each demonstration of the current round."""
 
     def plan(self, data: RoundData) -> LossInputs:
         plan = super().plan(data)  # reads earlier rounds only: this round is recorded after
@@ -104,9 +119,12 @@ class SGTSelfProbe(SGTProbe):
                 if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
                     ended = eos is not None and list(y.token_ids[-1:]) == [eos]
                     found.append((prompt.id, list(ids), y.text, ended))
+                    self.skill_of[prompt.id] = prompt.skill
         self.own[data.round] = found
         while len(self.own) > self.settings.sgt_self_rounds:
             self.own.popitem(last=False)
+            live = {e[0] for f in self.own.values() for e in f}
+            self.skill_of = {pid: sk for pid, sk in self.skill_of.items() if pid in live}
 
     def pool(self, before: int) -> dict[str, tuple[list[int], list[str]]]:
         """Own successes of earlier rounds: prompt id -> (prompt tokens, distinct texts)."""
@@ -126,17 +144,23 @@ class SGTSelfProbe(SGTProbe):
         rng = random.Random(f"sgt-self:{self.policy}:{data.round}")
         drawn = draw_own(self.pool(data.round), want, rng)
         stats["sgt_self_missing"] = float(sum(want) - len(drawn))
+        self.drawn_skills = [self.skill_of.get(pid, "?") for _, pid, _, _ in drawn]
         if not drawn:
             return None
         # As SGT's demonstrations: a text that ended with EOS is followed by it.
         ended = {t for found in self.own.values() for _, _, t, e in found if e}
-        return Demos(prompt_index=[j for j, _, _ in drawn],
-                     token_ids=ex.retokenize([t for _, _, t in drawn],
-                                             [t in ended for _, _, t in drawn]),
-                     prompt_token_ids=[ids for _, ids, _ in drawn])
+        return Demos(prompt_index=[j for j, _, _, _ in drawn],
+                     token_ids=ex.retokenize([t for _, _, _, t in drawn],
+                                             [t in ended for _, _, _, t in drawn]),
+                     prompt_token_ids=[ids for _, _, ids, _ in drawn])
+
+    def taught(self, data: RoundData, rescue: Rescue, demos: Demos | None) -> dict[str, float]:
+        """Its own successes, counted under this policy's own name (no peer taught them)."""
+        return count_taught(self.drawn_skills, self.policy)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "own": list(self.own.items())}
+        return {**super().state_dict(), "own": list(self.own.items()),
+                "skill_of": dict(self.skill_of)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -144,16 +168,27 @@ class SGTSelfProbe(SGTProbe):
         self.own = OrderedDict(
             (int(k), [(e[0], list(e[1]), e[2], bool(e[3]) if len(e) > 3 else False) for e in v])
             for k, v in state.get("own", []))
+        self.skill_of = dict(state.get("skill_of", {}))
 
 
 def draw_own(pool: dict[str, tuple[list[int], list[str]]], want: list[int],
-             rng: random.Random) -> list[tuple[int, list[int], str]]:
+             rng: random.Random) -> list[tuple[int, str, list[int], str]]:
     """sgt-self's demonstrations: len(want) distinct prompts of `pool` (uniformly, without
     replacement), the j-th with up to want[j] of its own texts. Returns (group label j, prompt
-    tokens, text) per demonstration; fewer when the pool is smaller than what SGT used."""
+    id, prompt tokens, text) per demonstration; fewer when the pool is smaller than what SGT
+    used."""
     chosen = rng.sample(sorted(pool), min(len(want), len(pool)))
-    out: list[tuple[int, list[int], str]] = []
+    out: list[tuple[int, str, list[int], str]] = []
     for j, (pid, n) in enumerate(zip(chosen, want, strict=False)):
         ids, texts = pool[pid]
-        out += [(j, ids, t) for t in texts[:n]]
+        out += [(j, pid, ids, t) for t in texts[:n]]
+    return out
+
+
+def count_taught(skills: list[str], source: str) -> dict[str, float]:
+    """{'rescue_demos/<skill>/<source>': n} for demonstrations of `skills` from `source`."""
+    out: dict[str, float] = {}
+    for sk in skills:
+        key = f"rescue_demos/{sk}/{source}"
+        out[key] = out.get(key, 0.0) + 1.0
     return out

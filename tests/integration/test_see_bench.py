@@ -14,12 +14,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> None:
-    res = run_bench(clients=2, records=256, batch=32, tokens=20, redis_url=redis_url, repeats=2)
-    assert res["records_per_side"] == 256 and res["repeats"] == 2 and res["redis"] == "single"
+    # Enough records that the server's CPU time spans several clock ticks (/proc counts CPU
+    # in 10 ms steps): with 256 it could read 0.
+    res = run_bench(clients=2, records=4096, batch=128, tokens=20, redis_url=redis_url,
+                    repeats=2)
+    assert res["records_per_side"] == 4096 and res["repeats"] == 2 and res["redis"] == "single"
     see, raw = res["see_all"], res["raw_redis_all"]
     assert len(see) == len(raw) == 2
     for side in (*see, *raw):
-        assert side["records"] == 256 and side["batches"] == 256 // 32  # 2 writers x 4
+        assert side["records"] == 4096 and side["batches"] == 4096 // 128  # 2 writers x 16
         assert side["records_per_s"] > 0 and 0 < side["p50_ms"] <= side["p99_ms"]
         assert side["cpu"]["writers_us_per_record"] > 0
     assert all(s["cpu"]["server_us_per_record"] > 0 for s in see)

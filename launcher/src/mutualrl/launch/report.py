@@ -96,7 +96,8 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
 
 
 def demos_by_donor(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """donor -> skill -> peer demonstrations trained on (SGT's `rescue_demos/<skill>/<donor>`)."""
+    """donor -> skill -> demonstrations trained on (`rescue_demos/<skill>/<donor>`; the donor is
+    a peer under SGT, the policy itself under sgt-self and `reference` under the oracle)."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
         for key, v in r.items():
@@ -109,7 +110,7 @@ def demos_by_donor(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def learned_table(res: dict[str, Any]) -> Table | None:
     """Who learned what from whom: demonstrations per receiver, donor and skill, with the
     receiver's start -> final held-out reward@1 on that skill."""
-    table = Table(title="SGT demonstrations: receiver <- donor, per skill (start → final)")
+    table = Table(title="NLL demonstrations: receiver <- donor, per skill (start → final)")
     for col in ("receiver", "donor", "skill", "demos", "held-out"):
         table.add_column(col, justify="right" if col in ("demos", "held-out") else "left")
     rows = 0

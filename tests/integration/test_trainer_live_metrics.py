@@ -112,6 +112,24 @@ def _wandb_records(path: Path) -> list[Any]:
     return out
 
 
+def _finished_wandb_records(path: Path, timeout: float = 30.0) -> list[Any]:
+    """The log's records once it holds the run's exit record: `finish()` can return before
+    wandb's service process has written the transaction log (seen as a bare 7-byte header,
+    complete a fraction of a second later)."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = _wandb_records(path)
+        except DecodeError:  # read while a record was half written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path}: no exit record after {timeout} s"
+        time.sleep(0.1)
+
+
 def test_wandb_offline_logs_every_round_and_resumes_the_same_run(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     import json
@@ -126,7 +144,7 @@ def test_wandb_offline_logs_every_round_and_resumes_the_same_run(tmp_path: Path)
     run_key = (tmp_path / "wandb_id").read_text()
     logs = list(tmp_path.glob(f"wandb/offline-run-*-{run_key}/run-{run_key}.wandb"))
     assert len(logs) == 1
-    records = _wandb_records(logs[0])
+    records = _finished_wandb_records(logs[0])
     history = []
     for r in records:
         if r.WhichOneof("record_type") == "history":

@@ -212,6 +212,11 @@ def contrast(fb: FB, a: str, b: str, policies: Sequence[str],
     }
 
 
+def mean_label(policies: Sequence[str]) -> str:
+    """What the tables and plots call the mean over a regime's policies."""
+    return "both" if len(policies) == 2 else "all"
+
+
 def transfer_matrix(by_probe: dict[str, dict[int, RunResult]], fb: FB, arm: str,
                     policies: Sequence[str], skills: Sequence[str],
                     strong: dict[str, list[str]]) -> dict[str, Any]:
@@ -231,10 +236,10 @@ def transfer_matrix(by_probe: dict[str, dict[int, RunResult]], fb: FB, arm: str,
             taken = [float(((run.see.get("matrix") or {}).get("VERIFIED_SUCCESS") or {})
                            .get(r, {}).get(d, 0.0)) for run in runs.values() if run.see]
             demos: dict[str, float] = {}
-            # Only SGT trains on peers' texts: sgt-self trains on its own successes, the oracle
-            # on reference answers. (Their older runs logged, under the peers' names, the peer
+            # The controls train on no peer text: sgt-self on its own successes, the oracle on
+            # reference answers. (Their older runs logged, under the peers' names, the peer
             # texts SGT would have used; so their cells count no demonstrations.)
-            for run in runs.values() if arm == "sgt" else ():
+            for run in runs.values() if arm not in ("sgt-self", "oracle") else ():
                 for row in run.rows[r]:
                     for key, v in row.items():
                         if key.startswith("rescue_demos/") and key.endswith(f"/{d}"):
@@ -368,7 +373,7 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                        f"{flags} |")
         out += ["", "`*` strong (warm-started) skill; the others are weak and should start near "
                 "0.", ""]
-    allp = "both" if len(pols) == 2 else "all"
+    allp = mean_label(pols)
     out += ["### Final held-out reward@1 (mean over skills)", "",
             "| probe | " + " | ".join(pols) + f" | {allp} | {allp} − none | best {allp} | "
             "best − none |", "|---|" + "---|" * (len(pols) + 4)]
@@ -481,7 +486,7 @@ def contrasts_markdown(reg: dict[str, Any]) -> list[str]:
     if not cs:
         return []
     pols = reg["policies"]
-    allp = "both" if len(pols) == 2 else "all"
+    allp = mean_label(pols)
     out = ["### Controls: paired differences of final held-out reward@1", "",
            "SGT − sgt-self: what peer information adds over the same amount of own supervision; "
            "oracle − SGT: what a perfect peer would add over the real ones.", "",

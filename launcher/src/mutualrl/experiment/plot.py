@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mutualrl.experiment.analysis import mean_label
+
 COLORS = {"none": "#444444", "prp": "#1f77b4", "xgrpo": "#2ca02c", "sgt": "#d62728",
           "sgt-self": "#ff7f0e", "oracle": "#9467bd", "prp-seq": "#17becf",
           "prp-chunk": "#1f77b4"}
@@ -24,7 +26,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(len(regimes), n_cols, figsize=(4.2 * n_cols, 3.4 * len(regimes)),
                              squeeze=False, sharey=True)
     for i, (regime, reg) in enumerate(regimes):
-        mean_col = "both" if len(reg["policies"]) == 2 else "all"  # as results.md says
+        mean_col = mean_label(reg["policies"])
         cols = [*reg["policies"], mean_col]
         for j in range(n_cols):
             ax = axes[i][j]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,12 +174,16 @@ class Rescue:
         """Demonstrations per skill and donor: {'rescue_demos/<skill>/<donor>': n}, the
         trainer's side of the transfer matrix (who taught which skill)."""
         skill = {p.id: p.skill for p in prompts}
-        out: dict[str, float] = {}
-        for pid, texts in self.texts.items():
-            for t in texts:
-                key = f"rescue_demos/{skill.get(pid, '?')}/{self.donors.get((pid, t), '?')}"
-                out[key] = out.get(key, 0.0) + 1.0
-        return out
+        return count_taught((skill.get(pid, "?"), self.donors.get((pid, t), "?"))
+                            for pid, texts in self.texts.items() for t in texts)
+
+
+def count_taught(demos: Iterable[tuple[str, str]]) -> dict[str, float]:
+    """{'rescue_demos/<skill>/<source>': n} for demonstrations given as (skill, source): the
+    trainer's side of the transfer matrix (the source is a peer, the policy itself or
+    `reference`)."""
+    return {f"rescue_demos/{skill}/{source}": float(n)
+            for (skill, source), n in Counter(demos).items()}
 
 
 def read_rescue(data: RoundData, ex: PeerExchange, s: ProbeSettings, policy: str,

@@ -19,6 +19,7 @@ from mutualrl.trainer.probes.base import (
     Probe,
     Rescue,
     RoundData,
+    count_taught,
     grpo_inputs,
     index_of,
     read_rescue,
@@ -81,8 +82,8 @@ class OracleProbe(SGTProbe):
 
     def taught(self, data: RoundData, rescue: Rescue, demos: Demos | None) -> dict[str, float]:
         """The reference answers, counted under the source `reference` (no peer taught them)."""
-        return count_taught([data.prompts[i].skill for i in demos.prompt_index] if demos else [],
-                            "reference")
+        return count_taught((data.prompts[i].skill, "reference")
+                            for i in (demos.prompt_index if demos else []))
 
 
 class SGTSelfProbe(SGTProbe):
@@ -94,11 +95,9 @@ class SGTSelfProbe(SGTProbe):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.own: OrderedDict[int, list[tuple[str, list[int], str, bool]]] = OrderedDict()
+        self.own: OrderedDict[int, list[tuple[str, list[int], str, bool, str]]] = OrderedDict()
         """round -> own verified successes (prompt id, prompt tokens, completion text, whether
-        it ended with this policy's EOS)."""
-        self.skill_of: dict[str, str] = {}
-        """Prompt id -> skill, for the prompts in `own` (what the demonstrations taught)."""
+        it ended with this policy's EOS, the prompt's skill)."""
         self.drawn_skills: list[str] = []
         """The skill of each demonstration of the current round."""
 
@@ -110,7 +109,7 @@ class SGTSelfProbe(SGTProbe):
     def record(self, data: RoundData) -> None:
         tau = self.settings.tau
         eos = self.exchange.eos_token_id if self.exchange is not None else None
-        found: list[tuple[str, list[int], str, bool]] = []
+        found: list[tuple[str, list[int], str, bool, str]] = []
         for p_i, (prompt, row) in enumerate(zip(data.prompts, data.samples, strict=True)):
             for g_i, y in enumerate(row):
                 ok = (data.correct[p_i][g_i] if data.correct is not None
@@ -118,13 +117,10 @@ class SGTSelfProbe(SGTProbe):
                 ids = getattr(y, "prompt_token_ids", None)
                 if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
                     ended = eos is not None and list(y.token_ids[-1:]) == [eos]
-                    found.append((prompt.id, list(ids), y.text, ended))
-                    self.skill_of[prompt.id] = prompt.skill
+                    found.append((prompt.id, list(ids), y.text, ended, prompt.skill))
         self.own[data.round] = found
         while len(self.own) > self.settings.sgt_self_rounds:
             self.own.popitem(last=False)
-            live = {e[0] for f in self.own.values() for e in f}
-            self.skill_of = {pid: sk for pid, sk in self.skill_of.items() if pid in live}
 
     def pool(self, before: int) -> dict[str, tuple[list[int], list[str]]]:
         """Own successes of earlier rounds: prompt id -> (prompt tokens, distinct texts)."""
@@ -132,7 +128,7 @@ class SGTSelfProbe(SGTProbe):
         for k, found in self.own.items():
             if k >= before:
                 continue
-            for pid, ids, text, _ in found:
+            for pid, ids, text, _, _ in found:
                 slot = out.setdefault(pid, (ids, []))
                 if text not in slot[1]:
                     slot[1].append(text)
@@ -144,11 +140,12 @@ class SGTSelfProbe(SGTProbe):
         rng = random.Random(f"sgt-self:{self.policy}:{data.round}")
         drawn = draw_own(self.pool(data.round), want, rng)
         stats["sgt_self_missing"] = float(sum(want) - len(drawn))
-        self.drawn_skills = [self.skill_of.get(pid, "?") for _, pid, _, _ in drawn]
+        skill = {e[0]: e[4] for found in self.own.values() for e in found}
+        self.drawn_skills = [skill[pid] for _, pid, _, _ in drawn]
         if not drawn:
             return None
         # As SGT's demonstrations: a text that ended with EOS is followed by it.
-        ended = {t for found in self.own.values() for _, _, t, e in found if e}
+        ended = {t for found in self.own.values() for _, _, t, e, _ in found if e}
         return Demos(prompt_index=[j for j, _, _, _ in drawn],
                      token_ids=ex.retokenize([t for _, _, _, t in drawn],
                                              [t in ended for _, _, _, t in drawn]),
@@ -156,19 +153,19 @@ class SGTSelfProbe(SGTProbe):
 
     def taught(self, data: RoundData, rescue: Rescue, demos: Demos | None) -> dict[str, float]:
         """Its own successes, counted under this policy's own name (no peer taught them)."""
-        return count_taught(self.drawn_skills, self.policy)
+        return count_taught((sk, self.policy) for sk in self.drawn_skills)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "own": list(self.own.items()),
-                "skill_of": dict(self.skill_of)}
+        return {**super().state_dict(), "own": list(self.own.items())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        # Entries of checkpoints written before the EOS flag have three fields.
+        # Entries of checkpoints written before the EOS flag have three fields, before the
+        # skill four.
         self.own = OrderedDict(
-            (int(k), [(e[0], list(e[1]), e[2], bool(e[3]) if len(e) > 3 else False) for e in v])
+            (int(k), [(e[0], list(e[1]), e[2], bool(e[3]) if len(e) > 3 else False,
+                       str(e[4]) if len(e) > 4 else "?") for e in v])
             for k, v in state.get("own", []))
-        self.skill_of = dict(state.get("skill_of", {}))
 
 
 def draw_own(pool: dict[str, tuple[list[int], list[str]]], want: list[int],
@@ -182,13 +179,4 @@ def draw_own(pool: dict[str, tuple[list[int], list[str]]], want: list[int],
     for j, (pid, n) in enumerate(zip(chosen, want, strict=False)):
         ids, texts = pool[pid]
         out += [(j, pid, ids, t) for t in texts[:n]]
-    return out
-
-
-def count_taught(skills: list[str], source: str) -> dict[str, float]:
-    """{'rescue_demos/<skill>/<source>': n} for demonstrations of `skills` from `source`."""
-    out: dict[str, float] = {}
-    for sk in skills:
-        key = f"rescue_demos/{sk}/{source}"
-        out[key] = out.get(key, 0.0) + 1.0
     return out

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -77,12 +78,15 @@ async def test_a_failing_hook_does_not_keep_the_others_from_running() -> None:
     assert ran == ["release"]
 
 
-def test_thl_serve_stops_cleanly_on_sigterm() -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_thl_serve_stops_cleanly_on_sigterm(loop: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MUTUALRL_AUTH_TOKEN", None)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"thl:\n  event_loop: {loop}\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mutualrl.cli", "--log-level", "WARNING", "thl", "serve",
-         "--port", "0", "--metrics-port", "0"],
+        [sys.executable, "-m", "mutualrl.cli", "--log-level", "INFO", "thl", "serve",
+         "--config", str(cfg), "--port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
@@ -97,6 +101,9 @@ def test_thl_serve_stops_cleanly_on_sigterm() -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() - t0 < 10
+        assert proc.stderr is not None
+        # The server says which loop it runs on when it starts listening.
+        assert f"loop={loop})" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

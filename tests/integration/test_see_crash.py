@@ -101,11 +101,12 @@ def _crash_and_restart(proc: subprocess.Popen[bytes], cfg: Path, port: int, rest
     held = r.xlen(k.stream(pb.ROLLOUT))
     assert held >= len(acked)
     assert held == r.hlen(k.idx)
+    locs = [loc.decode().split(":") for loc in r.hmget(k.idx, acked)]
     pipe = r.pipeline()
-    for rid in acked:
-        pipe.hexists(k.idx, rid)
-        pipe.exists(k.rec(rid))
-    assert all(pipe.execute())
+    for _, _, nonce, _, _ in locs:
+        pipe.strlen(k.batch(nonce))
+    assert all(n >= int(off) + int(length)
+               for n, (_, _, _, off, length) in zip(pipe.execute(), locs, strict=True))
 
     # Restart: the API serves all of them, and republishing stores nothing twice.
     proc = _start(cfg, port, rest_port, redis_url)

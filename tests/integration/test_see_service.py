@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
+from mutualrl.see.entries import SEP
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.testing import (
     TEST_PREFIX,
@@ -121,13 +122,113 @@ async def test_idempotent_republish(client: AsyncSeeClient, run_id: str,
     stats = await client.run_stats(run_id)
     assert stats.duplicates == 6
     assert {p.policy_id: p.published["ROLLOUT"] for p in stats.policies} == {"a": 6, "b": 0}
-    # Every staged payload was moved into place or dropped; the first publish wins, with a TTL.
-    assert list(rds.scan_iter(match=k.base + "stage:*")) == []
-    assert rds.ttl(k.rec("a/0/p9/0")) > 0
+    # One string per batch that stored something (the all-duplicate batch's was dropped at
+    # once), each with the run's TTL and its count of live records; the first publish wins.
+    live = {nonce.decode(): int(n) for nonce, n in rds.hgetall(k.blobs).items()}
+    assert sorted(live.values()) == [1, 5]
+    batches = [b.decode()
+               for b in rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*")]
+    assert sorted(batches) == sorted(k.batch(nonce) for nonce in live)
+    assert all(rds.ttl(b) > 0 for b in batches)
     changed = rollout("a", 0, "p1", 0, reward=123.0)
     assert (await client.publish(run_id, [changed])).duplicates == 1
-    stored = pb.ExperienceRecord.FromString(rds.get(k.rec(changed.record_id)))
+    # The index entry locates the record's bytes in its batch's string.
+    kind, sid, nonce, offset, length = rds.hget(k.idx, changed.record_id).decode().split(":")
+    first_loc = rds.hget(k.idx, recs[0].record_id).decode().split(":")
+    assert first_loc[2:4] == [nonce, "0"]  # the batch's records one after another
+    assert (int(kind), int(offset)) == (pb.ROLLOUT, int(first_loc[4]))
+    assert sid == rds.xrange(k.stream(pb.ROLLOUT))[1][0].decode()
+    stored = pb.ExperienceRecord.FromString(
+        rds.getrange(k.batch(nonce), int(offset), int(offset) + int(length) - 1))
     assert stored.reward == recs[1].reward and stored.run_id == run_id
+
+
+async def test_a_mixed_batch_has_a_string_per_kind_each_going_with_its_stream(
+        client: AsyncSeeClient, run_id: str, rds: redis.Redis) -> None:
+    """A batch's ROLLOUTs and its REWARD_STATS sit in separate strings: trimming the ROLLOUT
+    stream frees the ROLLOUTs' bytes while the stats record (its stream untrimmed) keeps its
+    own."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0, max_stream_len=20)
+    k = keys(run_id)
+    await client.publish(run_id, [*(rollout("a", 0, f"p{i}", i) for i in range(10)),
+                                  stats_record("a", 0, "p0", [1.0, 0.0])])
+    (loc_r,) = rds.hmget(k.idx, [rollout("a", 0, "p0", 0).record_id])
+    (loc_s,) = rds.hmget(k.idx, [stats_record("a", 0, "p0", [1.0]).record_id])
+    string_r, string_s = loc_r.decode().split(":")[2], loc_s.decode().split(":")[2]
+    assert string_r[:-1] == string_s[:-1]  # one nonce, the kind after it
+    assert (string_r[-1], string_s[-1]) == (str(pb.ROLLOUT), str(pb.REWARD_STATS))
+    assert {n.decode(): int(c) for n, c in rds.hgetall(k.blobs).items()} == {string_r: 10,
+                                                                            string_s: 1}
+    for start in (10, 20, 30):
+        await client.publish(run_id, [rollout("a", 1, f"p{i}", i)
+                                      for i in range(start, start + 10)])
+    live = {n.decode(): int(c) for n, c in rds.hgetall(k.blobs).items()}
+    assert string_r not in live and not rds.exists(k.batch(string_r))
+    assert live[string_s] == 1 and rds.exists(k.batch(string_s))
+    assert sum(live.values()) == rds.hlen(k.idx) == rds.xlen(k.stream(pb.ROLLOUT)) + 1
+
+
+async def test_records_written_before_batch_strings_are_served_and_trimmed(
+        client: AsyncSeeClient, see: Any, run_id: str, rds: redis.Redis) -> None:
+    """A run stored in the layout before batch strings (payload under `rec:<id>`, index entry
+    "<kind>:<stream id>") carries on across the upgrade: its records are served, then trimmed
+    with the rest."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0, max_stream_len=10)
+    k = keys(run_id)
+    old = rollout("a", 0, "old", 0)
+    old.run_id = run_id
+    rds.xadd(k.stream(pb.ROLLOUT), {"h": SEP.join([old.record_id, "a", "old", "0", "0", "0"])},
+             id="1-0")
+    rds.hset(k.idx, old.record_id, f"{pb.ROLLOUT}:1-0")
+    rds.set(k.rec(old.record_id), old.SerializeToString(), ex=3600)
+    rds.set(k.lastid, "1-0")
+    new = rollout("a", 0, "new", 0)
+    await client.publish(run_id, [new])
+    got = await client.take_peer_rollouts(run_id, "b", "b-0", max_records=10)
+    assert [r.record_id for r in got] == [old.record_id, new.record_id]
+    assert got[0] == old
+    sid, rec = await see.store.get_record(run_id, old.record_id)
+    assert (sid, rec) == ("1-0", old)
+    for start in (0, 10):
+        await client.publish(run_id, [rollout("a", 1, f"n{i}", i)
+                                      for i in range(start, start + 10)])
+    # Trimmed like any record: its index entry and its payload key go.
+    assert not rds.hexists(k.idx, old.record_id)
+    assert not rds.exists(k.rec(old.record_id))
+    assert rds.hlen(k.idx) == rds.xlen(k.stream(pb.ROLLOUT)) == 10
+
+
+async def test_a_batch_whose_index_script_fails_keeps_the_payloads_it_indexed(
+        client: AsyncSeeClient, run_id: str, rds: redis.Redis) -> None:
+    """Redis does not roll a failed script back: records indexed before the error keep their
+    payloads; a batch that indexed nothing leaves no string behind."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    k = keys(run_id)
+    rds.set(k.successes("bad"), "not a hash")  # the script's HEXISTS on it fails (WRONGTYPE)
+
+    def batch_strings() -> set[bytes]:
+        return set(rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*"))
+
+    good = [rollout("a", 0, f"p{i}", i) for i in range(3)]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.publish(run_id, [*good, success_record("a", 0, "bad", "x = 1")])
+    assert err.value.code() == grpc.StatusCode.INTERNAL  # a bug's error: logged, not detailed
+    got = await client.take_peer_rollouts(run_id, "b", "b-0", max_records=10)
+    assert [r.record_id for r in got] == [r.record_id for r in good]
+    assert all(g.reward == r.reward and g.text == r.text for g, r in zip(got, good, strict=True))
+    # Both strings of the batch (one per kind) stay: the success too was indexed (HSETNX comes
+    # before its HEXISTS) when the script failed.
+    kept = batch_strings()
+    pointed = {k.batch(loc.decode().split(":")[2]).encode() for loc in rds.hvals(k.idx)}
+    assert len(kept) == 2 and kept == pointed
+    # Failing before its first record (the last issued id is not a string): nothing indexed,
+    # the batch's string is deleted.
+    rds.delete(k.lastid)
+    rds.hset(k.lastid, "x", "1")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await client.publish(run_id, [rollout("a", 0, "q", 0)])
+    assert batch_strings() == kept
+    assert not rds.hexists(k.idx, rollout("a", 0, "q", 0).record_id)
 
 
 async def test_consumer_restart_redelivers_unacked(see: Any, run_id: str) -> None:
@@ -289,10 +390,15 @@ async def test_retention_trims_counts_and_bounds_memory(client: AsyncSeeClient, 
     stats = await client.run_stats(run_id)
     assert stats.trimmed["ROLLOUT"] == total - held
     assert stats.stream_lengths["ROLLOUT"] == held
-    # The idempotency index and the payload keys shrink with the stream.
+    # The idempotency index and the batch strings shrink with the stream: a string goes once
+    # none of its records is left.
     assert rds.hlen(k.idx) == held
-    assert len(list(rds.scan_iter(match=k.rec_prefix.replace("{", "[{]") + "*",
-                                  count=1000))) == held
+    live = {nonce.decode(): int(n) for nonce, n in rds.hgetall(k.blobs).items()}
+    assert sum(live.values()) == held
+    assert len(live) <= held // 100 + 1
+    batches = [b.decode() for b in rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*",
+                                                   count=1000)]
+    assert sorted(batches) == sorted(k.batch(nonce) for nonce in live)
     assert mem[1] < 1.5 * mem[0], mem
     # A trimmed record is gone from the index (it could be published again).
     again = await client.publish(run_id, [rollout("a", 0, "p0", 0, n_tokens=64)])

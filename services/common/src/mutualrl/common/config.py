@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mutualrl.common import ids, keys
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.event_loop import EventLoopKind
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,6 +60,10 @@ class ServiceConfig(Config):
     """PEM private key matching `tls_cert`."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of the Prometheus /metrics HTTP endpoint; None serves none (0 picks a free one)."""
+    event_loop: EventLoopKind = "auto"
+    """The asyncio event loop the service runs on: `auto` takes uvloop when it is installed (a
+    dependency everywhere but Windows) and asyncio's own loop otherwise; `uvloop` requires it;
+    `asyncio` forces the standard library's loop."""
     grace_seconds: float = Field(default=5.0, ge=0)
     """On SIGTERM, in-flight calls get this long to finish before the server stops."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)

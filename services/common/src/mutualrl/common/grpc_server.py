@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 from mutualrl.common.auth import BearerAuthInterceptor, Rules
 from mutualrl.common.config import ServiceConfig
+from mutualrl.common.event_loop import running_loop_name
 from mutualrl.common.request_parsing import RequestParsingInterceptor
 
 log = logging.getLogger(__name__)
@@ -234,8 +235,9 @@ async def start_server(
     if cfg.metrics_port is not None:
         http_server, _ = start_http_server(cfg.metrics_port, addr=cfg.host)
         metrics_port = http_server.server_port
-    log.info("gRPC %s listening on %s:%d (tls=%s, auth=%s, metrics=%s)",
-             ",".join(names), cfg.host, port, creds is not None, bool(token), metrics_port)
+    log.info("gRPC %s listening on %s:%d (tls=%s, auth=%s, metrics=%s, loop=%s)",
+             ",".join(names), cfg.host, port, creds is not None, bool(token), metrics_port,
+             running_loop_name())
     return RunningServer(server=server, port=port, health=health_servicer,
                          metrics_port=metrics_port)
 

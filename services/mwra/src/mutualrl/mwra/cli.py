@@ -10,8 +10,7 @@ from mutualrl.common.commands import Commands
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from mutualrl.common import event_loop
     from mutualrl.common.config import load_section
     from mutualrl.mwra.config import MwraConfig
     from mutualrl.mwra.server import serve
@@ -19,7 +18,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = load_section(args.config, "mwra", MwraConfig, host=args.host, port=args.port,
                        redis_url=args.redis_url, strategy=args.strategy,
                        metrics_port=args.metrics_port, replica_id=args.replica_id)
-    asyncio.run(serve(cfg))
+    event_loop.run(serve(cfg), cfg.event_loop)
     return 0
 
 

@@ -9,8 +9,7 @@ from mutualrl.common.commands import Commands
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from mutualrl.common import event_loop
     from mutualrl.common.config import load_section
     from mutualrl.see.config import SeeConfig
 
@@ -28,7 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
     from mutualrl.see.server import serve
 
     try:
-        asyncio.run(serve(cfg))
+        event_loop.run(serve(cfg), cfg.event_loop)
     except DurabilityError as err:
         import sys
 

@@ -59,7 +59,7 @@ class Inspection(StorePart):
                 continue
             found.sort()
             async with redis_op("subscribe"):
-                payloads = await self._mget([rk.rec(f[2]) for f in found])
+                payloads = await self.payloads(rk, [f[2] for f in found])
             for (_, sid, _), payload in zip(found, payloads, strict=True):
                 if payload is None:
                     continue
@@ -110,8 +110,8 @@ class Inspection(StorePart):
             loc = await self.r.hget(rk.idx, record_id)
             if loc is None:
                 raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
-            _, _, sid = s(loc).partition(":")
-            payload = await self._get(rk.rec(record_id))
+            sid = s(loc).split(":")[1]
+            payload, = await self.payloads(rk, [record_id])
         if payload is None:
             raise NotFound("record_id", f"record {record_id!r} was removed by retention")
         return sid, pb.ExperienceRecord.FromString(payload)
@@ -184,9 +184,9 @@ class Inspection(StorePart):
 
     async def _page(self, rk: RunKeys, found: list[tuple[str, str]], cursor: str | None,
                     scanned: int) -> RecordPage:
-        """Fetch the payloads of a page's records (one MGET)."""
+        """Fetch the payloads of a page's records."""
         async with redis_op("list_records"):
-            payloads = await self._mget([rk.rec(rid) for _, rid in found])
+            payloads = await self.payloads(rk, [rid for _, rid in found])
         return RecordPage([(sid, pb.ExperienceRecord.FromString(pl))
                            for (sid, _), pl in zip(found, payloads, strict=True)
                            if pl is not None], cursor, scanned)

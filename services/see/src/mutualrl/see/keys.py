@@ -9,9 +9,13 @@ of run ids (`<prefix>:see:runs`) spans runs.
 | `config` | string | serialized `Run` (config + creation time) |
 | `s:<KIND>` | stream | one entry per record of that kind; field h = "rid, policy, prompt, round,
   verified, version" joined by \x1f (filters read it without touching the payload) |
-| `rec:<record_id>` | string | the serialized ExperienceRecord (exactly as the client sent it,
-  plus run_id and created_unix_ms) |
-| `idx` | hash | record_id -> "<kind number>:<stream id>" (the idempotency index) |
+| `b:<nonce>` | string | one Publish batch's serialized ExperienceRecords (each exactly as the
+  client sent it, plus run_id and created_unix_ms), one after another |
+| `blobs` | hash | nonce -> how many records of that batch are still stored |
+| `idx` | hash | record_id -> "<kind number>:<stream id>:<nonce>:<offset>:<length>" (the
+  idempotency index; the record's bytes are that range of `b:<nonce>`) |
+| `rec:<record_id>` | string | a record's payload in the layout before batch strings (read and
+  trimmed still; no longer written) |
 | `lastid` | string | last stream id issued; ids are unique across the run's three streams |
 | `counts` | hash | "<policy>|<kind number>" -> records stored; "!dup" -> duplicates |
 | `trimmed` | hash | stream name -> entries removed by retention; "round_stats" -> rounds dropped |
@@ -66,7 +70,20 @@ class RunKeys:
         return self.base + "s:" + kind_name(kind)
 
     @property
+    def batch_prefix(self) -> str:
+        return self.base + "b:"
+
+    def batch(self, nonce: str) -> str:
+        """The string of one Publish batch's payloads."""
+        return self.base + "b:" + nonce
+
+    @property
+    def blobs(self) -> str:
+        return self.base + "blobs"
+
+    @property
     def rec_prefix(self) -> str:
+        """Payload keys of the layout before batch strings (`rec:<record_id>`)."""
         return self.base + "rec:"
 
     def rec(self, record_id: str) -> str:
@@ -109,7 +126,7 @@ class RunKeys:
     def fixed(self) -> list[str]:
         """The keys the publish script always receives, in its KEYS order."""
         return [self.lastid, self.idx, self.counts, self.trimmed, self.config, self.rounds,
-                *(self.stream(k) for k in KINDS)]
+                *(self.stream(k) for k in KINDS), self.blobs]
 
 
 def registry_key(prefix: str) -> str:

@@ -1,34 +1,49 @@
-"""The Lua script that indexes one Publish batch; it runs inside the batch's MULTI/EXEC.
+"""The Lua scripts of SEE's records: indexing one Publish batch (inside its MULTI/EXEC), and
+reading records' payloads back by record id.
 
-One Publish is one MULTI/EXEC transaction of two commands: one MSET that stages every record's
-payload under `<run>stage:<nonce>:<i>`, then EVALSHA of this script. Redis runs the transaction
-as one unit (nothing else runs in between, and a client that dies before EXEC leaves nothing
-behind), so a record is never half stored, and the reply only comes back once every record is
-in Redis.
+One Publish is one MULTI/EXEC transaction: for each record kind in the batch, a SET of those
+records' payloads, one after another, as one string `<run>b:<nonce><kind number>` (with the
+run's TTL); then EVALSHA of the publish script. Redis runs the transaction as one unit (nothing
+else runs in between, and a client that dies before EXEC leaves nothing behind), so a record is
+never half stored, and the reply only comes back once every record is in Redis.
 
-Why the payloads are not script arguments: Redis converts every script argument to a Lua string
-and every `redis.call` argument back, which costs ~20 µs per 5 kB record against ~5 µs for a
-plain SET (measured with INFO commandstats). Why one MSET rather than a SET per record: a client
-library spends far more per command (packing, one reply each) than per argument.
+Why strings of many records: per record, a key of its own cost Redis a key of an MSET, a RENAME
+to its final name and an EXPIRE, 4-5 µs of the ~13 µs Redis spent on a 6.45 kB record (INFO
+commandstats under `mutualrl bench see`). A record is now a range of a string, found through
+the id index. Why one string per kind: each kind has its own stream, trimmed on its own by
+retention, so a string holds records that go at the same time (a batch's ROLLOUTs do not wait
+in memory for its REWARD_STATS). Why the payloads are not script arguments: Redis converts every
+script argument to a Lua string and every `redis.call` argument back, which costs ~20 µs per
+5 kB record against ~5 µs for a plain SET.
 
-Per record the script issues HSETNX on the id index (idempotency): a new record's staged payload
-is RENAMEd to its key `rec:<record id>` (a pointer move, no copy) with the run's TTL, a
-duplicate's is deleted; a new record's header is XADDed with an id the script generates itself
-(unique across the run's three streams, so one cursor pages all kinds); REWARD_STATS /
-VERIFIED_SUCCESS records also land in their query index. Per batch it trims each touched
-stream to max_stream_len once it exceeds it by `slack` entries (dropping the trimmed records'
-payload keys and index entries, and counting exactly what it removed), drops the oldest rounds
-beyond max_rounds, bumps the counters and refreshes every TTL.
+Per record the publish script issues HSETNX on the id index (idempotency: the first record of an
+id wins; a duplicate's bytes stay unreferenced in their string); a new record's header is XADDed
+with an id the script generates itself (unique across the run's three streams, so one cursor
+pages all kinds); REWARD_STATS / VERIFIED_SUCCESS records also land in their query index. The
+`blobs` hash counts each string's live records: retention's trim takes a string's count down
+with its records and deletes the string at zero, and a string of nothing but duplicates is
+deleted at once. Per batch the script trims each touched stream to max_stream_len once it
+exceeds it by `slack` entries (dropping the trimmed records' index entries and payloads, and
+counting exactly what it removed), drops the oldest rounds beyond max_rounds, bumps the
+counters and refreshes every TTL.
+
+Index entries (`idx`): "<kind>:<stream id>:<string id>:<offset>:<length>" (string id: the nonce
+then the kind number), the record's bytes being `GETRANGE <run>b:<string id> <offset>
+<offset + length - 1>`. Entries written before this layout read "<kind>:<stream id>", with the
+payload under `<run>rec:<record id>`: both scripts still read and trim those, so a run carries
+on across the upgrade.
 """
 
 # KEYS: 1 lastid, 2 idx, 3 counts, 4 trimmed, 5 config, 6 rounds, 7..9 streams (kind 1..3),
-#       10.. auxiliary keys (round-stats and success hashes)
+#       10 blobs, 11.. auxiliary keys (round-stats and success hashes)
 # ARGV: 1 maxlen, 2 ttl, 3 max_rounds, 4 max_successes_per_prompt, 5 n, 6 round-stats key
-#       prefix, 7 record key prefix, 8 trim slack, 9 the records: per record
-#       rid, kind, policy, header (stream field h), aux joined by FIELD_SEP, records joined by
-#       RECORD_SEP (one argument for the batch: a client packs each argument on its own, and
-#       5 per record cost more than the script's split of one), 10 the staging key prefix
-#       (record i's payload waits at <prefix><i>, i from 0)
+#       prefix, 7 batch string key prefix (`<run>b:`), 8 trim slack, 9 the records: per record
+#       rid, kind, payload size, policy, header (stream field h), aux joined by FIELD_SEP,
+#       records joined by RECORD_SEP (one argument for the batch: a client packs each argument
+#       on its own, and 6 per record cost more than the script's split of one), 10 the batch's
+#       nonce (the payloads of its records of kind k are the string <prefix><nonce><k>, in
+#       record order), 11 the old layout's record key prefix (`<run>rec:`), 12 the kinds in the
+#       batch, as digits ("13")
 #       aux: "" for ROLLOUT; "<key index>\x1f<field>\x1f<value>\x1f<round>" for REWARD_STATS;
 #       "<key index>\x1f<field>" for VERIFIED_SUCCESS
 FIELD_SEP = "\x1d"
@@ -51,8 +66,11 @@ local max_rounds = tonumber(ARGV[3])
 local max_succ = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
 local rs_prefix = ARGV[6]
-local rec_prefix = ARGV[7]
 local slack = tonumber(ARGV[8])
+local blob_prefix = ARGV[7]
+local nonce = ARGV[10]
+local old_prefix = ARGV[11]
+local present = ARGV[12]
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -81,24 +99,23 @@ local counts = {}
 local dups = 0
 local touched = {}
 local rounds = {}
-local stage = ARGV[10]
-local dup_stages = {}
+-- Counted as all live until the loop is done: were the script to fail half-way (it is not
+-- rolled back), a string would outlive its indexed records rather than go before them.
+for k in string.gmatch(present, '%d') do redis.call('HSET', KEYS[10], nonce .. k, n) end
+local offsets = {0, 0, 0}
 local i = -1
 -- One pattern match per record, no table: half the cost of splitting the batch, then each row.
-for rid, kind_s, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
-    '([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\30]*)\30') do
+for rid, kind_s, size, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
+    '([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\30]*)\30') do
   i = i + 1
   local kind = tonumber(kind_s)
   local id = string.format('%d-%d', lms, lseq + 1)
-  if redis.call('HSETNX', KEYS[2], rid, kind .. ':' .. id) == 0 then
+  if redis.call('HSETNX', KEYS[2], rid, kind_s .. ':' .. id .. ':' .. nonce .. kind_s .. ':'
+                .. offsets[kind] .. ':' .. size) == 0 then
     out[i + 1] = '0'
     dups = dups + 1
-    dup_stages[#dup_stages + 1] = stage .. i
   else
     lseq = lseq + 1
-    local rec_key = rec_prefix .. rid
-    redis.call('RENAME', stage .. i, rec_key)
-    redis.call('EXPIRE', rec_key, ttl)
     redis.call('XADD', KEYS[6 + kind], id, 'h', header)
     added[kind] = added[kind] + 1
     local cf = policy .. '|' .. kind
@@ -119,6 +136,32 @@ for rid, kind_s, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
     end
     out[i + 1] = '1'
   end
+  offsets[kind] = offsets[kind] + tonumber(size)
+end
+for k in string.gmatch(present, '%d') do
+  local live = added[tonumber(k)]
+  if live == 0 then
+    redis.call('HDEL', KEYS[10], nonce .. k)
+    redis.call('DEL', blob_prefix .. nonce .. k)
+  elseif live < n then
+    redis.call('HSET', KEYS[10], nonce .. k, live)
+  end
+end
+
+-- Index entries and payloads of trimmed records: a batch string goes once its count of live
+-- records reaches 0; an old layout's record key goes at once.
+local gone_in = {}
+local function drop(rids)
+  local locs = redis.call('HMGET', KEYS[2], unpack(rids))
+  local olds = {}
+  for j, loc in ipairs(locs) do
+    if loc then
+      local b = string.match(loc, '^%d+:%d+%-%d+:([^:]+):')
+      if b then gone_in[b] = (gone_in[b] or 0) + 1 else olds[#olds + 1] = old_prefix .. rids[j] end
+    end
+  end
+  redis.call('HDEL', KEYS[2], unpack(rids))
+  if #olds > 0 then redis.call('DEL', unpack(olds)) end
 end
 
 local trimmed = {0, 0, 0}
@@ -127,19 +170,16 @@ for k = 1, 3 do
     local len = redis.call('XLEN', KEYS[6 + k])
     if len > maxlen + slack then
       -- Trim in amortised steps (like MAXLEN ~), but know exactly which entries go: their
-      -- records' payload keys and index entries go with them.
+      -- records' index entries and payloads go with them.
       local excess = len - maxlen
       local gone = redis.call('XRANGE', KEYS[6 + k], '-', '+', 'COUNT', excess)
-      local rids, recs = {}, {}
+      local rids = {}
       for j, e in ipairs(gone) do
         local h = e[2][2]
-        local rid = string.sub(h, 1, (string.find(h, '\31', 1, true) or (#h + 1)) - 1)
-        rids[#rids + 1] = rid
-        recs[#recs + 1] = rec_prefix .. rid
+        rids[#rids + 1] = string.sub(h, 1, (string.find(h, '\31', 1, true) or (#h + 1)) - 1)
         if #rids == 500 or j == #gone then
-          redis.call('HDEL', KEYS[2], unpack(rids))
-          redis.call('DEL', unpack(recs))
-          rids, recs = {}, {}
+          drop(rids)
+          rids = {}
         end
       end
       local last_gone = gone[#gone][1]
@@ -149,6 +189,12 @@ for k = 1, 3 do
       redis.call('HINCRBY', KEYS[4], NAMES[k], #gone)
       trimmed[k] = #gone
     end
+  end
+end
+for b, n_gone in pairs(gone_in) do
+  if redis.call('HINCRBY', KEYS[10], b, -n_gone) <= 0 then
+    redis.call('HDEL', KEYS[10], b)
+    redis.call('DEL', blob_prefix .. b)
   end
 end
 
@@ -168,13 +214,40 @@ if next(rounds) then
   end
 end
 
-for j = 1, #dup_stages, 500 do
-  redis.call('DEL', unpack(dup_stages, j, math.min(j + 499, #dup_stages)))
-end
 for f, c in pairs(counts) do redis.call('HINCRBY', KEYS[3], f, c) end
 if dups > 0 then redis.call('HINCRBY', KEYS[3], '!dup', dups) end
 if lseq >= 0 then redis.call('SET', KEYS[1], string.format('%d-%d', lms, lseq)) end
-for k = 1, 9 do redis.call('EXPIRE', KEYS[k], ttl) end
+for k = 1, 10 do redis.call('EXPIRE', KEYS[k], ttl) end
 for key, _ in pairs(touched) do redis.call('EXPIRE', key, ttl) end
 return {table.concat(out), trimmed[1], trimmed[2], trimmed[3], dropped_rounds}
+"""
+
+# KEYS: 1 idx
+# ARGV: 1 batch string key prefix (`<run>b:`), 2 the old layout's record key prefix
+#       (`<run>rec:`), 3.. record ids
+# Returns each record's payload in ARGV order, nil where the record is gone (trimmed, expired,
+# or never stored). One round trip, and the index and the strings are read at one instant.
+PAYLOADS_LUA = r"""
+local n = #ARGV - 2
+if n == 0 then return {} end
+local locs = redis.call('HMGET', KEYS[1], unpack(ARGV, 3))
+local out = {}
+for j = 1, n do
+  local loc = locs[j]
+  local v = false
+  if loc then
+    local b, off, len = string.match(loc, '^%d+:%d+%-%d+:([^:]+):(%d+):(%d+)$')
+    if b then
+      off, len = tonumber(off), tonumber(len)
+      if len > 0 then
+        local got = redis.call('GETRANGE', ARGV[1] .. b, off, off + len - 1)
+        if #got == len then v = got end
+      end
+    else
+      v = redis.call('GET', ARGV[2] .. ARGV[j + 2])
+    end
+  end
+  out[j] = v
+end
+return out
 """

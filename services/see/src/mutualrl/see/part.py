@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, cast
 
 from mutualrl.see import transfers
 from mutualrl.see.blocking import BlockingReads
 from mutualrl.see.entries import Entry, StreamReply, s
+from mutualrl.see.keys import RunKeys
+from mutualrl.see.lua import PAYLOADS_LUA
 from mutualrl.see.runs import RunRegistry
+
+# Record ids per call of the payload script (a Lua call's arguments live on its stack).
+_PAYLOADS_PER_CALL = 500
 
 
 class StorePart:
@@ -21,13 +27,21 @@ class StorePart:
         self.blocking = blocking if blocking is not None else BlockingReads(runs.r, 1 << 30)
         self.cfg = runs.cfg
         self.stopping = stopping
+        self._payload_script = runs.r.register_script(PAYLOADS_LUA)
 
     async def _get(self, key: str) -> bytes | None:
         return cast("bytes | None", await self.r.get(key))
 
-    async def _mget(self, keys: list[str]) -> list[bytes | None]:
-        """Values of keys of one run (one hash slot: one MGET, also in a cluster)."""
-        return cast("list[bytes | None]", await self.r.mget(keys)) if keys else []
+    async def payloads(self, rk: RunKeys, record_ids: Sequence[str]) -> list[bytes | None]:
+        """The serialized records of `record_ids` (of run `rk`), in order; None for a record
+        that is gone (trimmed by retention, expired, never stored). One script call per
+        `_PAYLOADS_PER_CALL` ids (`lua.PAYLOADS_LUA`; all keys in the run's hash slot)."""
+        out: list[bytes | None] = []
+        for i in range(0, len(record_ids), _PAYLOADS_PER_CALL):
+            part = record_ids[i:i + _PAYLOADS_PER_CALL]
+            out += cast("list[bytes | None]", await self._payload_script(
+                keys=[rk.idx], args=[rk.batch_prefix, rk.rec_prefix, *part]))
+        return out
 
     async def _xread(self, positions: dict[str, str], count: int,
                      block: int | None = None, client: Any = None) -> StreamReply:

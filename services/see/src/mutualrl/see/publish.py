@@ -1,16 +1,19 @@
-"""Publish: store a validated batch in one MULTI/EXEC (payloads staged, then the index script).
+"""Publish: store a validated batch in one MULTI/EXEC (the batch's payloads, then the index
+script).
 
-Through redis-py's public API only: a transaction pipeline carries one MSET that stages every
-payload and EVALSHA of the index script (`lua.py`, registered with `register_script`), which
-moves new records' payloads into place and drops duplicates'. Redis runs the transaction as one
-unit, so a record is never half stored and the reply only comes back once every record is in
-Redis; all keys share the run's hash tag, so a cluster runs it on one node.
+Through redis-py's public API only: a transaction pipeline carries a SET of the batch's payloads
+of each record kind as one string (with the run's TTL) and EVALSHA of the index script
+(`lua.py`, registered with `register_script`), which indexes each new record as a range of its
+string.
+Redis runs the transaction as one unit, so a record is never half stored and the reply only
+comes back once every record is in Redis; all keys share the run's hash tag, so a cluster runs
+it on one node.
 
 EVALSHA rather than the script object's own call: inside MULTI, the script object's
 load-if-missing would cost a SCRIPT EXISTS round trip per Publish. A NOSCRIPT error (script cache
-flushed, e.g. a restarted or failed-over Redis) only comes back after the MSET was applied; the
-batch then runs again, after loading the script, under the same staging keys (the MSET
-overwrites them), and idempotency is decided by the script's index, so nothing is stored twice.
+flushed, e.g. a restarted or failed-over Redis) only comes back after the SET was applied; the
+batch then runs again, after loading the script, under the same keys (the SETs overwrite them
+with the same bytes), and idempotency is decided by the script's index, so nothing is stored twice.
 """
 
 from __future__ import annotations
@@ -75,9 +78,9 @@ class Publisher:
         args: list[bytes | str | int] = [
             ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
             limits.max_successes_per_prompt, len(records), rk.round_stats_prefix,
-            rk.rec_prefix, slack]
+            rk.batch_prefix, slack]
         now_ms = int(time.time() * 1000)
-        stage = f"{rk.base}stage:{uuid.uuid4().hex}:"
+        nonce = uuid.uuid4().hex
         ids, kinds = batch.record_id, batch.kind
         payloads: list[bytes] = []
         rows: list[str] = []
@@ -86,11 +89,12 @@ class Publisher:
                 batch.verified, batch.policy_version, strict=True)):
             rec.run_id = run_id
             rec.created_unix_ms = now_ms
-            payloads.append(rec.SerializeToString())
+            payload = rec.SerializeToString()
+            payloads.append(payload)
             # (f-strings rather than joins of str() calls: this loop runs once per record)
-            row = (f"{rid}{FIELD_SEP}{kind}{FIELD_SEP}{policy}{FIELD_SEP}{rid}{SEP}{policy}{SEP}"
-                   f"{prompt}{SEP}{round_}{SEP}{'1' if verified else '0'}{SEP}{version}"
-                   f"{FIELD_SEP}")
+            row = (f"{rid}{FIELD_SEP}{kind}{FIELD_SEP}{len(payload)}{FIELD_SEP}{policy}"
+                   f"{FIELD_SEP}{rid}{SEP}{policy}{SEP}{prompt}{SEP}{round_}{SEP}"
+                   f"{'1' if verified else '0'}{SEP}{version}{FIELD_SEP}")
             if kind != pb.ROLLOUT:
                 key = (rk.round_stats(round_) if kind == pb.REWARD_STATS
                        else rk.successes(prompt))
@@ -106,13 +110,18 @@ class Publisher:
                 else:
                     row += SEP.join((str(idx), f"{policy}|{text_digest(batch.text[i])}"))
             rows.append(row)
-        # MSET's arguments: staging key, payload, staging key, payload, ...
-        flat: list[str | bytes] = [item for i, payload in enumerate(payloads)
-                                   for item in (f"{stage}{i}", payload)]
         sizes = list(map(len, payloads))
-        args += (RECORD_SEP.join(rows), stage)
+        present = sorted(set(kinds))
+        if len(present) == 1:
+            strings = [(rk.batch(f"{nonce}{present[0]}"), b"".join(payloads))]
+        else:
+            by_kind: dict[int, list[bytes]] = {}
+            for kind, payload in zip(kinds, payloads, strict=True):
+                by_kind.setdefault(kind, []).append(payload)
+            strings = [(rk.batch(f"{nonce}{k}"), b"".join(by_kind[k])) for k in present]
+        args += (RECORD_SEP.join(rows), nonce, rk.rec_prefix, "".join(map(str, present)))
         async with redis_op("publish"):
-            reply = await self._transaction(flat, keys, args)
+            reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids)
         flags = s(reply[0])
         if "0" not in flags and kinds.count(kinds[0]) == len(kinds):
             # The common batch: one kind, nothing duplicated.
@@ -136,46 +145,58 @@ class Publisher:
         m.PUBLISH_BATCH.observe(len(records))
         return ids, flags
 
-    async def _transaction(self, flat: list[str | bytes], keys: list[str],
-                           args: list[bytes | str | int]) -> Any:
-        """The MULTI/EXEC (`flat`: MSET's staging keys and payloads, alternating); returns the
-        index script's reply."""
+    async def _transaction(self, strings: list[tuple[str, bytes]], ttl: int, keys: list[str],
+                           args: list[bytes | str | int], record_ids: list[str]) -> Any:
+        """The MULTI/EXEC (a SET of each (key, payloads) of `strings`, then the index script);
+        returns the script's reply."""
         for attempt in (0, 1):
             if self.mode is Mode.WAITAOF:
-                replies = await self._transaction_waitaof(flat, keys, args)
+                replies = await self._transaction_waitaof(strings, ttl, keys, args)
             else:
                 async with self.runs.r.pipeline(transaction=True) as pipe:
-                    # (the generic command: a cluster pipeline refuses `mset()` outright, while
-                    # MSET of keys in one slot inside a transaction is what Redis allows)
-                    pipe.execute_command("MSET", *flat)
+                    for key, data in strings:
+                        pipe.set(key, data, ex=ttl)
                     pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
-            mset_reply, reply = replies
+            *set_replies, reply = replies
             if isinstance(reply, rexc.NoScriptError) and attempt == 0:
                 await self._load_script()
                 continue
-            if isinstance(reply, Exception) and not isinstance(mset_reply, Exception):
-                # The script failed after the MSET: drop what it left staged (no TTL there).
+            if isinstance(reply, Exception) and not any(isinstance(r, Exception)
+                                                        for r in set_replies):
                 with contextlib.suppress(rexc.RedisError):
-                    await self.runs.r.delete(*flat[::2])
+                    await self._drop_unreferenced([k for k, _ in strings], keys[1], record_ids)
             for r in replies:
                 if isinstance(r, Exception):
                     raise r
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _transaction_waitaof(self, flat: list[str | bytes], keys: list[str],
-                                   args: list[bytes | str | int]) -> list[Any]:
+    async def _drop_unreferenced(self, string_keys: list[str], idx: str,
+                                 record_ids: list[str]) -> None:
+        """After the index script failed: a script is not rolled back, so the records it indexed
+        before the error point into their strings. Delete the strings none points into; the
+        others stay, and go with their records or with the run's TTL."""
+        locs = await self.runs.r.hmget(idx, record_ids)
+        used = {loc.split(b":")[2].decode() for loc in locs
+                if loc is not None and loc.count(b":") == 4}
+        unused = [k for k in string_keys if k.rpartition(":")[2] not in used]
+        if unused:
+            await self.runs.r.delete(*unused)
+
+    async def _transaction_waitaof(self, strings: list[tuple[str, bytes]], ttl: int,
+                                   keys: list[str], args: list[bytes | str | int]) -> list[Any]:
         """The same MULTI/EXEC, then WAITAOF on the same connection (it waits for that
-        connection's writes): the replies of the MSET and the script, once fsynced."""
+        connection's writes): the replies of the SETs and the script, once fsynced."""
         async with self.runs.r.pipeline(transaction=False) as pipe:
             pipe.execute_command("MULTI")
-            pipe.execute_command("MSET", *flat)
+            for key, data in strings:
+                pipe.set(key, data, ex=ttl)
             pipe.evalsha(self.script.sha, len(keys), *keys, *args)
             pipe.execute_command("EXEC")
             pipe.execute_command("WAITAOF", 1, 0, _WAITAOF_TIMEOUT_MS)
             replies = await pipe.execute(raise_on_error=False)
-        exec_reply, waited = replies[3], replies[4]
+        exec_reply, waited = replies[-2], replies[-1]
         if isinstance(exec_reply, Exception):
             raise exec_reply
         if isinstance(waited, Exception):

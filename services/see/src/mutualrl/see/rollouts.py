@@ -114,9 +114,9 @@ class Rollouts(StorePart):
             rk = self.runs.keys(req.run_id)
             nbytes = 0
             budget = self.cfg.limits.max_response_bytes
-            for (eid, _, count, fresh, source), payload in await self._payloads(rk, chosen,
-                                                                                 budget):
-                if payload is None:  # the record's payload expired (TTL): nothing to give
+            found = await self._budgeted_payloads(rk, chosen, budget)
+            for (eid, _, count, fresh, source), payload in found:
+                if payload is None:  # the record's payload expired (TTL) or was trimmed
                     to_ack.append(eid)
                     continue
                 d = out.deliveries.add(delivery_id=eid, delivery_count=count)
@@ -133,9 +133,9 @@ class Rollouts(StorePart):
         m.RECORDS_OUT.labels("ROLLOUT", "fetch").inc(len(out.deliveries))
         return out
 
-    async def _payloads(self, rk: RunKeys, chosen: list[tuple[str, str, int, bool, str]],
-                        budget: int) -> list[tuple[tuple[str, str, int, bool, str],
-                                                   bytes | None]]:
+    async def _budgeted_payloads(self, rk: RunKeys,
+                                 chosen: list[tuple[str, str, int, bool, str]], budget: int
+                                 ) -> list[tuple[tuple[str, str, int, bool, str], bytes | None]]:
         """Payloads of the chosen entries, read in chunks until `budget` bytes (at least one
         record): a response stays bounded whatever max_records asks. Entries left out stay
         pending for this consumer and come first in its next fetch."""
@@ -143,7 +143,7 @@ class Rollouts(StorePart):
         total = 0
         for i in range(0, len(chosen), _PAYLOAD_CHUNK):
             part = chosen[i:i + _PAYLOAD_CHUNK]
-            for c, payload in zip(part, await self._mget([rk.rec(c[1]) for c in part]),
+            for c, payload in zip(part, await self.payloads(rk, [c[1] for c in part]),
                                   strict=True):
                 if payload is not None and out and total + len(payload) > budget:
                     return out

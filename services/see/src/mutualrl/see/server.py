@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import uvicorn
 
+from mutualrl.common import event_loop
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
 from mutualrl.see import durability
 from mutualrl.see.access import ACCESS
@@ -140,7 +141,7 @@ def _worker_main(cfg_json: str) -> None:
         see = await start_see(cfg, shared_port=True)
         await serve_until_signalled(see.grpc, cfg.grace_seconds)
 
-    asyncio.run(run())
+    event_loop.run(run(), cfg.event_loop)
 
 
 async def serve(cfg: SeeConfig) -> None:

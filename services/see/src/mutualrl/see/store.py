@@ -121,6 +121,10 @@ class SeeStore:
     async def run_stats(self, run_id: str) -> pb.RunStats:
         return await self.inspection.run_stats(run_id)
 
+    async def payloads(self, run_id: str, record_ids: Sequence[str]) -> list[bytes | None]:
+        """The serialized records of `record_ids`, in order (None: gone)."""
+        return await self.inspection.payloads(self.keys(run_id), record_ids)
+
     async def get_record(self, run_id: str, record_id: str) -> tuple[str, pb.ExperienceRecord]:
         return await self.inspection.get_record(run_id, record_id)
 

@@ -21,12 +21,12 @@ class Successes(StorePart):
             for p in prompts:
                 pipe.hgetall(rk.successes(p))
             hashes = await pipe.execute()
-        # Peer record ids per prompt, then their payloads in one MGET.
+        # Peer record ids per prompt, then their payloads.
         wanted = [[s(rid) for fld, rid in h.items() if s(fld).split("|", 1)[0] != me]
                   for h in hashes]
         flat = [rid for rids in wanted for rid in rids]
         async with redis_op("successes"):
-            payloads = await self._mget([rk.rec(rid) for rid in flat])
+            payloads = await self.payloads(rk, flat)
         by_id = {rid: pl for rid, pl in zip(flat, payloads, strict=True) if pl is not None}
         resp = pb.SuccessesResponse()
         taken: dict[tuple[str, int], int] = {}

@@ -10,15 +10,14 @@ from mutualrl.common.commands import Commands
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from mutualrl.common import event_loop
     from mutualrl.common.config import load_section
     from mutualrl.thl.config import ThlConfig
     from mutualrl.thl.server import serve
 
     cfg = load_section(args.config, "thl", ThlConfig, host=args.host, port=args.port,
                        metrics_port=args.metrics_port, redis_url=args.redis_url)
-    asyncio.run(serve(cfg))
+    event_loop.run(serve(cfg), cfg.event_loop)
     return 0
 
 

@@ -50,9 +50,8 @@ async def load_records(store: SeeStore, run_id: str, record_ids: Sequence[str]
     """Payloads of `record_ids` in order (those removed by retention are left out)."""
     if not record_ids:
         return []
-    rk = store.keys(run_id)
     async with redis_op("dashboard_recent"):
-        payloads: Any = await store.r.mget([rk.rec(r) for r in record_ids])
+        payloads = await store.payloads(run_id, record_ids)
     return [pb.ExperienceRecord.FromString(p) for p in payloads if p is not None]
 
 

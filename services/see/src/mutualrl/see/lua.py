@@ -1,5 +1,4 @@
-"""The Lua scripts of SEE's records: indexing one Publish batch (inside its MULTI/EXEC), and
-reading records' payloads back by record id.
+"""The Lua script that indexes one Publish batch; it runs inside the batch's MULTI/EXEC.
 
 One Publish is one MULTI/EXEC transaction: for each record kind in the batch, a SET of those
 records' payloads, one after another, as one string `<run>b:<nonce><kind number>` (with the
@@ -30,8 +29,10 @@ counters and refreshes every TTL.
 Index entries (`idx`): "<kind>:<stream id>:<string id>:<offset>:<length>" (string id: the nonce
 then the kind number), the record's bytes being `GETRANGE <run>b:<string id> <offset>
 <offset + length - 1>`. Entries written before this layout read "<kind>:<stream id>", with the
-payload under `<run>rec:<record id>`: both scripts still read and trim those, so a run carries
-on across the upgrade.
+payload under `<run>rec:<record id>`: the script trims those and the readers
+(`part.StorePart.payloads`) read them, so a run carries on across the upgrade. Readers do not go
+through a script: Redis would copy each payload into Lua and back, about 12 µs a 6.45 kB record
+against 1 µs for GETRANGE.
 """
 
 # KEYS: 1 lastid, 2 idx, 3 counts, 4 trimmed, 5 config, 6 rounds, 7..9 streams (kind 1..3),
@@ -220,34 +221,4 @@ if lseq >= 0 then redis.call('SET', KEYS[1], string.format('%d-%d', lms, lseq)) 
 for k = 1, 10 do redis.call('EXPIRE', KEYS[k], ttl) end
 for key, _ in pairs(touched) do redis.call('EXPIRE', key, ttl) end
 return {table.concat(out), trimmed[1], trimmed[2], trimmed[3], dropped_rounds}
-"""
-
-# KEYS: 1 idx
-# ARGV: 1 batch string key prefix (`<run>b:`), 2 the old layout's record key prefix
-#       (`<run>rec:`), 3.. record ids
-# Returns each record's payload in ARGV order, nil where the record is gone (trimmed, expired,
-# or never stored). One round trip, and the index and the strings are read at one instant.
-PAYLOADS_LUA = r"""
-local n = #ARGV - 2
-if n == 0 then return {} end
-local locs = redis.call('HMGET', KEYS[1], unpack(ARGV, 3))
-local out = {}
-for j = 1, n do
-  local loc = locs[j]
-  local v = false
-  if loc then
-    local b, off, len = string.match(loc, '^%d+:%d+%-%d+:([^:]+):(%d+):(%d+)$')
-    if b then
-      off, len = tonumber(off), tonumber(len)
-      if len > 0 then
-        local got = redis.call('GETRANGE', ARGV[1] .. b, off, off + len - 1)
-        if #got == len then v = got end
-      end
-    else
-      v = redis.call('GET', ARGV[2] .. ARGV[j + 2])
-    end
-  end
-  out[j] = v
-end
-return out
 """

@@ -10,11 +10,11 @@ from mutualrl.see import transfers
 from mutualrl.see.blocking import BlockingReads
 from mutualrl.see.entries import Entry, StreamReply, s
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.lua import PAYLOADS_LUA
+from mutualrl.see.ranges import plan_reads
 from mutualrl.see.runs import RunRegistry
 
-# Record ids per call of the payload script (a Lua call's arguments live on its stack).
-_PAYLOADS_PER_CALL = 500
+# Record ids per HMGET of the index.
+_IDS_PER_READ = 1000
 
 
 class StorePart:
@@ -27,20 +27,33 @@ class StorePart:
         self.blocking = blocking if blocking is not None else BlockingReads(runs.r, 1 << 30)
         self.cfg = runs.cfg
         self.stopping = stopping
-        self._payload_script = runs.r.register_script(PAYLOADS_LUA)
 
     async def _get(self, key: str) -> bytes | None:
         return cast("bytes | None", await self.r.get(key))
 
     async def payloads(self, rk: RunKeys, record_ids: Sequence[str]) -> list[bytes | None]:
         """The serialized records of `record_ids` (of run `rk`), in order; None for a record
-        that is gone (trimmed by retention, expired, never stored). One script call per
-        `_PAYLOADS_PER_CALL` ids (`lua.PAYLOADS_LUA`; all keys in the run's hash slot)."""
+        that is gone (trimmed by retention, expired, never stored). Two round trips: the index
+        entries (HMGET), then the merged ranges of the batch strings (`ranges.plan_reads`) in
+        one pipeline; every key is in the run's hash slot."""
         out: list[bytes | None] = []
-        for i in range(0, len(record_ids), _PAYLOADS_PER_CALL):
-            part = record_ids[i:i + _PAYLOADS_PER_CALL]
-            out += cast("list[bytes | None]", await self._payload_script(
-                keys=[rk.idx], args=[rk.batch_prefix, rk.rec_prefix, *part]))
+        for i in range(0, len(record_ids), _IDS_PER_READ):
+            part = record_ids[i:i + _IDS_PER_READ]
+            found: list[bytes | None] = [None] * len(part)
+            reads, old = plan_reads(cast("list[bytes | None]", await self.r.hmget(rk.idx, part)))
+            if reads or old:
+                async with self.r.pipeline(transaction=False) as pipe:
+                    for rd in reads:
+                        pipe.getrange(rk.batch(rd.string_id), rd.start, rd.end - 1)
+                    for pos in old:
+                        pipe.get(rk.rec(part[pos]))
+                    replies = await pipe.execute()
+                for rd, data in zip(reads, replies[:len(reads)], strict=True):
+                    for pos, payload in rd.cut(data):
+                        found[pos] = payload
+                for pos, data in zip(old, replies[len(reads):], strict=True):
+                    found[pos] = data
+            out += found
         return out
 
     async def _xread(self, positions: dict[str, str], count: int,

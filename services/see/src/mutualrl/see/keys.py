@@ -9,11 +9,11 @@ of run ids (`<prefix>:see:runs`) spans runs.
 | `config` | string | serialized `Run` (config + creation time) |
 | `s:<KIND>` | stream | one entry per record of that kind; field h = "rid, policy, prompt, round,
   verified, version" joined by \x1f (filters read it without touching the payload) |
-| `b:<nonce>` | string | one Publish batch's serialized ExperienceRecords (each exactly as the
-  client sent it, plus run_id and created_unix_ms), one after another |
-| `blobs` | hash | nonce -> how many records of that batch are still stored |
-| `idx` | hash | record_id -> "<kind number>:<stream id>:<nonce>:<offset>:<length>" (the
-  idempotency index; the record's bytes are that range of `b:<nonce>`) |
+| `b:<nonce><kind>` | string | one Publish batch's serialized ExperienceRecords of one kind
+  (each exactly as the client sent it, plus run_id and created_unix_ms), one after another |
+| `blobs` | hash | "<nonce><kind>" -> how many records of that string are still stored |
+| `idx` | hash | record_id -> "<kind number>:<stream id>:<nonce><kind>:<offset>:<length>" (the
+  idempotency index; the record's bytes are that range of `b:<nonce><kind>`) |
 | `rec:<record_id>` | string | a record's payload in the layout before batch strings (read and
   trimmed still; no longer written) |
 | `lastid` | string | last stream id issued; ids are unique across the run's three streams |
@@ -73,9 +73,10 @@ class RunKeys:
     def batch_prefix(self) -> str:
         return self.base + "b:"
 
-    def batch(self, nonce: str) -> str:
-        """The string of one Publish batch's payloads."""
-        return self.base + "b:" + nonce
+    def batch(self, string_id: str) -> str:
+        """A string of one Publish batch's payloads (`string_id`: the batch's nonce, then the
+        records' kind number)."""
+        return self.base + "b:" + string_id
 
     @property
     def blobs(self) -> str:

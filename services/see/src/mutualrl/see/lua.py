@@ -158,7 +158,11 @@ local function drop(rids)
   for j, loc in ipairs(locs) do
     if loc then
       local b = string.match(loc, '^%d+:%d+%-%d+:([^:]+):')
-      if b then gone_in[b] = (gone_in[b] or 0) + 1 else olds[#olds + 1] = old_prefix .. rids[j] end
+      if b then
+        gone_in[b] = (gone_in[b] or 0) + 1
+      else
+        olds[#olds + 1] = old_prefix .. rids[j]
+      end
     end
   end
   redis.call('HDEL', KEYS[2], unpack(rids))

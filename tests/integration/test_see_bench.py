@@ -33,6 +33,9 @@ def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> Non
     assert res["p99_ratio"] == pytest.approx(statistics.median(
         s["p99_ms"] / r["p99_ms"] for s, r in zip(see, raw, strict=True)))
     assert res["see_stream_memory_bytes"] > 0
+    # The load the figures were taken under (1, 5 and 15 minute averages).
+    assert len(res["load_average_start"]) == len(res["load_average_end"]) == 3
+    assert all(x >= 0 for x in (*res["load_average_start"], *res["load_average_end"]))
     # Each repeat's run was deleted through SEE, the raw side's stream with it.
     assert len(set(res["run_ids"])) == 2
     client = redis.Redis.from_url(redis_url)

@@ -243,6 +243,8 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     from mutualrl.v1 import runs_pb2
 
     per_client = max(batch, records // clients)
+    # (the load before the server starts: what the machine was doing when the bench began)
+    load_start = os.getloadavg()
     proc, addr, cfg_dir = _start_server(redis_url, workers, durability)
     del cfg_dir  # a small temp file; kept for debugging a failed run
     r = sync_client(redis_url)
@@ -310,6 +312,8 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
             s["p99_ms"] / r["p99_ms"] for s, r in zip(see_runs, raw_runs, strict=True)),
         "see_all": see_runs, "raw_redis_all": raw_runs,
         "see_stream_memory_bytes": used,
+        "load_average_start": list(load_start),
+        "load_average_end": list(os.getloadavg()),
         "run_ids": run_ids,
         "target_ratio": 0.65,
         "target_p99_ratio": 1.5,
@@ -361,5 +365,6 @@ def main(args: argparse.Namespace) -> int:
                   f"{result['raw_redis']['cpu']['total_us_per_record']:.0f} µs (cpu_ratio "
                   f"{result['cpu_ratio']:.3f}); p99 SEE/raw = {result['p99_ratio']:.2f} "
                   f"(median of paired repeats; target {result['target_p99_ratio']}); "
+                  f"load average at the start {result['load_average_start'][0]:.2f}; "
                   f"written to {args.json}")
     return 0

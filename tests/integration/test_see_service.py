@@ -48,6 +48,17 @@ def keys(run_id: str) -> RunKeys:
     return RunKeys(TEST_PREFIX, run_id)
 
 
+def live_strings(rds: redis.Redis, k: RunKeys) -> dict[str, int]:
+    """The run's `blobs` hash: batch string id -> records of it still stored."""
+    return {sid.decode(): int(n) for sid, n in rds.hgetall(k.blobs).items()}
+
+
+def batch_strings(rds: redis.Redis, k: RunKeys) -> list[str]:
+    """The run's batch string keys that exist."""
+    return [b.decode() for b in rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*",
+                                                 count=1000)]
+
+
 async def test_create_get_list_runs(client: AsyncSeeClient, run_id: str) -> None:
     run = await client.create_run(run_id, ["a", "b"], tau=0.5, max_stream_len=500)
     assert list(run.config.policies) == ["a", "b"]
@@ -124,10 +135,9 @@ async def test_idempotent_republish(client: AsyncSeeClient, run_id: str,
     assert {p.policy_id: p.published["ROLLOUT"] for p in stats.policies} == {"a": 6, "b": 0}
     # One string per batch that stored something (the all-duplicate batch's was dropped at
     # once), each with the run's TTL and its count of live records; the first publish wins.
-    live = {nonce.decode(): int(n) for nonce, n in rds.hgetall(k.blobs).items()}
+    live = live_strings(rds, k)
     assert sorted(live.values()) == [1, 5]
-    batches = [b.decode()
-               for b in rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*")]
+    batches = batch_strings(rds, k)
     assert sorted(batches) == sorted(k.batch(nonce) for nonce in live)
     assert all(rds.ttl(b) > 0 for b in batches)
     changed = rollout("a", 0, "p1", 0, reward=123.0)
@@ -157,12 +167,11 @@ async def test_a_mixed_batch_has_a_string_per_kind_each_going_with_its_stream(
     string_r, string_s = loc_r.decode().split(":")[2], loc_s.decode().split(":")[2]
     assert string_r[:-1] == string_s[:-1]  # one nonce, the kind after it
     assert (string_r[-1], string_s[-1]) == (str(pb.ROLLOUT), str(pb.REWARD_STATS))
-    assert {n.decode(): int(c) for n, c in rds.hgetall(k.blobs).items()} == {string_r: 10,
-                                                                            string_s: 1}
+    assert live_strings(rds, k) == {string_r: 10, string_s: 1}
     for start in (10, 20, 30):
         await client.publish(run_id, [rollout("a", 1, f"p{i}", i)
                                       for i in range(start, start + 10)])
-    live = {n.decode(): int(c) for n, c in rds.hgetall(k.blobs).items()}
+    live = live_strings(rds, k)
     assert string_r not in live and not rds.exists(k.batch(string_r))
     assert live[string_s] == 1 and rds.exists(k.batch(string_s))
     assert sum(live.values()) == rds.hlen(k.idx) == rds.xlen(k.stream(pb.ROLLOUT)) + 1
@@ -206,9 +215,6 @@ async def test_a_batch_whose_index_script_fails_keeps_the_payloads_it_indexed(
     k = keys(run_id)
     rds.set(k.successes("bad"), "not a hash")  # the script's HEXISTS on it fails (WRONGTYPE)
 
-    def batch_strings() -> set[bytes]:
-        return set(rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*"))
-
     good = [rollout("a", 0, f"p{i}", i) for i in range(3)]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.publish(run_id, [*good, success_record("a", 0, "bad", "x = 1")])
@@ -218,8 +224,8 @@ async def test_a_batch_whose_index_script_fails_keeps_the_payloads_it_indexed(
     assert all(g.reward == r.reward and g.text == r.text for g, r in zip(got, good, strict=True))
     # Both strings of the batch (one per kind) stay: the success too was indexed (HSETNX comes
     # before its HEXISTS) when the script failed.
-    kept = batch_strings()
-    pointed = {k.batch(loc.decode().split(":")[2]).encode() for loc in rds.hvals(k.idx)}
+    kept = set(batch_strings(rds, k))
+    pointed = {k.batch(loc.decode().split(":")[2]) for loc in rds.hvals(k.idx)}
     assert len(kept) == 2 and kept == pointed
     # Failing before its first record (the last issued id is not a string): nothing indexed,
     # the batch's string is deleted.
@@ -227,7 +233,7 @@ async def test_a_batch_whose_index_script_fails_keeps_the_payloads_it_indexed(
     rds.hset(k.lastid, "x", "1")
     with pytest.raises(grpc.aio.AioRpcError):
         await client.publish(run_id, [rollout("a", 0, "q", 0)])
-    assert batch_strings() == kept
+    assert set(batch_strings(rds, k)) == kept
     assert not rds.hexists(k.idx, rollout("a", 0, "q", 0).record_id)
 
 
@@ -393,12 +399,10 @@ async def test_retention_trims_counts_and_bounds_memory(client: AsyncSeeClient, 
     # The idempotency index and the batch strings shrink with the stream: a string goes once
     # none of its records is left.
     assert rds.hlen(k.idx) == held
-    live = {nonce.decode(): int(n) for nonce, n in rds.hgetall(k.blobs).items()}
+    live = live_strings(rds, k)
     assert sum(live.values()) == held
     assert len(live) <= held // 100 + 1
-    batches = [b.decode() for b in rds.scan_iter(match=k.batch_prefix.replace("{", "[{]") + "*",
-                                                   count=1000)]
-    assert sorted(batches) == sorted(k.batch(nonce) for nonce in live)
+    assert sorted(batch_strings(rds, k)) == sorted(k.batch(nonce) for nonce in live)
     assert mem[1] < 1.5 * mem[0], mem
     # A trimmed record is gone from the index (it could be published again).
     again = await client.publish(run_id, [rollout("a", 0, "p0", 0, n_tokens=64)])

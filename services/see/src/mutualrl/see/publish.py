@@ -32,6 +32,7 @@ from mutualrl.see.durability import Mode
 from mutualrl.see.entries import SEP, redis_op, s
 from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
+from mutualrl.see.ranges import location
 from mutualrl.see.runs import RunRegistry
 from mutualrl.see.validate import Batch, text_digest
 from mutualrl.v1 import experience_pb2 as pb
@@ -123,7 +124,7 @@ class Publisher:
         async with redis_op("publish"):
             reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids)
         flags = s(reply[0])
-        if "0" not in flags and kinds.count(kinds[0]) == len(kinds):
+        if "0" not in flags and len(present) == 1:
             # The common batch: one kind, nothing duplicated.
             tally = {(kinds[0], True): [len(kinds), sum(sizes)]}
         else:
@@ -165,6 +166,7 @@ class Publisher:
             if isinstance(reply, Exception) and not any(isinstance(r, Exception)
                                                         for r in set_replies):
                 with contextlib.suppress(rexc.RedisError):
+                    # (keys[1]: the id index, the script's KEYS[2])
                     await self._drop_unreferenced([k for k, _ in strings], keys[1], record_ids)
             for r in replies:
                 if isinstance(r, Exception):
@@ -178,8 +180,8 @@ class Publisher:
         before the error point into their strings. Delete the strings none points into; the
         others stay, and go with their records or with the run's TTL."""
         locs = await self.runs.r.hmget(idx, record_ids)
-        used = {loc.split(b":")[2].decode() for loc in locs
-                if loc is not None and loc.count(b":") == 4}
+        used = {where[0] for where in (location(loc) for loc in locs if loc is not None)
+                if where is not None}
         unused = [k for k in string_keys if k.rpartition(":")[2] not in used]
         if unused:
             await self.runs.r.delete(*unused)

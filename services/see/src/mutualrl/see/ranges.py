@@ -37,6 +37,15 @@ class Read:
         return out
 
 
+def location(loc: bytes) -> tuple[str, int, int] | None:
+    """Where an index entry's record lies: (batch string id, offset, length); None for an entry
+    of the layout before batch strings ("<kind>:<stream id>")."""
+    fields = loc.split(b":")
+    if len(fields) != 5:
+        return None
+    return fields[2].decode(), int(fields[3]), int(fields[4])
+
+
 def plan_reads(locs: Sequence[bytes | None], gap: int = MERGE_GAP
                ) -> tuple[list[Read], list[int]]:
     """The reads for index entries `locs` (None: no entry): the merged GETRANGEs, and the
@@ -47,13 +56,11 @@ def plan_reads(locs: Sequence[bytes | None], gap: int = MERGE_GAP
     for pos, loc in enumerate(locs):
         if loc is None:
             continue
-        fields = loc.split(b":")
-        if len(fields) != 5:
+        where = location(loc)
+        if where is None:
             old.append(pos)
-            continue
-        length = int(fields[4])
-        if length > 0:  # (no record serializes to nothing: it has an id)
-            wanted.append((fields[2].decode(), int(fields[3]), length, pos))
+        elif where[2] > 0:  # (no record serializes to nothing: it has an id)
+            wanted.append((*where, pos))
     wanted.sort()
     reads: list[Read] = []
     for string_id, off, length, pos in wanted:

@@ -111,7 +111,7 @@ class Inspection(StorePart):
             if loc is None:
                 raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
             sid = s(loc).split(":")[1]
-            payload, = await self.payloads(rk, [record_id])
+            payload, = await self.payloads_at(rk, [record_id], [loc])
         if payload is None:
             raise NotFound("record_id", f"record {record_id!r} was removed by retention")
         return sid, pb.ExperienceRecord.FromString(payload)

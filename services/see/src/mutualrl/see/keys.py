@@ -76,7 +76,7 @@ class RunKeys:
     def batch(self, string_id: str) -> str:
         """A string of one Publish batch's payloads (`string_id`: the batch's nonce, then the
         records' kind number)."""
-        return self.base + "b:" + string_id
+        return self.batch_prefix + string_id
 
     @property
     def blobs(self) -> str:

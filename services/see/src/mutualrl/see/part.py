@@ -39,22 +39,28 @@ class StorePart:
         out: list[bytes | None] = []
         for i in range(0, len(record_ids), _IDS_PER_READ):
             part = record_ids[i:i + _IDS_PER_READ]
-            found: list[bytes | None] = [None] * len(part)
-            reads, old = plan_reads(cast("list[bytes | None]", await self.r.hmget(rk.idx, part)))
-            if reads or old:
-                async with self.r.pipeline(transaction=False) as pipe:
-                    for rd in reads:
-                        pipe.getrange(rk.batch(rd.string_id), rd.start, rd.end - 1)
-                    for pos in old:
-                        pipe.get(rk.rec(part[pos]))
-                    replies = await pipe.execute()
-                for rd, data in zip(reads, replies[:len(reads)], strict=True):
-                    for pos, payload in rd.cut(data):
-                        found[pos] = payload
-                for pos, data in zip(old, replies[len(reads):], strict=True):
-                    found[pos] = data
-            out += found
+            locs = cast("list[bytes | None]", await self.r.hmget(rk.idx, part))
+            out += await self.payloads_at(rk, part, locs)
         return out
+
+    async def payloads_at(self, rk: RunKeys, record_ids: Sequence[str],
+                          locs: Sequence[bytes | None]) -> list[bytes | None]:
+        """As `payloads`, for records whose index entries `locs` the caller already read."""
+        found: list[bytes | None] = [None] * len(record_ids)
+        reads, old = plan_reads(locs)
+        if reads or old:
+            async with self.r.pipeline(transaction=False) as pipe:
+                for rd in reads:
+                    pipe.getrange(rk.batch(rd.string_id), rd.start, rd.end - 1)
+                for pos in old:
+                    pipe.get(rk.rec(record_ids[pos]))
+                replies = await pipe.execute()
+            for rd, data in zip(reads, replies[:len(reads)], strict=True):
+                for pos, payload in rd.cut(data):
+                    found[pos] = payload
+            for pos, data in zip(old, replies[len(reads):], strict=True):
+                found[pos] = data
+        return found
 
     async def _xread(self, positions: dict[str, str], count: int,
                      block: int | None = None, client: Any = None) -> StreamReply:

@@ -423,3 +423,25 @@ async def test_unreachable_redis_is_unavailable_and_server_recovers(server: Mwra
             server.service.store = good
         alloc = await c.get_allocation(run_id, "p", 0)  # Redis back: serving as before
         assert alloc.units == 2
+
+
+async def test_declared_policies_share_round_zero_whichever_trainer_asks_first(
+        server: MwraServer, run_id: str) -> None:
+    """The launchers declare a run's policies before its trainers start: the first trainer to
+    ask for round 0 gets its one slot of three, not the whole pool (as `solo` above does)."""
+    from mutualrl.launch.up import declare_policies
+
+    def flow() -> tuple[pb.Allocation, pb.Allocation]:
+        with MwraClient(server.address, timeout=10) as c:
+            c.register_local_worker(run_id, slots=3)
+            declare_policies(c, run_id, ["a", "b", "c"])
+            # "c"'s trainer starts first and registers again, with its id and budget
+            c.register_policy(run_id, "c", trainer_id="c-1", rollout_budget=64)
+            first = c.get_allocation(run_id, "c", 0)
+            c.register_policy(run_id, "a", trainer_id="a-1", rollout_budget=32)
+            return first, c.get_allocation(run_id, "a", 0)
+
+    first, later = await asyncio.to_thread(flow)
+    assert (first.units, first.threads, first.rollout_budget) == (1, 1, 64)
+    assert (later.units, later.threads, later.rollout_budget, later.epoch) == (1, 1, 32,
+                                                                              first.epoch)

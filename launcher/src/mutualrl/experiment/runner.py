@@ -213,7 +213,7 @@ def _count_lines(path: Path) -> int:
 def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
               cfg: ExperimentConfig) -> ActiveRun:
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.launch.up import create_run, trainer_env
+    from mutualrl.launch.up import create_run, declare_policies, trainer_env
 
     run_dir = out / "runs" / spec.run_id
     if run_dir.exists():
@@ -230,6 +230,7 @@ def start_run(spec: RunSpec, svc: Services, sup: Supervisor, out: Path,
     worker_id = f"{spec.run_id}-cpu"
     with MwraClient(svc.endpoints["mwra_grpc"], token=svc.token) as mwra:
         mwra.register_local_worker(spec.run_id, worker_id, slots=slots)
+        declare_policies(mwra, spec.run_id, spec.policies)
     keep_client = MwraClient(svc.endpoints["mwra_grpc"], token=svc.token)
     keepalive = keep_client.keepalive(spec.run_id, worker_id, 2.0)
     if svc.token:  # trainers get policy tokens, which may not create the run

@@ -13,10 +13,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -34,6 +34,9 @@ from mutualrl.launch.supervisor import (
     Supervisor,
     tail,
 )
+
+if TYPE_CHECKING:
+    from mutualrl.client.mwra import MwraClient
 
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
@@ -283,6 +286,17 @@ def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> 
         client.close()
 
 
+def declare_policies(client: MwraClient, run_id: str, policies: Sequence[str]) -> None:
+    """Register the run's policies with MWRA before any trainer starts, so that its first plan
+    shares the pool among all of them. Otherwise the first trainer to ask for round 0 is alone
+    in the plan and gets the whole pool (three threads where one each was meant), and a run's
+    numbers depend on which trainer started first: a round trained on another thread count
+    rounds differently, and the run diverges from there. Each trainer registers again, with its
+    own id and rollout budget, when it starts."""
+    for policy in policies:
+        client.register_policy(run_id, policy)
+
+
 @contextlib.contextmanager
 def _local_worker(plan: LaunchPlan) -> Iterator[None]:
     """Offer this machine's CPU threads to MWRA as the run's worker for as long as it trains."""
@@ -291,6 +305,7 @@ def _local_worker(plan: LaunchPlan) -> Iterator[None]:
     client = MwraClient(plan.endpoints["mwra_grpc"], token=plan.secret)
     try:
         worker_id, lease = client.register_local_worker(plan.run_id, slots=plan.up.worker_slots)
+        declare_policies(client, plan.run_id, plan.policies)
         keepalive = client.keepalive(plan.run_id, worker_id, max(0.2, lease.lease_seconds / 3))
         try:
             yield

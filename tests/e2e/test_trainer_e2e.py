@@ -215,13 +215,16 @@ def test_sgt_rescues_both_ways(services: _Services, warm_policies: dict[str, Pat
 
 def test_a_policy_that_starts_late_trains_round_zero_with_its_peer(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
-    """Issue 13, no stall on start: B loads (and registers with MWRA) after A asked for round
-    0. MWRA takes B into round 0 at once, so B trains it and A's SGT read of round 0 finds B's
-    records instead of waiting out the deadline (`_run_pair` asserts no round fell back)."""
+    """Issue 13, no stall on start: B loads (and registers with MWRA) 2 s after A is ready for
+    round 0. A waits for B to register (`services.peers_wait_s`), so round 0 is planned for
+    both: each trains it on half the pool, not A on all of it, and A's SGT read of round 0
+    finds B's records instead of waiting out the deadline (`_run_pair` asserts no round fell
+    back). A peer registering after the plan was made is taken in by MWRA (integration tests)."""
     start = time.monotonic()
     _, rows = _run_pair(services, warm_policies, {"kind": "sgt", "deadline_seconds": 15.0},
                         tmp_path, stagger=2.0)
     assert rows["A"][0]["peers_complete"] == 1.0 and rows["A"][0]["fallback"] == 0.0
+    assert rows["A"][0]["threads"] == 1.0 == rows["B"][0]["threads"]
     # B neither sat round 0 out waiting for a turn (60 s) nor made A wait out its deadline
     assert time.monotonic() - start < 120
 

@@ -231,6 +231,83 @@ async def test_a_slow_trainer_is_active_in_round_zero_without_waiting(
     assert math.isfinite(waited_fast)
 
 
+async def test_a_trainer_waits_for_its_peers_to_register_before_round_zero(
+        server: MwraServer, run_id: str) -> None:
+    """Started as separate processes, the first trainer to ask for round 0 waits for the
+    policies of its config: round 0 is planned once, for both, whichever loaded first."""
+    async with _client(server) as c:
+        await c.register_worker(run_id, "w", cpu_slots=4)
+
+    def trainer(policy: str) -> tuple[Any, float]:
+        alloc = AllocatorClient(server.address, run_id, policy, threads=1, rollout_budget=8,
+                                timeout=10.0, peers=["fast", "slow"], peers_wait_s=20.0)
+        try:
+            return alloc.allocation(0), alloc.waited_s
+        finally:
+            alloc.close()
+
+    first = asyncio.create_task(asyncio.to_thread(trainer, "fast"))
+    await asyncio.sleep(1.0)  # "slow" is still loading its model
+    slow, slow_waited = await asyncio.to_thread(trainer, "slow")
+    fast, fast_waited = await first
+    assert fast.units == 2 and slow.units == 2
+    assert fast.epoch == slow.epoch
+    assert 0.8 <= fast_waited < 10.0 and slow_waited < 1.0, (fast_waited, slow_waited)
+
+
+async def test_a_peer_that_never_registers_is_waited_for_only_up_to_the_bound(
+        server: MwraServer, run_id: str, caplog: pytest.LogCaptureFixture) -> None:
+    async with _client(server) as c:
+        await c.register_worker(run_id, "w", cpu_slots=4)
+
+    def trainer() -> tuple[Any, float]:
+        alloc = AllocatorClient(server.address, run_id, "alone", threads=1, rollout_budget=8,
+                                timeout=10.0, peers=["alone", "absent"], peers_wait_s=0.5)
+        try:
+            first = alloc.allocation(0), alloc.waited_s
+            alloc.allocation(1)  # later rounds do not wait again
+            return first[0], alloc.waited_s - first[1]
+        finally:
+            alloc.close()
+
+    with caplog.at_level("WARNING", logger="mutualrl.trainer.allocator"):
+        (alone, waited_again) = await asyncio.to_thread(trainer)
+    assert alone.units == 4
+    assert waited_again == 0.0
+    assert any("absent not registered with MWRA after 0.5 s" in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+async def test_a_trainer_waiting_for_its_peers_keeps_its_own_policy_lease(
+        redis_url: str, run_id: str) -> None:
+    """A wait longer than MWRA's policy lease (4 s here) must not let the waiting policy lapse:
+    it would lose its units at the next rebalance."""
+    srv = await start_mwra(_cfg(redis_url, run_id, policy_lease_seconds=4.0))
+    try:
+        async with _client(srv) as c:
+            await c.register_worker(run_id, "w", cpu_slots=4)
+
+            def trainer() -> Any:
+                alloc = AllocatorClient(srv.address, run_id, "early", threads=1,
+                                        rollout_budget=8, timeout=10.0,
+                                        peers=["early", "late"], peers_wait_s=30.0)
+                try:
+                    return alloc.allocation(0)
+                finally:
+                    alloc.close()
+
+            waiting = asyncio.create_task(asyncio.to_thread(trainer))
+            await asyncio.sleep(11.0)  # past two leases, and past the first heartbeat
+            (early,) = [p for p in (await c.list_allocations(run_id)).policies]
+            assert early.policy_id == "early" and early.live
+            assert not waiting.done()
+            await c.register_policy(run_id, "late")
+            got = await waiting
+            assert got.units == 2
+    finally:
+        await srv.stop(0)
+
+
 async def test_a_late_registrant_asking_a_follower_is_taken_in_by_the_leader(
         redis_url: str, run_id: str) -> None:
     a = await start_mwra(_cfg(redis_url, run_id, replica_id=f"A-{run_id}"))

@@ -57,8 +57,10 @@ def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, s
         "probe": {"kind": "xgrpo", "deadline_seconds": DEADLINE_S},
         "eval": {"every": 0}, "checkpoint": {"every": 0},
         "metrics": {"tensorboard": False, "progress": False, "see": False},
-        "services": {"see": services["see"], "thl": None, "mwra": services["mwra"]},
-        # B is declared but never trains: A waits for it until the deadline, every round.
+        # B is declared but never trains: A waits for it until the deadline, every round (and
+        # not, before round 0, for B to register with MWRA).
+        "services": {"see": services["see"], "thl": None, "mwra": services["mwra"],
+                     "peers_wait_s": 0},
         "policies": [{"name": "A", "preset": "llama-char"}, {"name": "B", "preset": "llama-char"}],
     })
     s = build_session(cfg, "A", cache_dir=tmp_path / "presets")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,13 +54,20 @@ class AllocatorClient:
 
     def __init__(self, address: str | None, run_id: str, policy: str, threads: int,
                  rollout_budget: int, token: str | None = None, timeout: float = 30.0,
-                 active_wait_s: float = 60.0) -> None:
+                 active_wait_s: float = 60.0, peers: Sequence[str] = (),
+                 peers_wait_s: float = 0.0) -> None:
         self.run_id, self.policy = run_id, policy
         self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
         self.current = self.fixed
         self.active_wait_s = active_wait_s
+        self.peers = [p for p in peers if p != policy]
+        """The run's other policies, waited for (up to `peers_wait_s`) before round 0."""
+        self.peers_wait_s = peers_wait_s
+        self.asked = False
+        """Whether an allocation was asked for yet (peers are waited for before the first)."""
         self.waited_s = 0.0
-        """Seconds spent waiting for a time-share turn so far (not part of a step's cost)."""
+        """Seconds spent waiting for a time-share turn or for peers to register so far (not
+        part of a step's cost)."""
         self.warned_empty_pool = False
         self.client: Any = None
         if address is None:
@@ -76,6 +84,9 @@ class AllocatorClient:
         so every policy still answers every round of the shared prompt order."""
         if self.client is None:
             return self.fixed
+        if not self.asked and round_k == 0:
+            self._await_peers()
+        self.asked = True
         start = time.monotonic()
         give_up = start + self.active_wait_s
         turns = 0
@@ -105,6 +116,35 @@ class AllocatorClient:
             rollout_budget=int(a.rollout_budget) or self.fixed.rollout_budget,
             units=max(int(a.units), 1), epoch=int(a.epoch), round_peers=peers)
         return self.current
+
+    def _await_peers(self) -> None:
+        """Wait, up to `peers_wait_s`, until every peer policy is registered with MWRA.
+
+        MWRA plans a round for the policies it knows when the round is first asked for. A
+        trainer that asks for round 0 before its peers have loaded their models and registered
+        holds the whole pool in it (more threads than meant), and since a step on more threads
+        rounds differently, the run's numbers would depend on which trainer started first.
+        Launchers that register the run's policies beforehand (`declare_policies`) pass at once.
+        Past the bound the round is planned without the missing peers, as before."""
+        missing = set(self.peers)
+        if not missing or self.peers_wait_s <= 0:
+            return
+        start = beat = time.monotonic()
+        while True:
+            missing -= {p.policy_id for p in self.client.list_allocations(self.run_id).policies}
+            if not missing:
+                break
+            now = time.monotonic()
+            if now - beat >= 10.0:  # a bound past MWRA's policy lease must not expire ours
+                self.client.policy_heartbeat(self.run_id, self.policy)
+                beat = now
+            if now - start >= self.peers_wait_s:
+                log.warning("run %s: %s not registered with MWRA after %g s; round 0 is "
+                            "planned without them", self.run_id, ", ".join(sorted(missing)),
+                            self.peers_wait_s)
+                break
+            time.sleep(0.1)
+        self.waited_s += time.monotonic() - start
 
     def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:
         """Report a round's cost: `seconds` of work, waits for peers, deadlines and turns

@@ -301,6 +301,12 @@ class ServiceSettings(Config):
     """Bearer token for all three (defaults to MUTUALRL_AUTH_TOKEN)."""
     timeout: float = Field(30.0, gt=0)
     """Per-call deadline in seconds."""
+    peers_wait_s: float = Field(60.0, ge=0)
+    """Seconds a trainer waits, before round 0, for every policy of `policies` to register
+    with MWRA (each registers once its model is loaded), so that MWRA plans round 0 for all of
+    them: the first trainer to ask would otherwise hold the whole pool in round 0, and the run
+    would depend on start order. Past it, round 0 is planned without the late ones. 0: ask at
+    once. Launchers register the run's policies first, so their trainers do not wait."""
 
 
 class TrainerConfig(Config):

@@ -218,7 +218,8 @@ def build_session(
         exchange.join([p.name for p in cfg.policies], tokenizers)
     allocator = AllocatorClient(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
-        g.group_size * g.prompts_per_round, svc.token, svc.timeout)
+        g.group_size * g.prompts_per_round, svc.token, svc.timeout,
+        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,

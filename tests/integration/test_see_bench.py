@@ -17,10 +17,14 @@ def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> Non
     # Enough records that the server's CPU time spans several clock ticks (/proc counts CPU
     # in 10 ms steps): with 256 it could read 0.
     res = run_bench(clients=2, records=4096, batch=128, tokens=20, redis_url=redis_url,
-                    repeats=2)
+                    repeats=2, warmup=1)
     assert res["records_per_side"] == 4096 and res["repeats"] == 2 and res["redis"] == "single"
     see, raw = res["see_all"], res["raw_redis_all"]
     assert len(see) == len(raw) == 2
+    # The warm-up pair ran in full and is reported apart, in no figure.
+    (warm,) = res["warmup"]
+    assert warm["see"]["records"] == warm["raw_redis"]["records"] == 4096
+    assert warm["ratio"] == warm["see"]["records_per_s"] / warm["raw_redis"]["records_per_s"]
     for side in (*see, *raw):
         assert side["records"] == 4096 and side["batches"] == 4096 // 128  # 2 writers x 16
         assert side["records_per_s"] > 0 and 0 < side["p50_ms"] <= side["p99_ms"]
@@ -37,7 +41,7 @@ def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> Non
     assert len(res["load_average_start"]) == len(res["load_average_end"]) == 3
     assert all(x >= 0 for x in (*res["load_average_start"], *res["load_average_end"]))
     # Each repeat's run was deleted through SEE, the raw side's stream with it.
-    assert len(set(res["run_ids"])) == 2
+    assert len(set(res["run_ids"])) == 3  # the warm-up's too
     client = redis.Redis.from_url(redis_url)
     try:
         for run in res["run_ids"]:

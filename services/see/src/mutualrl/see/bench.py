@@ -10,7 +10,8 @@ log-probs each) from the same number of writer processes with the same batch siz
   (`XADD <stream> * d <payload>` x batch, one round trip per batch).
 
 Figures: records/s of both, `ratio` = ours / raw redis, p50/p99 latency of one batch, and
-`p99_ratio` = ours / raw redis p99, each paired per repeat (medians over repeats).
+`p99_ratio` = ours / raw redis p99, each paired per repeat (medians over repeats). Warm-up
+pairs run first and count in none of them.
 """
 
 from __future__ import annotations
@@ -234,8 +235,13 @@ def _start_server(redis_url: str, workers: int = 1, durability: str = "default"
 
 
 def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: str,
-              repeats: int = 1, workers: int = 1, durability: str = "default"
-              ) -> dict[str, Any]:
+              repeats: int = 1, workers: int = 1, durability: str = "default",
+              warmup: int = 0) -> dict[str, Any]:
+    """Run `warmup` pairs (reported apart, counted in no figure) and then `repeats` pairs.
+
+    A warm-up pair matters on a Redis that has not yet held this much: its first pair's writes
+    grow Redis's memory (XADD cost 3-4x its steady rate on a fresh one), which slows whichever
+    side writes first and skews that pair's ratio."""
     import grpc
 
     from mutualrl.common.redis_connect import is_cluster, sync_client
@@ -252,7 +258,7 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
     raw_runs: list[dict[str, Any]] = []
     run_ids: list[str] = []
     try:
-        for _ in range(repeats):
+        for i in range(warmup + repeats):
             run_id = f"bench-{uuid.uuid4().hex[:8]}"
             run_ids.append(run_id)
             # The raw stub, not the SDK's client: mutualrl-see does not depend on the SDK.
@@ -266,7 +272,7 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
                 # Back to back, order alternating: a paired ratio per repeat cancels most of
                 # the drift of a shared machine's load.
                 sides = [("raw", redis_url), ("see", addr)]
-                if len(see_runs) % 2:
+                if i % 2:
                     sides.reverse()
                 for side, target in sides:
                     res = _run_side(side, clients, per_client, batch, tokens, target, run_id,
@@ -284,6 +290,9 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
         except subprocess.TimeoutExpired:
             proc.kill()
         r.close()
+    warm = [{"see": s, "raw_redis": r, "ratio": s["records_per_s"] / r["records_per_s"]}
+            for s, r in zip(see_runs[:warmup], raw_runs[:warmup], strict=True)]
+    see_runs, raw_runs = see_runs[warmup:], raw_runs[warmup:]
     ratios = sorted(s["records_per_s"] / r["records_per_s"]
                     for s, r in zip(see_runs, raw_runs, strict=True))
     mid = len(ratios) // 2
@@ -311,6 +320,7 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
         "p99_ratio": statistics.median(
             s["p99_ms"] / r["p99_ms"] for s, r in zip(see_runs, raw_runs, strict=True)),
         "see_all": see_runs, "raw_redis_all": raw_runs,
+        "warmup": warm,
         "see_stream_memory_bytes": used,
         "load_average_start": list(load_start),
         "load_average_end": list(os.getloadavg()),
@@ -343,7 +353,7 @@ def main(args: argparse.Namespace) -> int:
 
     with _redis_for(args) as redis_url:
         result = run_bench(args.clients, args.records, args.batch, args.tokens, redis_url,
-                           args.repeats, args.workers, args.durability)
+                           args.repeats, args.workers, args.durability, args.warmup)
     Path(args.json).write_text(json.dumps(result, indent=2))
     t = Table(title=f"SEE Publish ({result['server_workers']} server worker(s)) vs raw Redis "
                     f"({result['clients']} writer processes each side, batch "
@@ -367,4 +377,7 @@ def main(args: argparse.Namespace) -> int:
                   f"(median of paired repeats; target {result['target_p99_ratio']}); "
                   f"load average at the start {result['load_average_start'][0]:.2f}; "
                   f"written to {args.json}")
+    if result["warmup"]:
+        console.print("warm-up pair(s), in no figure: ratio "
+                      + ", ".join(f"{w['ratio']:.3f}" for w in result["warmup"]))
     return 0

@@ -82,4 +82,8 @@ def register(commands: Commands) -> None:
     p.add_argument("--repeats", type=int, default=3,
                    help="Run both sides this many times, back to back; the median of the "
                         "paired ratios is reported.")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="Pairs run first and left out of every figure (listed under `warmup`): "
+                        "the first pair on a Redis that has not held this much yet grows its "
+                        "memory and skews that pair's ratio.")
 

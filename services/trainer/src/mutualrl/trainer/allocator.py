@@ -61,10 +61,9 @@ class AllocatorClient:
         self.current = self.fixed
         self.active_wait_s = active_wait_s
         self.peers = [p for p in peers if p != policy]
-        """The run's other policies, waited for (up to `peers_wait_s`) before round 0."""
+        """The run's other policies still to wait for (up to `peers_wait_s`) before round 0;
+        emptied by the first allocation asked for."""
         self.peers_wait_s = peers_wait_s
-        self.asked = False
-        """Whether an allocation was asked for yet (peers are waited for before the first)."""
         self.waited_s = 0.0
         """Seconds spent waiting for a time-share turn or for peers to register so far (not
         part of a step's cost)."""
@@ -84,9 +83,9 @@ class AllocatorClient:
         so every policy still answers every round of the shared prompt order."""
         if self.client is None:
             return self.fixed
-        if not self.asked and round_k == 0:
+        if round_k == 0:
             self._await_peers()
-        self.asked = True
+        self.peers = []
         start = time.monotonic()
         give_up = start + self.active_wait_s
         turns = 0
@@ -129,21 +128,20 @@ class AllocatorClient:
         missing = set(self.peers)
         if not missing or self.peers_wait_s <= 0:
             return
-        start = beat = time.monotonic()
-        while True:
-            missing -= {p.policy_id for p in self.client.list_allocations(self.run_id).policies}
-            if not missing:
-                break
-            now = time.monotonic()
-            if now - beat >= 10.0:  # a bound past MWRA's policy lease must not expire ours
-                self.client.policy_heartbeat(self.run_id, self.policy)
-                beat = now
-            if now - start >= self.peers_wait_s:
-                log.warning("run %s: %s not registered with MWRA after %g s; round 0 is "
-                            "planned without them", self.run_id, ", ".join(sorted(missing)),
-                            self.peers_wait_s)
-                break
-            time.sleep(0.1)
+        start = time.monotonic()
+        # a bound past MWRA's policy lease must not expire this policy while it waits
+        with self.client.policy_keepalive(self.run_id, self.policy, 10.0):
+            while True:
+                listed = self.client.list_allocations(self.run_id).policies
+                missing -= {p.policy_id for p in listed}
+                if not missing:
+                    break
+                if time.monotonic() - start >= self.peers_wait_s:
+                    log.warning("run %s: %s not registered with MWRA after %g s; round 0 is "
+                                "planned without them", self.run_id,
+                                ", ".join(sorted(missing)), self.peers_wait_s)
+                    break
+                time.sleep(0.1)
         self.waited_s += time.monotonic() - start
 
     def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:

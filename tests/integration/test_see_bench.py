@@ -4,11 +4,13 @@ processes on both sides, the real Redis; the figures are the ones the README row
 from __future__ import annotations
 
 import statistics
+import time
 
+import grpc
 import pytest
 import redis
 
-from mutualrl.see.bench import BENCH_PREFIX, run_bench
+from mutualrl.see.bench import BENCH_PREFIX, _connections_per_worker, _start_server, run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,6 +33,9 @@ def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> Non
         assert side["cpu"]["writers_us_per_record"] > 0
     assert all(s["cpu"]["server_us_per_record"] > 0 for s in see)
     assert all(r["cpu"]["server_us_per_record"] == 0 for r in raw)
+    # One server process held both writers' connections; the raw side has no server.
+    assert [s["connections_per_worker"] for s in see] == [[2], [2]]
+    assert all(r["connections_per_worker"] == [] for r in raw)
     pairs = [s["records_per_s"] / r["records_per_s"] for s, r in zip(see, raw, strict=True)]
     assert res["ratios"] == sorted(pairs)
     assert res["ratio"] == sorted(pairs)[1]
@@ -48,3 +53,31 @@ def test_bench_pairs_both_sides_and_reports_paired_ratios(redis_url: str) -> Non
             assert not list(client.scan_iter(f"{BENCH_PREFIX}*{run}*", count=1000)), run
     finally:
         client.close()
+
+
+def test_the_bench_reports_how_the_writers_connections_spread_over_see_workers(
+        redis_url: str) -> None:
+    proc, addr, _ = _start_server(redis_url, workers=2)
+    port = int(addr.rsplit(":", 1)[1])
+    # (a channel of its own each: channels to one address in one process share a connection)
+    channels = [grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(5)]
+    try:
+        deadline = time.time() + 30
+        while len(_connections_per_worker(proc.pid, port)) < 2 and time.time() < deadline:
+            time.sleep(0.2)  # until the second worker listens too
+        for ch in channels:
+            grpc.channel_ready_future(ch).result(timeout=10)
+        spread = _connections_per_worker(proc.pid, port)
+        # Both workers listen; between them they hold the 5 connections, largest share first.
+        assert len(spread) == 2 and sum(spread) == 5 and spread == sorted(spread, reverse=True)
+        channels.pop().close()
+        deadline = time.time() + 10
+        while sum(_connections_per_worker(proc.pid, port)) != 4 and time.time() < deadline:
+            time.sleep(0.1)
+        assert sum(_connections_per_worker(proc.pid, port)) == 4
+    finally:
+        for ch in channels:
+            ch.close()
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -11,7 +11,8 @@ log-probs each) from the same number of writer processes with the same batch siz
 
 Figures: records/s of both, `ratio` = ours / raw redis, p50/p99 latency of one batch, and
 `p99_ratio` = ours / raw redis p99, each paired per repeat (medians over repeats). Warm-up
-pairs run first and count in none of them.
+pairs run first and count in none of them. With `--workers N` each SEE repeat also reports how
+the writers' connections fell over the N processes (`connections_per_worker`).
 """
 
 from __future__ import annotations
@@ -124,21 +125,65 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
         results.put((side, worker, t0, t1, lat, n, cpu))
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants (SEE's extra workers), from /proc ([pid] elsewhere)."""
+    out = [pid]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                out += _process_tree(int(child))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def _proc_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) a process and its live descendants (SEE's extra workers)
-    have used so far, from /proc (0 elsewhere)."""
+    """CPU seconds (user + system) a process and its live descendants have used so far, from
+    /proc (0 elsewhere)."""
     if pid is None:
         return 0.0
     total = 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                total += _proc_cpu(int(child))
-    except (OSError, ValueError, IndexError):
-        pass
+    for p in _process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
     return total
+
+
+def _connections_per_worker(pid: int, port: int) -> list[int]:
+    """Established TCP connections on `port` held by each SEE process (`pid` and its workers),
+    largest first. With `see.workers` > 1 the kernel's SO_REUSEPORT hands each new connection
+    to a worker by a hash of its addresses, not by load, so a few long-lived connections can
+    land unevenly (4 over 2 workers: 2+2 only 3 times in 8), and a worker's share of the
+    writers decides its share of the work. From /proc ([] where it cannot be read)."""
+    # /proc/net/tcp{,6}: local address "ADDR:PORT" in hex, state (01 established, 0A listening),
+    # socket inode.
+    state_of: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                state_of[cols[9]] = cols[3]
+    counts = []
+    for p in _process_tree(pid):
+        states = []
+        try:
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        states.append(state_of.get(link[8:-1]))
+        except OSError:
+            continue
+        if "0A" in states:  # a worker: it listens on the port
+            counts.append(states.count("01"))
+    return sorted(counts, reverse=True)
 
 
 def _redis_cmd_usec(client: Any, command: str) -> int:
@@ -170,6 +215,8 @@ def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int,
     # distorts far less than wall-clock throughput: writers' own CPU, the SEE server's CPU,
     # and Redis' time in the side's commands (EXEC holds the whole SEE transaction).
     command = "xadd" if side == "raw" else "exec"
+    spread = (_connections_per_worker(server_pid, int(target.rsplit(":", 1)[1]))
+              if side == "see" and server_pid is not None else [])
     srv0 = _proc_cpu(server_pid) if side == "see" else 0.0
     red0 = _redis_cmd_usec(rds, command) if rds is not None else 0
     start.set()
@@ -192,7 +239,7 @@ def _run_side(side: str, clients: int, per_client: int, batch: int, tokens: int,
     return {"records": records, "seconds": t1 - t0, "records_per_s": records / (t1 - t0),
             "cpu": cpu,
             "p50_ms": _percentile(lat, 0.5) * 1000, "p99_ms": _percentile(lat, 0.99) * 1000,
-            "batches": len(lat)}
+            "batches": len(lat), "connections_per_worker": spread}
 
 
 def _free_port() -> int:
@@ -377,6 +424,10 @@ def main(args: argparse.Namespace) -> int:
                   f"(median of paired repeats; target {result['target_p99_ratio']}); "
                   f"load average at the start {result['load_average_start'][0]:.2f}; "
                   f"written to {args.json}")
+    if result["server_workers"] > 1:
+        console.print("writers' connections per SEE worker (SO_REUSEPORT's spread), by repeat: "
+                      + ", ".join("+".join(map(str, s["connections_per_worker"]))
+                                  for s in result["see_all"]))
     if result["warmup"]:
         console.print("warm-up pair(s), in no figure: ratio "
                       + ", ".join(f"{w['ratio']:.3f}" for w in result["warmup"]))

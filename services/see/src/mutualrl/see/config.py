@@ -95,7 +95,10 @@ class SeeConfig(ServiceConfig):
     workers: int = Field(default=1, ge=1, le=64)
     """gRPC worker processes sharing the port (SO_REUSEPORT). SEE keeps no state outside Redis,
     so each worker is a full replica; the first also serves REST, and /metrics sums all of them
-    (prometheus multiprocess mode). More than 1 lets Publish use several cores."""
+    (prometheus multiprocess mode). More than 1 lets Publish use several cores. The kernel
+    hands each new connection to a worker by a hash of its addresses, not by load, and a client
+    keeps its connection, so the work spreads evenly only over many clients: 4 writers over 2
+    workers split 2+2 in 3 of 8 starts (`mutualrl bench see --workers N` reports the split)."""
     poll_interval_ms: int = Field(default=20, ge=1, le=1000)
     """Sleep between checks while GetRoundStats waits for missing peers."""
     max_wait_ms: int = Field(default=60_000, ge=0)

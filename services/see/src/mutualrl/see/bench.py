@@ -11,8 +11,8 @@ log-probs each) from the same number of writer processes with the same batch siz
 
 Figures: records/s of both, `ratio` = ours / raw redis, p50/p99 latency of one batch, and
 `p99_ratio` = ours / raw redis p99, each paired per repeat (medians over repeats). Warm-up
-pairs run first and count in none of them. With `--workers N` each SEE repeat also reports how
-the writers' connections fell over the N processes (`connections_per_worker`).
+pairs run first and count in none of them. Each SEE repeat also reports how the writers'
+connections fell over SEE's processes (`connections_per_worker`; it matters with `--workers N`).
 """
 
 from __future__ import annotations
@@ -154,10 +154,9 @@ def _proc_cpu(pid: int | None) -> float:
 
 def _connections_per_worker(pid: int, port: int) -> list[int]:
     """Established TCP connections on `port` held by each SEE process (`pid` and its workers),
-    largest first. With `see.workers` > 1 the kernel's SO_REUSEPORT hands each new connection
-    to a worker by a hash of its addresses, not by load, so a few long-lived connections can
-    land unevenly (4 over 2 workers: 2+2 only 3 times in 8), and a worker's share of the
-    writers decides its share of the work. From /proc ([] where it cannot be read)."""
+    largest first: a worker's share of the writers is its share of the work, and the kernel
+    spreads connections by hash, not by load (`SeeConfig.workers`). From /proc ([] where it
+    cannot be read)."""
     # /proc/net/tcp{,6}: local address "ADDR:PORT" in hex, state (01 established, 0A listening),
     # socket inode.
     state_of: dict[str, str] = {}

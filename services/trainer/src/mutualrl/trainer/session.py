@@ -20,6 +20,7 @@ from mutualrl.trainer import checkpoint, dist_checkpoint, lora
 from mutualrl.trainer.allocator import AllocatorClient
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
+from mutualrl.trainer.determinism import fix_kernels
 from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
@@ -147,6 +148,9 @@ def build_session(
     policy = cfg.policy(policy_name)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    deterministic = cfg.exchange.mode == "deterministic"
+    if deterministic:
+        fix_kernels(policy.device if device is None else device)
     torch.set_num_threads(policy.threads)
     run_dir = cfg.run_dir(policy.name)
     cache = cache_dir or cfg.output_dir / "presets"
@@ -219,11 +223,13 @@ def build_session(
     allocator = AllocatorClient(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout,
-        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s)
+        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
+        fixed_compute=deterministic)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
-        probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
+        probe=make_probe(cfg.probe, policy.name, exchange, task=task, sharing=cfg.exchange),
+        exchange=exchange,
         allocator=allocator,
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,

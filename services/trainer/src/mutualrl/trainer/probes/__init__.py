@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mutualrl.trainer.config import ProbeSettings
+from mutualrl.trainer.config import ExchangeSettings, ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
 from mutualrl.trainer.probes.none import NoneProbe
@@ -19,9 +19,10 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-               task: Any = None) -> Probe:
-    """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control)."""
-    return PROBES[settings.kind](settings, policy, exchange, task)
+               task: Any = None, sharing: ExchangeSettings | None = None) -> Probe:
+    """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control),
+    `sharing` how rounds read peers (None: asynchronous)."""
+    return PROBES[settings.kind](settings, policy, exchange, task, sharing)
 
 
 __all__ = ["PROBES", "Demos", "LossInputs", "PeerRows", "Probe", "RoundData", "make_probe"]

@@ -1,0 +1,174 @@
+"""Same seed, same run: in the deterministic exchange mode, trainers sharing through a real SEE
+server (in-process, port 0, real Redis under a private key prefix; THL in-process) produce the
+same metrics and the same final parameters, bit for bit, whatever order they start in and
+however slow one of them is; another seed gives another run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from service_loop import LoopThread, delete_keys
+from warm_start import TASK, WARM, warm_checkpoints
+
+torch.set_num_threads(1)
+
+ROUNDS = 3
+Run = tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, torch.Tensor]]]
+
+
+@pytest.fixture(scope="module")
+def warm_policies(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return warm_checkpoints(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def see(redis_url: str) -> Iterator[str]:
+    from mutualrl.see.config import SeeConfig
+    from mutualrl.see.server import start_see
+
+    loop = LoopThread("see")
+    prefix = f"det{uuid.uuid4().hex[:10]}"
+    server = loop.run(start_see(SeeConfig(
+        redis_url=redis_url, rest_port=None, port=0, metrics_port=None, auth_token=None,
+        grace_seconds=0.2, key_prefix=prefix)))
+    try:
+        yield server.address
+    finally:
+        loop.run(server.stop(0.2))
+        loop.close()
+        delete_keys(redis_url, f"{prefix}:*")
+
+
+def _config(see: str, warm: dict[str, Path], names: tuple[str, ...], probe: dict[str, Any],
+            staleness: int, seed: int, out: Path, liveness: float = 60.0) -> Any:
+    from mutualrl.trainer.config import TrainerConfig
+
+    return TrainerConfig.model_validate({
+        "run_id": f"det-{uuid.uuid4().hex[:8]}", "seed": seed, "output_dir": str(out),
+        "task": TASK,
+        "grpo": {"group_size": 4, "prompts_per_round": 4, "rounds": ROUNDS, "lr": 3e-4},
+        "probe": probe,
+        "exchange": {"mode": "deterministic", "staleness": staleness,
+                     "liveness_timeout_s": liveness},
+        "eval": {"every": 0}, "checkpoint": {"every": 0},
+        "metrics": {"tensorboard": False, "progress": False, "see": False},
+        "services": {"see": see, "thl": None, "mwra": None},
+        "policies": [{"name": n, "preset": WARM[n][0], "sft_checkpoint": str(warm[n])}
+                     for n in names],
+    })
+
+
+def _train(cfg: Any, order: tuple[str, ...], slow: str | None, out: Path) -> Run:
+    """Train the policies of `cfg`, each in a thread started as soon as its session is built,
+    in `order`, 0.3 s apart; `slow`'s every rollout sleeps 0.4 s first. Returns metrics rows
+    and final parameters per policy."""
+    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.session import build_session
+
+    sessions: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(s: Any) -> None:
+        try:
+            train(s)
+        except BaseException as e:  # surfaced below; a thread cannot fail the test itself
+            errors.append(e)
+
+    threads = []
+    for name in order:
+        s = sessions[name] = build_session(cfg, name, cache_dir=out / "presets")
+        if name == slow:
+            s.engine.generate = _slowed(s.engine.generate)
+        threads.append(threading.Thread(target=work, args=(s,)))
+        threads[-1].start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join(timeout=300)
+    for s in sessions.values():
+        s.close()
+    assert not errors, errors
+    rows = {n: [json.loads(x) for x in (cfg.run_dir(n) / "metrics.jsonl").read_text().splitlines()]
+            for n in order}
+    params = {n: {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+              for n, s in sessions.items()}
+    return rows, params
+
+
+def _slowed(generate: Any) -> Any:
+    def slowed(*a: Any, **k: Any) -> Any:
+        time.sleep(0.4)
+        return generate(*a, **k)
+
+    return slowed
+
+
+def _comparable(run: Run) -> dict[str, list[dict[str, Any]]]:
+    from mutualrl.trainer.determinism import comparable
+
+    return {n: [comparable(r) for r in rs] for n, rs in sorted(run[0].items())}
+
+
+def _same_params(a: Run, b: Run) -> bool:
+    return all(torch.equal(a[1][n][k], b[1][n][k]) for n in a[1] for k in a[1][n])
+
+
+@pytest.mark.parametrize(("names", "probe", "staleness"), [
+    (("A", "B"), {"kind": "sgt"}, 0),
+    (("A", "B"), {"kind": "prp", "prp_weight_mode": "truncate", "prp_level": "chunk"}, 1),
+    (("A", "B", "C"), {"kind": "sgt"}, 1),
+    (("A", "B", "C"), {"kind": "prp", "prp_weight_mode": "truncate"}, 0),
+], ids=["sgt-n2-s0", "prp-n2-s1", "sgt-n3-s1", "prp-n3-s0"])
+def test_same_seed_same_run_whatever_the_timing(
+        see: str, warm_policies: dict[str, Path], tmp_path: Path, names: tuple[str, ...],
+        probe: dict[str, Any], staleness: int) -> None:
+    def run(seed: int, order: tuple[str, ...], slow: str, tag: str) -> Run:
+        cfg = _config(see, warm_policies, names, probe, staleness, seed, tmp_path / tag)
+        return _train(cfg, order, slow, tmp_path / tag)
+
+    first = run(0, names, names[0], "first")
+    second = run(0, names[::-1], names[-1], "second")  # other start order, other slow one
+    other = run(1, names, names[0], "other")
+    rows = first[0]
+    for n in names:
+        assert [r["round"] for r in rows[n]] == list(range(ROUNDS)), n
+        assert all(r["fallback"] == 0.0 for r in rows[n]), n
+    # Peers' data entered the runs, so the equality below is about shared data.
+    key = "rescued_prompts" if probe["kind"] == "sgt" else "peer_samples"
+    assert sum(r.get(key, 0.0) for n in names for r in rows[n]) > 0, key
+    if staleness:  # round r used the peers' round r - s
+        assert all(r.get("peer_round", 0.0) == r["round"] - staleness
+                   for n in names for r in rows[n][staleness:])
+    assert _comparable(first) == _comparable(second)
+    assert _same_params(first, second)
+    assert _comparable(first) != _comparable(other)
+    assert not _same_params(first, other)
+
+
+def test_a_peer_that_never_comes_fails_the_run_with_a_clear_error(
+        see: str, warm_policies: dict[str, Path], tmp_path: Path) -> None:
+    """Deterministic mode never falls back: past the liveness bound the round raises, naming
+    the missing peer, the round and the setting."""
+    from mutualrl.trainer.exchange import PeerTimeout
+    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.session import build_session
+
+    cfg = _config(see, warm_policies, ("A", "B"), {"kind": "sgt"}, 0, 0, tmp_path,
+                  liveness=1.0)
+    s = build_session(cfg, "A", cache_dir=tmp_path / "presets")
+    start = time.monotonic()
+    try:
+        with pytest.raises(PeerTimeout, match=r"round 0: B did not publish.*"
+                                              r"exchange\.liveness_timeout_s=1 s"):
+            train(s)
+    finally:
+        s.close()
+    assert time.monotonic() - start < 30

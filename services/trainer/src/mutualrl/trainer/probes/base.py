@@ -32,6 +32,7 @@ from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.tasks import Prompt
 
 log = logging.getLogger(__name__)
+_READ_S = 30.0  # the time the reads of a complete round get, as a gRPC deadline
 
 
 @dataclass
@@ -174,8 +175,8 @@ class Probe:
                                            own.peers_now if lag0 else None)
         if lag0:  # the round blocked on it (with a lag, only the wait for the result counts)
             self.exchange.waited_s += waited
-        far = time.monotonic() + self.sharing.liveness_timeout_s
-        return self.gather(own, self.exchange, far)
+        # Every peer's round is in SEE now: the reads wait for nothing (SEE caps a wait).
+        return self.gather(own, self.exchange, time.monotonic() + _READ_S)
 
     def plan_in_step(self, data: RoundData, ex: PeerExchange) -> LossInputs:
         """Deterministic mode: the plan from exactly the peers' round r - lag (plain GRPO for
@@ -212,7 +213,8 @@ def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData) -> LossInput
     """Round r's loss inputs when the peers' data is of round q < r: own samples take plain
     GRPO advantages (peers' round-r rewards do not exist yet); `earlier`, the plan s = 0 gave
     round q, brings its peer rows (with the advantages it pooled over round q's own and peer
-    rewards) and its demonstrations, both conditioned on this policy's round-q prompts."""
+    rewards) and its demonstrations (and the support diagnostic's peer successes), all
+    conditioned on this policy's round-q prompts."""
     n = len(data.prompts)
     q_prompts = [list(row[0].prompt_token_ids) for row in own_q.samples]
     plan = grpo_inputs(data)
@@ -221,10 +223,16 @@ def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData) -> LossInput
         plan.peers = replace(earlier.peers,
                              prompt_index=[n + i for i in earlier.peers.prompt_index])
         plan.extra_prompts = q_prompts
-    if earlier.demos is not None:
-        plan.demos = (earlier.demos if earlier.demos.prompt_token_ids is not None else replace(
-            earlier.demos, prompt_token_ids=[q_prompts[i] for i in earlier.demos.prompt_index]))
+    plan.demos, plan.support = (on_prompts(d, q_prompts) for d in (earlier.demos,
+                                                                    earlier.support))
     return plan
+
+
+def on_prompts(demos: Demos | None, prompts: list[list[int]]) -> Demos | None:
+    """Demonstrations indexed into `prompts` conditioned on them explicitly."""
+    if demos is None or demos.prompt_token_ids is not None:
+        return demos
+    return replace(demos, prompt_token_ids=[prompts[i] for i in demos.prompt_index])
 
 
 def _is_transient(err: BaseException) -> bool:

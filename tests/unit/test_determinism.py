@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutualrl.trainer.algos.grpo import group_advantages
@@ -69,6 +69,7 @@ def _rollout(policy: str, round_k: int, prompt: int, sample: int) -> PeerRollout
                        record_id=f"{policy}/{round_k}/{prompt}/{sample}/r")
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.permutations([(pol, p, k) for pol in ("A", "C") for p in range(3)
                         for k in range(3)]))
 def test_peer_rollouts_group_the_same_whatever_their_arrival(

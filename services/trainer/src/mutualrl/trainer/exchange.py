@@ -10,7 +10,7 @@ probe answers with plain GRPO. THL calls are local computation and use the clien
 The deterministic mode (`exchange.mode`, docs/determinism.md) waits instead: `await_round`
 blocks until every peer has published a round, up to a liveness bound past which the run
 fails, and its publishes and peer reads can run in the background (`publish_soon`,
-`submit`), one at a time and in order.
+`submit`), each kind on its own thread, in order.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class PeerExchange:
         self.publish_failures = 0
         self.waited_s = 0.0
         """Seconds spent in bounded waits for peers to publish a round (up to a deadline)."""
-        self._background: ThreadPoolExecutor | None = None
+        self._background: dict[str, ThreadPoolExecutor] = {}
         self._published: list[Future[Any]] = []
         self.consumer = f"{policy}-trainer"
         self.last_delivery_id = ""
@@ -170,8 +170,8 @@ class PeerExchange:
                                f" (it lists {', '.join(run.config.policies)})")
 
     def close(self) -> None:
-        if self._background is not None:
-            self._background.shutdown(wait=True, cancel_futures=True)
+        for pool in self._background.values():
+            pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
         if hasattr(self.thl, "close"):
             self.thl.close()
@@ -192,17 +192,19 @@ class PeerExchange:
             return False
 
     # ---- the background (deterministic mode) ------------------------------------------------
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run `fn` on this exchange's one background thread, after what was submitted before
-        (publishes and peer reads keep their order)."""
-        if self._background is None:
-            self._background = ThreadPoolExecutor(1, thread_name_prefix=f"{self.policy}-see")
-        return self._background.submit(fn)
+    def submit(self, fn: Callable[[], T], lane: str = "read") -> Future[T]:
+        """Run `fn` in the background after what was submitted to the same `lane` before: one
+        thread for peer reads, one for publishes, so neither waits for the other."""
+        if lane not in self._background:
+            self._background[lane] = ThreadPoolExecutor(
+                1, thread_name_prefix=f"{self.policy}-{lane}")
+        return self._background[lane].submit(fn)
 
     def publish_soon(self, records: list[Any]) -> None:
-        """Publish in the background; a failure (after the client's retries) raises from the
-        next `flush`: peers wait for these records, so they must not be dropped."""
-        self._published.append(self.submit(lambda: self.client.publish(self.run_id, records)))
+        """Publish in the background, in order; a failure (after the client's retries) raises
+        from the next `flush`: peers wait for these records, so they must not be dropped."""
+        self._published.append(
+            self.submit(lambda: self.client.publish(self.run_id, records), lane="publish"))
 
     def flush(self) -> None:
         """Wait for the background publishes; raise the first that failed."""

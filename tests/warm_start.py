@@ -1,10 +1,13 @@
 """Warm-started tiny policies of different families and tokenizers, shared by the tests that
 train several policies together: A (GPT-2, byte BPE without pre-split) is strong on `add`, B
-(Llama, characters) on `rev`, C (Qwen2, Unigram) on `add`, so each fails a skill a peer has."""
+(Llama, characters) on `rev`, C (Qwen2, Unigram) on `add`, so each fails a skill a peer has;
+and the thread those tests train each policy's session in."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +37,19 @@ def warm_checkpoints(request: pytest.FixtureRequest,
                 cache_dir=cache / "presets", out_dir=ckpt, progress=False))
         out[name] = ckpt
     return out
+
+
+def start_training(session: Any, errors: list[BaseException]) -> threading.Thread:
+    """Train `session` in a started thread; what it raises lands in `errors` (a thread cannot
+    fail the test itself)."""
+    from mutualrl.trainer.loop import train
+
+    def work() -> None:
+        try:
+            train(session)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    return t

@@ -10,7 +10,6 @@ MWRA's grants, fails this test."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from service_loop import LoopThread, delete_keys
-from warm_start import TASK, WARM, warm_checkpoints
+from warm_start import TASK, WARM, start_training, warm_checkpoints
 
 torch.set_num_threads(1)
 
@@ -90,7 +89,6 @@ def _train(svc: _Services, cfg: Any, order: tuple[str, ...], slow: str | None,
     soon as its session is built, in `order`, 0.3 s apart; `slow`'s every rollout sleeps
     SLOW_S first. Returns metrics rows and final parameters per policy."""
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.trainer.loop import train
     from mutualrl.trainer.session import build_session
 
     mwra = MwraClient(svc.mwra)
@@ -100,19 +98,12 @@ def _train(svc: _Services, cfg: Any, order: tuple[str, ...], slow: str | None,
     sessions: dict[str, Any] = {}
     errors: list[BaseException] = []
 
-    def work(s: Any) -> None:
-        try:
-            train(s)
-        except BaseException as e:  # surfaced below; a thread cannot fail the test itself
-            errors.append(e)
-
     threads = []
     for name in order:
         s = sessions[name] = build_session(cfg, name, cache_dir=out / "presets")
         if name == slow:
             s.engine.generate = _slowed(s.engine.generate)
-        threads.append(threading.Thread(target=work, args=(s,)))
-        threads[-1].start()
+        threads.append(start_training(s, errors))
         time.sleep(0.3)
     for t in threads:
         t.join(timeout=300)

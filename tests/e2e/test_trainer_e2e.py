@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from warm_start import TASK, WARM, warm_checkpoints
+from warm_start import TASK, WARM, start_training, warm_checkpoints
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
@@ -122,7 +122,6 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     from mutualrl.client.mwra import MwraClient
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
-    from mutualrl.trainer.loop import train
     from mutualrl.trainer.session import build_session
 
     run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
@@ -133,12 +132,6 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     cfg = _config(services, warm, probe, tmp, run_id, names, **extra)
     errors: list[BaseException] = []
 
-    def work(s: Any) -> None:
-        try:
-            train(s)
-        except BaseException as e:  # surfaced below; a thread cannot fail the test itself
-            errors.append(e)
-
     sessions: list[Any] = []
     threads: list[threading.Thread] = []
     if not stagger:
@@ -148,8 +141,7 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
             if i:
                 time.sleep(stagger)
             sessions.append(build_session(cfg, n, cache_dir=tmp / "presets"))
-        threads.append(threading.Thread(target=work, args=(sessions[i],)))
-        threads[-1].start()
+        threads.append(start_training(sessions[i], errors))
     for t in threads:
         t.join(timeout=300)
     for s in sessions:

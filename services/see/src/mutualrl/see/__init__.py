@@ -13,6 +13,6 @@ Redis (redis.asyncio). Modules:
   `roundstats`, `successes`, `inspection` (Subscribe, run stats, records); `connect`: the client.
 - `servicer`, `rest`, `server`: the gRPC servicer, the REST app, and running both.
 - `metrics`: SEE's Prometheus metrics.
-- `cli`: `mutualrl see serve`, `mutualrl bench see` (`bench`); `mutualrl inspect ...` is the
-  SDK's (`mutualrl.cli.inspect`).
+- `cli`: `mutualrl see serve`; `mutualrl inspect ...` is the SDK's (`mutualrl.cli.inspect`),
+  `mutualrl bench see` the benchmarks' (`mutualrl.bench.see`).
 """

@@ -1,4 +1,4 @@
-"""Trainer commands: `mutualrl sft` (warm start); `train` and `bench trainer` register here too.
+"""Trainer commands: `mutualrl sft` (warm start); `train` and `create-run` register here too.
 
 Heavy imports (torch, transformers) happen inside the handlers so `mutualrl --help` stays fast.
 """
@@ -99,7 +99,7 @@ def register(commands: Commands) -> None:
                    help="Where run ids are looked up (the trainer's output_dir).")
     e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
-    # ---- `mutualrl train` and `mutualrl bench trainer` are registered below this line ----
+    # ---- `mutualrl train` and `mutualrl create-run` are registered below this line ----
     from mutualrl.trainer.train_cli import register_train_commands
 
     register_train_commands(commands)

@@ -234,8 +234,8 @@ async def test_two_replicas_share_a_run_and_survive_a_sigkill(
 
 async def test_fsync_durability_is_refused_on_a_cluster_without_aof(
         cluster: redis_servers.Cluster) -> None:
-    from mutualrl.see.durability import DurabilityError
     from mutualrl.see.server import start_see
+    from mutualrl.see.store.durability import DurabilityError
 
     with pytest.raises(DurabilityError, match="appendonly no"):
         await start_see(make_config(cluster.url, durability="fsync"))

@@ -14,8 +14,8 @@ import pytest
 from mutualrl.bench.testing import redis_servers
 from mutualrl.bench.testing.see import make_config, rollout
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.see.durability import DurabilityError, Mode
 from mutualrl.see.server import start_see
+from mutualrl.see.store.durability import DurabilityError, Mode
 
 pytestmark = pytest.mark.skipif(redis_servers.missing() is not None,
                                 reason=redis_servers.missing() or "")

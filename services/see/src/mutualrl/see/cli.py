@@ -23,8 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
         # inherited by the workers: /metrics then sums every process.
         made_dir = tempfile.mkdtemp(prefix="see-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
-    from mutualrl.see.durability import DurabilityError
     from mutualrl.see.server import serve
+    from mutualrl.see.store.durability import DurabilityError
 
     try:
         event_loop.run(serve(cfg), cfg.event_loop)

@@ -96,7 +96,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 def _create_run(args: argparse.Namespace) -> int:
     """Create the config's run in SEE with the run's secret (MUTUALRL_AUTH_TOKEN), as
-    trainers holding a policy token may not (`mutualrl.see.access`); idempotent."""
+    trainers holding a policy token may not (`mutualrl.see.grpc.access`); idempotent."""
     import sys
 
     import grpc

@@ -19,7 +19,7 @@ import redis
 
 from mutualrl.bench.testing.see import TEST_PREFIX, rollout
 from mutualrl.client.see import ClientOptions, SeeClient
-from mutualrl.see.store.keys import RunKeys
+from mutualrl.see.keys import RunKeys
 from mutualrl.v1 import experience_pb2 as pb
 
 pytestmark = pytest.mark.slow

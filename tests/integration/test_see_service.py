@@ -21,8 +21,8 @@ from mutualrl.bench.testing.see import (
     success_record,
 )
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
+from mutualrl.see.keys import RunKeys
 from mutualrl.see.store.entries import SEP
-from mutualrl.see.store.keys import RunKeys
 from mutualrl.v1 import experience_pb2 as pb
 
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mutualrl.see.store.keys import RunKeys
+from mutualrl.see.keys import RunKeys
 from mutualrl.v1 import experience_pb2 as pb
 
 BENCH_PREFIX = "mrlbench"

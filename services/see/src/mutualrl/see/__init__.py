@@ -5,14 +5,15 @@ Redis (redis.asyncio). Subpackages:
 
 - `store`: `SeeStore`, one object over the Redis parts: `runs`, `publish` (with `lua`, the batch
   script, and `durability`), `rollouts` (consumer groups), `roundstats`, `successes`,
-  `inspection` (Subscribe, run stats, records), `runmetrics`, `transfers`; `keys` (the Redis key
-  layout, `<prefix>:see:{<run>}:...`), `entries` and `ranges` (stream-entry headers and record
-  ranges, pure), `part`, `blocking`, `connect` (the client).
+  `inspection` (Subscribe, run stats, records), `runmetrics`, `transfers`; `entries` and
+  `ranges` (stream-entry headers and record ranges, pure), `part`, `blocking`, `connect` (the
+  client).
 - `grpc`: the Experience and RunMetrics servicers, token scopes (`access`), request checks.
 - `rest`: the REST inspection app; `dashboard`: the `/ui` pages and the routes they read.
 
-Modules: `config` (`SeeConfig`, the `see:` section of a run YAML), `validate` (a Publish batch
-checked as whole-batch columns, per-token rules vectorised over the batch; pure), `server`
-(running gRPC and REST together), `metrics` (Prometheus), `cli` (`mutualrl see serve`;
-`mutualrl inspect ...` is the SDK's, `mutualrl bench see` the benchmarks').
+Modules: `config` (`SeeConfig`, the `see:` section of a run YAML), `keys` (the Redis key layout,
+`<prefix>:see:{<run>}:...`, pure), `validate` (a Publish batch checked as whole-batch columns,
+per-token rules vectorised over the batch; pure), `server` (running gRPC and REST together),
+`metrics` (Prometheus), `cli` (`mutualrl see serve`; `mutualrl inspect ...` is the SDK's,
+`mutualrl bench see` the benchmarks').
 """

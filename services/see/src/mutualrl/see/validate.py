@@ -19,7 +19,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeLimits
-from mutualrl.see.store.keys import KINDS
+from mutualrl.see.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
 
 _WS = re.compile(r"\s+")

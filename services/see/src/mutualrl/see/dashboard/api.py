@@ -35,9 +35,9 @@ from mutualrl.see.dashboard.models import (
     TransferWindowOut,
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
+from mutualrl.see.keys import kind_name
 from mutualrl.see.rest.params import STREAM_ID_PATTERN, RunId
 from mutualrl.see.store import SeeStore, transfers
-from mutualrl.see.store.keys import kind_name
 from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb

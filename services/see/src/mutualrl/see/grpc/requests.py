@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from mutualrl.common import ids
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.see.keys import KINDS
 from mutualrl.see.store.entries import check_stream_id
-from mutualrl.see.store.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
 
 MAX_PROMPTS = 4096

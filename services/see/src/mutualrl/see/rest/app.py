@@ -25,9 +25,9 @@ from mutualrl.common import token_arrays as ta
 from mutualrl.common.auth import rest_access
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
+from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.rest.params import Cursor, PolicyFilter, RecordKey, RunId
 from mutualrl.see.store import SeeStore
-from mutualrl.see.store.keys import KINDS, kind_name
 from mutualrl.v1 import experience_pb2 as pb
 
 FINISH_NAMES = {v: k.removeprefix("FINISH_REASON_") for k, v in pb.FinishReason.items()}

@@ -4,8 +4,8 @@ The parts, each in its own module: runs (`runs.py`), publish (`publish.py`), pee
 consumer groups (`rollouts.py`), round statistics (`roundstats.py`), verified successes
 (`successes.py`), and inspection: Subscribe, run statistics, records (`inspection.py`). The
 servicer validates requests (`mutualrl.see.grpc.requests`, `mutualrl.see.validate`) before it
-calls the store. Key layout: `keys.py`; the atomic publish: `lua.py`; the Redis client:
-`connect.py`.
+calls the store. Key layout: `mutualrl.see.keys`; the atomic publish: `lua.py`; the Redis
+client: `connect.py`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 from redis import exceptions as rexc
 
 from mutualrl.see.config import SeeConfig
+from mutualrl.see.keys import KINDS, RunKeys
 from mutualrl.see.store.blocking import BlockingReads, ByteBudget
 from mutualrl.see.store.connect import redis_client
 from mutualrl.see.store.inspection import Inspection, RecordPage
-from mutualrl.see.store.keys import KINDS, RunKeys
 from mutualrl.see.store.publish import Publisher, publish_response
 from mutualrl.see.store.rollouts import Rollouts
 from mutualrl.see.store.roundstats import RoundStats

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
+from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import transfers
 from mutualrl.see.store.blocking import BlockingReads
 from mutualrl.see.store.entries import Entry, StreamReply, s
-from mutualrl.see.store.keys import RunKeys
 from mutualrl.see.store.ranges import plan_reads
 from mutualrl.see.store.runs import RunRegistry
 

@@ -28,9 +28,9 @@ from redis import exceptions as rexc
 
 from mutualrl.common.errors import Unavailable
 from mutualrl.see import metrics as m
+from mutualrl.see.keys import KINDS, kind_name
 from mutualrl.see.store.durability import Mode
 from mutualrl.see.store.entries import SEP, redis_op, s
-from mutualrl.see.store.keys import KINDS, kind_name
 from mutualrl.see.store.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
 from mutualrl.see.store.ranges import location
 from mutualrl.see.store.runs import RunRegistry

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mutualrl.common.errors import InvalidArgument, NotFound
+from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import SeeStore
 from mutualrl.see.store.entries import check_stream_id, is_last_id, redis_op
-from mutualrl.see.store.keys import RunKeys
 from mutualrl.v1 import run_metrics_pb2 as mpb
 
 MAX_ROWS = 1024

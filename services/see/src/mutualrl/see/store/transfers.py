@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mutualrl.see.store.keys import RunKeys
+from mutualrl.see.keys import RunKeys
 
 
 def round_key(rk: RunKeys, round_: int) -> str:

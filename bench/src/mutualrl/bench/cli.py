@@ -164,8 +164,10 @@ def _rounds(commands: Commands) -> None:
     b.add_argument("--n", default="2,3,4", help="Comma-separated policy counts (2-4).")
     b.add_argument("--rounds", type=int, default=30, help="Rounds per run.")
     b.add_argument("--slots", type=int, default=2, help="CPU units MWRA's worker offers.")
-    b.add_argument("--short-pool", default="auto", choices=["auto", "share", "time-share"],
-                   help="MWRA's mwra.short_pool (time-share: the turns MWRA used to take).")
+    b.add_argument("--short-pool", default="auto",
+                   choices=["auto", "shared", "time-share", "share"],
+                   help="MWRA's mwra.short_pool (time-share: the turns MWRA used to take; "
+                        "share: the earlier name of shared).")
     b.add_argument("--out", default=None, help="Keep the runs here (default: a temp dir).")
     b.add_argument("--json", default=None, help="Write the result JSON here.")
 

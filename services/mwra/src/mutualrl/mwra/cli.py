@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mutualrl.common.commands import Commands
+from mutualrl.mwra.allocation import STRATEGIES
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -29,6 +30,6 @@ def register(commands: Commands) -> None:
     p.add_argument("--port", type=int, default=None, help="Override mwra.port (0 = any).")
     p.add_argument("--metrics-port", type=int, default=None, help="Override mwra.metrics_port.")
     p.add_argument("--redis-url", default=None, help="Override mwra.redis_url.")
-    p.add_argument("--strategy", default=None, choices=["static", "balanced", "time-share"],
+    p.add_argument("--strategy", default=None, choices=STRATEGIES,
                    help="Override mwra.strategy.")
     p.add_argument("--replica-id", default=None, help="Override mwra.replica_id.")

@@ -169,7 +169,7 @@ class Coordinator:
             unit = "gpu" if any(w.gpu_count > 0 for w in live) else "cpu"
         short = self.cfg.short_pool
         if short == "auto":
-            short = "share" if unit == "cpu" else "time-share"
+            short = "shared" if unit == "cpu" else "time-share"
         pool = [PoolWorker(w.worker_id, w.gpu_count if unit == "gpu" else w.cpu_slots,
                            cpu_slots=w.cpu_slots, rollout_address=w.rollout_address)
                 for w in live]

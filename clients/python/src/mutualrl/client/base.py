@@ -86,12 +86,19 @@ Core = TypeVar("Core", bound=AsyncClient)
 
 
 class Client(Generic[Core]):
-    """Base of the blocking clients: the facade of an asyncio client (`core`), `close()` and
-    the context manager. `channel` and `stub` are a blocking channel of the same options and
-    the service's stub on it, made on first use, for raw calls."""
+    """Base of the blocking clients: the facade of an asyncio client (`core`, named with the
+    service's stub in the class line), `close()` and the context manager. `channel` and `stub`
+    are a blocking channel of the same options and the service's stub on it, made on first
+    use, for raw calls."""
 
     core_class: ClassVar[type[AsyncClient]]
     stub_class: ClassVar[Any]
+
+    def __init_subclass__(cls, core: type[AsyncClient] | None = None, stub: Any = None,
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if core is not None:
+            cls.core_class, cls.stub_class = core, stub
 
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         self.options = resolve_options(target, self.core_class.default_address, overrides)

@@ -186,21 +186,22 @@ async def _awaited(aw: Awaitable[None]) -> None:
     await aw
 
 
-class MwraClient(Client[AsyncMwraClient]):
+class MwraClient(Client[AsyncMwraClient], core=AsyncMwraClient,
+                 stub=pb_grpc.AllocatorStub):
     """Blocking client (constructor: `mutualrl.client.base`): `MwraClient("host:port")` or
     `MwraClient(ClientOptions(...))`; the blocking facade of `AsyncMwraClient`."""
 
-    core_class = AsyncMwraClient
-    stub_class = pb_grpc.AllocatorStub
-
+    # workers
     register_worker = blocking(AsyncMwraClient.register_worker)
     heartbeat = blocking(AsyncMwraClient.heartbeat)
     deregister_worker = blocking(AsyncMwraClient.deregister_worker)
     register_local_worker = blocking(AsyncMwraClient.register_local_worker)
+    # policies
     register_policy = blocking(AsyncMwraClient.register_policy)
     policy_heartbeat = blocking(AsyncMwraClient.policy_heartbeat)
     deregister_policy = blocking(AsyncMwraClient.deregister_policy)
     report_step_cost = blocking(AsyncMwraClient.report_step_cost)
+    # allocations
     get_allocation = blocking(AsyncMwraClient.get_allocation)
     watch_allocation = blocking_stream(AsyncMwraClient.watch_allocation)
     list_allocations = blocking(AsyncMwraClient.list_allocations)

@@ -188,18 +188,19 @@ class AsyncSeeClient(AsyncClient):
             call.cancel()
 
 
-class SeeClient(Client[AsyncSeeClient]):
+class SeeClient(Client[AsyncSeeClient], core=AsyncSeeClient,
+                stub=pb_grpc.ExperienceExchangeStub):
     """Blocking client (constructor: `mutualrl.client.base`); one channel, closed by `close()`
     or the context manager. The blocking facade of `AsyncSeeClient`."""
 
-    core_class = AsyncSeeClient
-    stub_class = pb_grpc.ExperienceExchangeStub
-
+    # runs
     create_run = blocking(AsyncSeeClient.create_run)
     get_run = blocking(AsyncSeeClient.get_run)
     list_runs = blocking(AsyncSeeClient.list_runs)
+    # publish
     publish = blocking(AsyncSeeClient.publish)
     publish_request = blocking(AsyncSeeClient.publish_request)
+    # reads
     fetch_rollouts = blocking(AsyncSeeClient.fetch_rollouts)
     ack = blocking(AsyncSeeClient.ack)
     take_peer_rollouts = blocking(AsyncSeeClient.take_peer_rollouts)

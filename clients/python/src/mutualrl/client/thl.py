@@ -94,12 +94,10 @@ class AsyncThlClient(AsyncClient):
 
 
 
-class ThlClient(Client[AsyncThlClient]):
+class ThlClient(Client[AsyncThlClient], core=AsyncThlClient,
+                stub=pb_grpc.AlignmentStub):
     """Blocking THL client (constructor: `mutualrl.client.base`); use as a context manager or
     call `close()`. The blocking facade of `AsyncThlClient`."""
-
-    core_class = AsyncThlClient
-    stub_class = pb_grpc.AlignmentStub
 
     register = blocking(AsyncThlClient.register)
     list = blocking(AsyncThlClient.list)

@@ -16,8 +16,8 @@ from typing import Protocol
 import grpc
 
 from mutualrl.common import ids
-from mutualrl.common.errors import NotFound, grpc_errors
-from mutualrl.common.redis_errors import redis_errors
+from mutualrl.common.errors import NotFound
+from mutualrl.common.redis_errors import redis_rpc
 from mutualrl.mwra.allocation import PoolAssignment
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.coordinator import Coordinator
@@ -111,8 +111,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                         expires_unix_ms=expires)
 
     # RPCs ----------------------------------------------------------------------------------
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.Lease:
         run = ids.check_run_id(request.run_id)
@@ -127,8 +126,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                  cap.gpu_count, cap.gpu_kind)
         return self._lease(wid, expires)
 
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest,
                         context: grpc.aio.ServicerContext) -> pb.Lease:
         run, wid = _worker_ids(request)
@@ -142,15 +140,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                      run, wid)
         return self._lease(wid, expires)
 
-    @grpc_errors
-    @redis_errors
-    async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
-                               context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
-        run, wid = _worker_ids(request)
-        return pb.DeregisterWorkerResponse(removed=await self.store.delete_worker(run, wid))
-
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def RegisterPolicy(self, request: pb.RegisterPolicyRequest,
                              context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
         run, pid = _policy_ids(request)
@@ -163,23 +153,14 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         log.info("run %s: policy %s registered (trainer %s)", run, pid, rec.trainer_id or "-")
         return await self._info(run, pid)
 
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def PolicyHeartbeat(self, request: pb.PolicyHeartbeatRequest,
                               context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
         run, pid = _policy_ids(request)
         await self._touch(run, pid)
         return await self._info(run, pid)
 
-    @grpc_errors
-    @redis_errors
-    async def DeregisterPolicy(self, request: pb.DeregisterPolicyRequest,
-                               context: grpc.aio.ServicerContext) -> pb.DeregisterPolicyResponse:
-        run, pid = _policy_ids(request)
-        return pb.DeregisterPolicyResponse(removed=await self.store.delete_policy(run, pid))
-
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def ReportStepCost(self, request: pb.StepCostReport,
                              context: grpc.aio.ServicerContext) -> pb.StepCostAck:
         run, pid = _policy_ids(request)
@@ -197,8 +178,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             COST.labels(run, pid).set(cost)
         return pb.StepCostAck(policy=self._policy_info(run, state, pid, now_ms()))
 
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def GetAllocation(self, request: pb.GetAllocationRequest,
                             context: grpc.aio.ServicerContext) -> pb.Allocation:
         run, pid = _policy_ids(request)
@@ -215,8 +195,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             alloc.active, alloc.rollout_budget, alloc.threads = False, 0, 0
         return alloc
 
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def WatchAllocation(self, request: pb.WatchAllocationRequest,
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Allocation]:
         run, pid = _policy_ids(request)
@@ -235,8 +214,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                 yield msg
             await asyncio.sleep(self.cfg.watch_poll_seconds)
 
-    @grpc_errors
-    @redis_errors
+    @redis_rpc
     async def ListAllocations(self, request: pb.ListAllocationsRequest,
                               context: grpc.aio.ServicerContext) -> pb.AllocationTable:
         run = ids.check_run_id(request.run_id)
@@ -269,8 +247,20 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                 units_by_policy=held, units=pool.get(wid, 0)))
         return table
 
-    @grpc_errors
-    @redis_errors
+    # removals ------------------------------------------------------------------------------
+    @redis_rpc
+    async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
+                               context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
+        removed = await self.store.delete_worker(*_worker_ids(request))
+        return pb.DeregisterWorkerResponse(removed=removed)
+
+    @redis_rpc
+    async def DeregisterPolicy(self, request: pb.DeregisterPolicyRequest,
+                               context: grpc.aio.ServicerContext) -> pb.DeregisterPolicyResponse:
+        removed = await self.store.delete_policy(*_policy_ids(request))
+        return pb.DeregisterPolicyResponse(removed=removed)
+
+    @redis_rpc
     async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
         """Every key of the run goes; replicas forget it at their next tick (no lock is made

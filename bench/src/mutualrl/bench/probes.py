@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.launch.bench import together
+from mutualrl.bench.rounds import together
 
 TARGETS = {"sgt": 1.05, "prp": 1.3}
 """Round-time ratio to GRPO each probe should stay within (deterministic mode, s = 1)."""

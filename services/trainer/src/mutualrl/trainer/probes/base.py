@@ -190,7 +190,7 @@ class Probe:
             t0 = time.monotonic()
             if read is not None:
                 earlier = read.result()
-            elif q in self.history:  # not prefetched (the first round after a resume)
+            elif q in self.history:  # a caller that did not prefetch
                 earlier = self.read_round(self.history[q])
             else:
                 earlier = None

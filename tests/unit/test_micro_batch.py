@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_loss import round_loss
 from tiny_round import FakeSample
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
+from mutualrl.trainer.algos.prp import peer_weights
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, LossInputs, PeerRows, RoundData
@@ -24,7 +26,6 @@ from mutualrl.trainer.step import (
     round_rows,
 )
 from mutualrl.trainer.tasks import Prompt
-from mutualrl.trainer.update import peer_weights, round_loss
 
 torch.set_num_threads(1)
 PAD = 0
@@ -204,7 +205,7 @@ def test_prp_chunk_weights_by_hand() -> None:
         sender_logp_sum=torch.zeros(2), token_chunk=[[0, 0, 1, 2], [0, 0]],
         chunk_sender_logp=[[-1.0, -0.5, -2.5], [-0.1]]))
     probe = ProbeSettings(kind="prp", prp_level="chunk", prp_weight_mode="truncate", prp_cap=10.0)
-    w, keep, stats = peer_weights(logp, mask, plan, probe)
+    w, keep, stats = peer_weights(logp, mask, plan.peers, probe)
     # chunk log weights: row 0: (-0.75 + 1.0, -1.0 + 0.5, -2.0 + 2.5) = (0.25, -0.5, 0.5);
     # row 1: -0.3 + 0.1 = -0.2
     e = math.exp
@@ -214,7 +215,7 @@ def test_prp_chunk_weights_by_hand() -> None:
     assert torch.equal(keep, mask)
     assert stats["mean_log"] == pytest.approx((0.25 - 0.5 + 0.5 - 0.2) / 4)
     # Drop mode: the chunk at exp(-0.5) < 0.8 leaves the loss, the one above 1 is clamped to 1.
-    w, keep, _ = peer_weights(logp, mask, plan, probe.model_copy(
+    w, keep, _ = peer_weights(logp, mask, plan.peers, probe.model_copy(
         update={"prp_weight_mode": "drop"}))
     assert keep[0].tolist() == [1.0, 1.0, 0.0, 1.0]
     assert w[0].tolist() == pytest.approx([1.0, 1.0, 0.0, 1.0])
@@ -227,7 +228,7 @@ def test_prp_sequence_weight_by_hand() -> None:
         prompt_index=[0], token_ids=[[1, 2, 3, 4]], advantages=torch.zeros(1),
         sender_logp_sum=torch.tensor([-4.75])))
     probe = ProbeSettings(kind="prp", prp_weight_mode="truncate", prp_cap=10.0)
-    w, _, _ = peer_weights(logp, torch.ones_like(logp), plan, probe)
+    w, _, _ = peer_weights(logp, torch.ones_like(logp), plan.peers, probe)
     assert w[0].tolist() == pytest.approx([math.exp((-3.75 + 4.75) / 4)] * 4)
 
 

@@ -123,6 +123,31 @@ def test_micro_batched_gradients_equal_one_shot(kind: str, level: str, aggregati
     assert stats["loss_pg"] == pytest.approx(out.stats["loss_pg"], rel=1e-10, abs=1e-14)
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_length"])
+@pytest.mark.parametrize(("kind", "level"), [("none", "sequence"), ("prp", "chunk"),
+                                             ("sgt", "sequence")])
+def test_gspo_and_entropy_bonus_micro_batched_equal_one_shot(kind: str, level: str,
+                                                             aggregation: str) -> None:
+    """The sequence ratio and the entropy bonus's token mean hold across micro-batches too."""
+    probe = ProbeSettings(kind=kind, prp_level=level, prp_weight_mode="truncate", prp_cap=3.0)
+    one = GRPOSettings(aggregation=aggregation, importance_sampling_level="sequence",
+                       entropy_coef=0.1, scale_rewards="none", filter_zero_variance=True)
+    micro = one.model_copy(update={"micro_batch_tokens": 16, "logit_chunk_tokens": 3})
+    model = tiny_model()
+    out = round_loss(model, None, PROMPT_IDS, fixed_round(), plan_for(kind, level), one, probe,
+                     PAD, MAX_LEN)
+    out.total.backward()
+    expected = grads(model)
+    model.zero_grad(set_to_none=True)
+    data, plan = fixed_round(), plan_for(kind, level)
+    rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
+    prepare(model, None, rows, data, plan, micro, probe, PAD)
+    stats = accumulate(model, rows, list(range(len(rows))), micro, probe, PAD, MAX_LEN)
+    assert_close(grads(model), expected)
+    assert stats["loss"] == pytest.approx(float(out.total.detach()), rel=1e-10)
+    assert stats["entropy"] > 0
+
+
 def test_per_micro_batch_denominators_would_differ() -> None:
     """The equality above is not vacuous: a token mean per micro-batch gives other gradients."""
     micro = GRPOSettings(micro_batch_tokens=16, logit_chunk_tokens=3)

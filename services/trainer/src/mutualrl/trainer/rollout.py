@@ -464,16 +464,10 @@ class SGLangEngine:
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
                  seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
                  min_p: float = 0.0) -> list[list[Sample]]:
-        """`n` samples per prompt via one batched `Engine.generate` call (SGLang's top_k -1
-        is off; ours is 0)."""
-        check_truncation(top_p, top_k, min_p)
+        """`n` samples per prompt via one batched `Engine.generate` call."""
         tok = self.tokenizer
         prompt_ids = [encode_prompt(tok, p) for p in prompts]
-        params: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-            "top_k": top_k if top_k > 0 else -1, "min_p": min_p,
-            "stop": list(stop or []), "no_stop_trim": True, "skip_special_tokens": True,
-        }
+        params = sglang_sampling_params(max_new_tokens, temperature, top_p, top_k, min_p, stop)
         if seed is not None:
             params["sampling_seed"] = seed
         per_prompt = [params if seeds is None else {**params, "sampling_seed": seeds[i]}
@@ -495,6 +489,16 @@ class SGLangEngine:
                                          offsets=offsets, logprobs=[float(x[0]) for x in lps],
                                          finish_reason=reason, prompt_token_ids=batch[i]))
         return result
+
+
+def sglang_sampling_params(max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                           min_p: float, stop: list[str] | None) -> dict[str, Any]:
+    """SGLang's `sampling_params` for one call (its top_k -1 is off, ours 0); the knobs are
+    checked here, so a bad one fails before the engine sees it."""
+    check_truncation(top_p, top_k, min_p)
+    return {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+            "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "stop": list(stop or []),
+            "no_stop_trim": True, "skip_special_tokens": True}
 
 
 def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,

@@ -77,7 +77,8 @@ class GRPOSettings(Config):
     reaches top_p (1: off). Behaviour and training log-probs stay those of the untruncated
     temperature-scaled distribution, so below 1 the samples are not drawn from the policy
     the loss scores: the ratio and its clip do not see the truncation, and PRP's weights
-    overstate a peer's sample by the mass its nucleus left out (docs/algorithms.md)."""
+    overstate a peer's sample by 1 / the mass its sampler kept, per token
+    (docs/algorithms.md)."""
     top_k: int = Field(0, ge=0)
     """Sample among the k most likely tokens only (0: off); applied before top_p. Like
     top_p, it changes what is sampled, not the log-probs the loss uses."""

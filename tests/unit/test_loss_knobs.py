@@ -5,6 +5,8 @@ TRL equality is in test_loss_trl.py, micro-batch equality in test_micro_batch.py
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -157,3 +159,43 @@ def test_knob_defaults_are_todays_grpo() -> None:
     g = GRPOSettings(scale_rewards="none", importance_sampling_level="sequence",
                      entropy_coef=0.01, top_p=0.95, top_k=50, min_p=0.05)
     assert (g.scale_rewards, g.importance_sampling_level, g.top_k) == ("none", "sequence", 50)
+
+
+def test_the_loop_passes_the_knobs_to_the_engine(tmp_path: Path) -> None:
+    """One local round with top_k = 1 samples every group's completions alike (the greedy
+    one), and with the entropy bonus on, its metric is reported; without truncation the
+    samples of a group differ."""
+    from mutualrl.trainer.loop import run_round
+    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.session import build_session
+
+    def session(out: Path, **grpo: object) -> tuple[Any, list[list[list[int]]]]:
+        cfg = TrainerConfig.model_validate({
+            "run_id": "knobs", "output_dir": str(out), "services": {"local": True},
+            "grpo": {"group_size": 4, "prompts_per_round": 3, "rounds": 1, **grpo},
+            "eval": {"every": 0}, "checkpoint": {"every": 0},
+            "metrics": {"tensorboard": False, "progress": False},
+            "policies": [{"name": "A", "preset": "llama-char"}]})
+        s = build_session(cfg, "A", cache_dir=tmp_path / "presets")
+        seen: list[list[list[int]]] = []
+
+        class Recording(HFEngine):
+            def generate(self, *args: Any, **kwargs: Any) -> Any:
+                out = super().generate(*args, **kwargs)
+                seen.extend([[y.token_ids for y in row] for row in out])
+                return out
+
+        s.engine = Recording(s.model, s.tokenizer)
+        return s, seen
+
+    s, seen = session(tmp_path / "k1", top_k=1, entropy_coef=0.01,
+                      importance_sampling_level="sequence", scale_rewards="none")
+    metrics = run_round(s, 0)
+    s.close()
+    assert seen and all(all(y == row[0] for y in row) for row in seen)
+    assert metrics["entropy"] > 0
+    s, seen = session(tmp_path / "free")
+    metrics = run_round(s, 0)
+    s.close()
+    assert any(len({tuple(y) for y in row}) > 1 for row in seen)
+    assert "entropy" not in metrics

@@ -133,19 +133,18 @@ def test_gspo_and_entropy_bonus_micro_batched_equal_one_shot(kind: str, level: s
     one = GRPOSettings(aggregation=aggregation, importance_sampling_level="sequence",
                        entropy_coef=0.1, scale_rewards="none", filter_zero_variance=True)
     micro = one.model_copy(update={"micro_batch_tokens": 16, "logit_chunk_tokens": 3})
-    model = tiny_model()
-    out = round_loss(model, None, PROMPT_IDS, fixed_round(), plan_for(kind, level), one, probe,
-                     PAD, MAX_LEN)
-    out.total.backward()
-    expected = grads(model)
-    model.zero_grad(set_to_none=True)
-    data, plan = fixed_round(), plan_for(kind, level)
+    model, data, plan = tiny_model(), fixed_round(), plan_for(kind, level)
     rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
     prepare(model, None, rows, data, plan, micro, probe, PAD)
     stats = accumulate(model, rows, list(range(len(rows))), micro, probe, PAD, MAX_LEN)
-    assert_close(grads(model), expected)
-    assert stats["loss"] == pytest.approx(float(out.total.detach()), rel=1e-10)
     assert stats["entropy"] > 0
+    micro_batched = grads(model)
+    model.zero_grad(set_to_none=True)
+    one_shot = round_loss(model, None, PROMPT_IDS, fixed_round(), plan_for(kind, level), one,
+                          probe, PAD, MAX_LEN)
+    one_shot.total.backward()
+    assert_close(micro_batched, grads(model))
+    assert stats["loss"] == pytest.approx(float(one_shot.total.detach()), rel=1e-10)
 
 
 def test_per_micro_batch_denominators_would_differ() -> None:

@@ -411,8 +411,9 @@ class SGLangEngine:
     current parameters with `update_weights_from_tensor`. Prompts are passed as token ids
     encoded by our tokenizer so both sides agree on the prompt tokens. Log-probs are the
     engine's `output_token_logprobs`; SGLang computes them from the sampling-processed
-    distribution unless configured otherwise, so check `ratio_to_behaviour` runs against
-    an HF teacher-forced pass before trusting them.
+    distribution unless configured otherwise (with top_k / top_p / min_p on, possibly the
+    truncated one, unlike the HF engine's), so check `ratio_to_behaviour` runs against an HF
+    teacher-forced pass before trusting them.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, mem_fraction_static: float = 0.5,

@@ -100,6 +100,8 @@ def register(commands: Commands) -> None:
     e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
     # ---- `mutualrl train` and `mutualrl bench trainer` are registered below this line ----
+    from mutualrl.trainer.eval_cli import register_eval_command
     from mutualrl.trainer.train_cli import register_train_commands
 
     register_train_commands(commands)
+    register_eval_command(commands)

@@ -30,7 +30,8 @@ from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config
 from mutualrl.trainer.answers import after_hashes, last_boxed
-from mutualrl.trainer.rewards import Batch, RewardSet, RewardSpec
+from mutualrl.trainer.chat import ChatTemplateError
+from mutualrl.trainer.rewards import Batch, RewardError, RewardSet, RewardSpec
 from mutualrl.trainer.tasks import Prompt
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class DatasetError(ValueError):
     """A dataset that cannot be read as configured (the message names the field)."""
+
+
+# What a user's own experiment can get wrong before round 0; each message names the field.
+ExperimentInputError = (DatasetError, RewardError, ChatTemplateError)
 
 
 class DatasetSettings(Config):

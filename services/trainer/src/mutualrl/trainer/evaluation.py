@@ -57,7 +57,7 @@ class BenchmarkSettings(Config):
     answer_form: AnswerForm | None = None
     """How the reference is read (default: the task dataset's)."""
     skill_key: str | None = None
-    """Optional column naming each problem's skill (per-skill figures)."""
+    """Column naming each problem's skill (per-skill figures; default: the task dataset's)."""
     n: int = Field(8, ge=1)
     """Samples per problem."""
     k: list[int] | None = None
@@ -79,7 +79,7 @@ class BenchmarkSettings(Config):
     def dataset(self, train: DatasetSettings | None) -> DatasetSettings:
         """The benchmark's table settings: its own fields over the task dataset's columns."""
         base = {} if train is None else train.resolved().model_dump(
-            include={"prompt_key", "answer_key", "answer_form"})
+            include={"prompt_key", "answer_key", "answer_form", "skill_key"}, exclude_none=True)
         if self.preset is not None:
             base = {}
         own = self.model_dump(include={"path", "split", "preset", "prompt_key", "answer_key",

@@ -36,6 +36,18 @@ from mutualrl.common.config import Config
 from mutualrl.trainer.answers import after_hashes, answers_match, last_boxed, last_number
 
 log = logging.getLogger(__name__)
+
+
+class _OwnTimeout(logging.Filter):
+    """math-verify warns that its signal-based timeouts are off: the reward call's timeout
+    (RewardSet.timeout_s) is what bounds it here, so the warning would mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_OwnTimeout())
 RewardFn = Callable[..., Sequence[float | None]]
 
 

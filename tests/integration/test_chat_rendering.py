@@ -86,10 +86,13 @@ def test_sgt_demos_and_prp_rows_sit_on_the_receivers_rendering(see_address: str,
         assert scored_a.correct == [[True, True]] * 2
         records = round_records(run_id, "A", 0, 0, f"{run_id}/A", prompts, samples_a,
                                 scored_a.rewards, scored_a.correct, 1.0, None,
-                                success=scored_a.success)
+                                success=scored_a.success,
+                                renderings=[render["A"].text(p) for p in prompts])
         # The problem crosses, not A's rendering.
         assert {r.prompt_text for r in records} == {p.text for p in prompts}
         assert all("<|im_start|>" not in r.prompt_text for r in records)
+        assert {r.meta["rendered_prompt"] for r in records} == {render["A"].text(p)
+                                                                 for p in prompts}
         assert ex["A"].publish(records)
         b_ids = [render["B"].ids(p) for p in prompts]
         samples_b = [[_sample(tok["B"], b_ids[i], "0")] * 2 for i in range(2)]

@@ -51,7 +51,7 @@ def test_epochs_without_replacement_resume_at_the_saved_position(tmp_path: Path)
     halves = _task(path)
     halves.load_state_dict(state, 8, 2)
     assert [p.id for p in halves.round_prompts(8, 2, 5)] == epoch1[4:6]
-    with pytest.raises(DatasetError, match="task.dataset"):
+    with pytest.raises(DatasetError, match=r"task\.dataset"):
         _task(path, limit=10).load_state_dict(state, 4, 4)
 
 
@@ -91,8 +91,8 @@ def test_bad_tables_name_the_field(tmp_path: Path) -> None:
         _task(path, answer_key="answer")
     with pytest.raises(DatasetError, match=r"task.dataset.prompt_key: no column 'question'"):
         _task(path, prompt_key="question")
-    with pytest.raises(DatasetError, match="task.dataset"):
+    with pytest.raises(DatasetError, match=r"task\.dataset"):
         _task(path).round_prompts(0, 8, 0)  # 4 problems cannot fill a round of 8
-    with pytest.raises(ValueError, match="task.success_reward"):
+    with pytest.raises(ValueError, match=r"task\.success_reward"):
         DatasetTaskConfig.model_validate({"dataset": {"path": str(path)},
                                           "success_reward": "nope"})

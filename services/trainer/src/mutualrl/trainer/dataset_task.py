@@ -186,6 +186,8 @@ class DatasetTask:
                  rewards: RewardSet | None = None) -> None:
         self.cfg = cfg
         self.ds = cfg.dataset.resolved()
+        self.prompt_key: str = self.ds.prompt_key or "prompt"
+        self.answer_key: str = self.ds.answer_key or "answer"
         table = load_table(self.ds, where)
         self.stop: list[str] = list(cfg.stop)
         self.max_new_tokens: int = cfg.max_new_tokens
@@ -206,7 +208,7 @@ class DatasetTask:
             log.warning("%s: %d rows without a reference answer skipped", where, missing)
         if not problems:
             raise DatasetError(f"{where}: {self.ds.path} holds no problem with a reference "
-                               f"answer in column {self.ds.answer_key!r}")
+                               f"answer in column {self.answer_key!r}")
         self.problems = problems
         self.skills: tuple[str, ...] = tuple(sorted({p.skill for p in problems}))
         self.dropped_overlong = 0
@@ -216,10 +218,10 @@ class DatasetTask:
         self._orders: dict[tuple[int, int], list[int]] = {}
 
     def _prompt(self, row: dict[str, Any], where: str) -> Prompt | None:
-        answer = reference_of(row[self.ds.answer_key], self.ds.answer_form or "as_is")
+        answer = reference_of(row[self.answer_key], self.ds.answer_form or "as_is")
         if answer is None:
             return None
-        value = row[self.ds.prompt_key]
+        value = row[self.prompt_key]
         msgs = _chat_messages(value)
         system = [("system", self.cfg.system)] if self.cfg.system else []
         if msgs is not None:
@@ -311,7 +313,7 @@ class DatasetTask:
 
     def sft_target(self, prompt: Prompt, rng: random.Random) -> str:
         """The row's answer column (a solution, or the bare answer)."""
-        return str(self._rows[prompt.id][self.ds.answer_key]).strip()
+        return str(self._rows[prompt.id][self.answer_key]).strip()
 
     def batch(self, prompts: Sequence[Prompt], samples: Sequence[Sequence[Any]]) -> Batch:
         """The reward functions' input for samples[i][j] of prompts[i], flattened row-major."""
@@ -321,7 +323,7 @@ class DatasetTask:
             for key, value in self._rows[p.id].items():
                 cols.setdefault(key, []).append(value)
         cols["reference_answer"] = [p.answer for p, _ in flat]
-        problem = [self._rows[p.id][self.ds.prompt_key] for p, _ in flat]
+        problem = [self._rows[p.id][self.prompt_key] for p, _ in flat]
         return Batch(prompts=problem, completions=[y.text for _, y in flat],
                      completion_ids=[list(y.token_ids) for _, y in flat],
                      truncated=[y.finish_reason == "length" for _, y in flat], columns=cols,

@@ -66,7 +66,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         published = s.exchange.publish(round_records(
             s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
             scored.rewards, correct, s.cfg.probe.tau, s.tokenizer.eos_token_id,
-            success=scored.success))
+            success=scored.success, renderings=s.shown(prompts)))
 
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
                      correct=correct, peers_now=alloc.round_peers,

@@ -29,8 +29,8 @@ Conventions shared by both engines:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 ENGINES: tuple[str, ...] = ("hf", "sglang")

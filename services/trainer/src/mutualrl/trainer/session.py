@@ -93,6 +93,12 @@ class Session:
         assert self.renderer is not None
         return self.renderer.many(prompts)
 
+    def shown(self, prompts: list[Any]) -> list[str | None] | None:
+        """The chat renderings of the prompts as text, for people (None: plain text)."""
+        if self.renderer is None or not self.renderer.chat:
+            return None
+        return [self.renderer.text(p) for p in prompts]
+
     def save(self, rounds_done: int) -> Path:
         extra = {
             "probe": self.probe.state_dict(),

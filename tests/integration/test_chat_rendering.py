@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from chat_policies import chat_policy, write_problems
-from service_loop import LoopThread, delete_keys
+from service_loop import RolloutSample as Sample
+from service_loop import see_server
 
 from mutualrl.trainer.chat import PromptRenderer, messages_of
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
@@ -26,32 +26,10 @@ from mutualrl.trainer.rollout import completion_offsets
 from mutualrl.trainer.step import round_rows
 
 
-@dataclass
-class Sample:
-    token_ids: list[int]
-    text: str
-    offsets: list[tuple[int, int]]
-    logprobs: list[float]
-    finish_reason: str
-    prompt_token_ids: list[int] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def see_address(redis_url: str) -> Iterator[str]:
-    from mutualrl.see.config import SeeConfig
-    from mutualrl.see.server import start_see
-
-    loop = LoopThread("chat-rendering")
-    prefix = f"chat{uuid.uuid4().hex[:10]}"
-    server = loop.run(start_see(SeeConfig(redis_url=redis_url, rest_port=None, port=0,
-                                          metrics_port=None, auth_token=None,
-                                          grace_seconds=0.2, key_prefix=prefix)))
-    try:
-        yield server.address
-    finally:
-        loop.run(server.stop(0.2))
-        loop.close()
-        delete_keys(redis_url, f"{prefix}:*")
+    with see_server(redis_url, "chat") as address:
+        yield address
 
 
 def _sample(tok: Any, prompt_ids: list[int], text: str) -> Sample:

@@ -96,3 +96,20 @@ def test_bad_tables_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"task\.success_reward"):
         DatasetTaskConfig.model_validate({"dataset": {"path": str(path)},
                                           "success_reward": "nope"})
+
+
+def test_every_local_format_reads_the_same_problems(tmp_path: Path) -> None:
+    import datasets
+
+    table = datasets.Dataset.from_parquet(str(write_problems(tmp_path / "t.parquet", 6)))
+    table.to_csv(str(tmp_path / "t.csv"))
+    table.to_json(str(tmp_path / "t.jsonl"))
+    table.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "dict"))
+    want = [p.id for p in _task(tmp_path / "t.parquet").problems]
+    for path, split in ((tmp_path / "t.csv", "train"), (tmp_path / "t.jsonl", "train"),
+                        (tmp_path / "saved", "train"), (tmp_path / "dict", "test")):
+        assert [p.id for p in _task(path, split=split).problems] == want, path
+    with pytest.raises(DatasetError, match=r"task.dataset.split: .* has no split 'train'.*"
+                       r"\['test'\]"):
+        _task(tmp_path / "dict")

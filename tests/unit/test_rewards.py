@@ -121,7 +121,6 @@ def test_a_call_past_its_timeout_scores_zero(tmp_path: Path) -> None:
     _, per = rs.score(_batch(["a", "stuck", "b"]))
     assert per["slow"] == [1.0, 0.0, 1.0] and rs.errors == {"slow": 1}
     assert time.monotonic() - t0 < 2.0  # one batch timeout and one sample timeout
-    rs.close()
 
 
 def test_verified_success_is_the_named_reward_not_the_sum(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import logging
 import math
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,17 +246,23 @@ class RewardSet:
         self.timeout_s = timeout_s
         self.errors: dict[str, int] = {s.label: 0 for s in specs}
         """Samples scored 0 because the function raised or overran, per reward (cumulative)."""
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="reward")
 
     def _call(self, fn: RewardFn, kwargs: Mapping[str, Any]) -> Sequence[float | None]:
         # A thread cannot be stopped: an overrun call is abandoned to finish in the background
-        # and later calls go to a fresh thread, so one stuck sample never blocks the round.
-        fut = self._pool.submit(fn, **kwargs)
+        # on its own daemon thread (which never holds the trainer's exit up), so one stuck
+        # sample never blocks the round.
+        fut: cf.Future[Sequence[float | None]] = cf.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(**kwargs))
+            except BaseException as err:  # handed to the caller, which decides
+                fut.set_exception(err)
+
+        threading.Thread(target=run, name="reward", daemon=True).start()
         try:
             return fut.result(timeout=self.timeout_s)
         except cf.TimeoutError:
-            self._pool.shutdown(wait=False)
-            self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="reward")
             raise TimeoutError(f"overran {self.timeout_s} s") from None
 
     def _checked(self, label: str, values: Any, n: int) -> list[float]:
@@ -276,20 +283,22 @@ class RewardSet:
             return self._checked(spec.label, self._call(fn, batch.kwargs()), n)
         except RewardError:
             raise
-        except Exception as err:
-            log.warning("reward %s failed on a batch of %d (%s); scoring sample by sample",
-                        spec.label, n, err)
-        out = []
+        except Exception:
+            pass  # find the samples it fails on: only they score 0
+        out: list[float] = []
+        failed: list[str] = []
         for j in range(n):
             try:
                 out += self._checked(spec.label, self._call(fn, batch.kwargs([j])), 1)
             except RewardError:
                 raise
             except Exception as err:
-                self.errors[spec.label] += 1
-                log.warning("reward %s failed on one sample (scored 0): %s: %s", spec.label,
-                            type(err).__name__, err)
+                failed.append(f"{type(err).__name__}: {err}")
                 out.append(0.0)
+        if failed:
+            self.errors[spec.label] += len(failed)
+            log.warning("reward %s failed on %d of %d samples (scored 0); first: %s",
+                        spec.label, len(failed), n, failed[0])
         return out
 
     def score(self, batch: Batch) -> tuple[list[float], dict[str, list[float]]]:
@@ -297,6 +306,3 @@ class RewardSet:
         per = {s.label: self.score_one(i, batch) for i, s in enumerate(self.specs)}
         total = [sum(s.weight * per[s.label][j] for s in self.specs) for j in range(len(batch))]
         return total, per
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)

@@ -23,7 +23,7 @@ from mutualrl.trainer.config import PolicySettings, TrainerConfig
 from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
 from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
-from mutualrl.trainer.evaluation import benchmark_task
+from mutualrl.trainer.evaluation import BenchmarkSettings, benchmark_task
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
 from mutualrl.trainer.probes import Probe, make_probe
@@ -82,7 +82,7 @@ class Session:
     """The directory the policy's weights started from (a LoRA adapter's base)."""
     renderer: PromptRenderer | None = None
     """The policy's rendering of problems (its chat template, or plain text)."""
-    benchmarks: list[tuple[Any, DatasetTask]] = field(default_factory=list)
+    benchmarks: list[tuple[BenchmarkSettings, DatasetTask]] = field(default_factory=list)
     """(settings, problems) of each of `eval.benchmarks`."""
     start_round: int = 0
     dist: Dist = SINGLE

@@ -351,7 +351,9 @@ def round_records(
         base = f"{policy}/{round_k}/{p_i}"
         common = dict(run_id=run_id, policy_id=policy, policy_version=version, round=round_k,
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
-                      meta={"skill": prompt.skill, **_rendering(renderings, p_i)})
+                      meta={"skill": prompt.skill})
+        # The sender's rendering rides on its rollouts only (for the dashboard's record view).
+        rollout = {**common, "meta": {"skill": prompt.skill, **_rendering(renderings, p_i)}}
         for k, (s, r, good, g) in enumerate(zip(row, rs, ok, gate, strict=True)):
             reason = s.finish_reason
             if (reason == "stop" and eos_token_id is not None and s.token_ids
@@ -362,7 +364,7 @@ def round_records(
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
                 record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text, reward=r,
-                verified=good, finish_reason=finish, **common),
+                verified=good, finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
             if good and g >= tau and s.finish_reason != "length":
                 out.append(pb.ExperienceRecord(

@@ -217,7 +217,8 @@ def build_session(
     renderer = renderer_for(tok, policy)
     task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
         prepare_dataset_task(cfg, cache)
-    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])  # a template that cannot render
+    # One rendering now: a chat template that does not render stops the trainer before round 0.
+    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])
     max_new = g.max_new_tokens or task.max_new_tokens
     benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
     engine_kw: dict[str, Any] = {}

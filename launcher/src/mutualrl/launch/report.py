@@ -44,6 +44,10 @@ def status_table(plan: LaunchPlan, done: set[str]) -> Table:
         rows = read_rows(plan.metrics_files[name])
         last = rows[-1] if rows else {}
         held = _last_with(rows, "heldout/").get("heldout/mean")
+        if held is None:  # a table task reports benchmarks: the first one's overall avg@n
+            bench = _last_with(rows, "bench/")
+            held = next((v for k, v in sorted(bench.items())
+                         if k.startswith("bench/") and k.count("/") == 2 and "/avg@" in k), None)
         rescued = sum(r.get("rescued_prompts", 0.0) for r in rows)
         state = "done" if f"trainer-{name}" in done else ("training" if rows else "starting")
         table.add_row(name, f"{last.get('round', '-')}/{plan.rounds}",

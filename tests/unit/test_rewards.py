@@ -144,3 +144,28 @@ def test_verified_success_is_the_named_reward_not_the_sum(tmp_path: Path) -> Non
     assert s.correct[0] == [True, True, False, False]  # the sum is below tau, success is not
     assert s.success == [[1.0, 1.0, 0.0, 0.0]]
     assert s.stats["reward/math_verify"] == 0.5
+
+
+def test_success_records_carry_the_success_reward() -> None:
+    """A sample whose weighted sum is below tau but whose success reward reaches it is a
+    VERIFIED_SUCCESS for SEE (its record carries the success reward, as SEE's tau check
+    reads it), and the stats' max (SGT's gate) is the success reward's."""
+    from mutualrl.trainer.exchange import round_records
+    from mutualrl.trainer.rollout import Sample
+    from mutualrl.trainer.tasks import Prompt
+    from mutualrl.v1 import experience_pb2 as pb
+
+    p = Prompt(id="p", skill="s", text="1+1?", answer="2")
+    y = Sample(0, [5, 6], "2", [(0, 1), (1, 1)], [-0.1, -0.2], "stop")
+
+    def records(success: list[list[float]] | None) -> list[Any]:
+        return round_records("r", "a", 0, 0, "r/a", [p], [[y, y]], [[0.5, -0.2]],
+                             [[True, False]], 1.0, None, success=success)
+
+    out = records([[1.0, 0.0]])
+    wins = [r for r in out if r.kind == pb.VERIFIED_SUCCESS]
+    assert len(wins) == 1 and wins[0].reward == 1.0
+    stats = next(r for r in out if r.kind == pb.REWARD_STATS).stats
+    assert (stats.max, stats.sum) == (1.0, pytest.approx(0.3))
+    assert [r.reward for r in out if r.kind == pb.ROLLOUT] == [0.5, pytest.approx(-0.2)]
+    assert not [r for r in records(None) if r.kind == pb.VERIFIED_SUCCESS]  # the sum's 0.5

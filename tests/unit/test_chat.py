@@ -73,3 +73,19 @@ def test_a_template_that_does_not_render_names_the_policy(tokenizers: dict[str, 
         assert not PromptRenderer(tok, "llama").chat  # auto: plain text without a template
     finally:
         tok.chat_template = saved
+
+
+def test_engines_sample_from_the_rendering_they_are_given(tokenizers: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    from mutualrl.trainer.presets import ensure_preset
+    from mutualrl.trainer.rollout import HFEngine
+
+    model, tok = load_policy(ensure_preset("llama-char", tmp_path))
+    tok.chat_template = tokenizers["llama-char"].chat_template
+    ids = PromptRenderer(tok, "b").ids(PROBLEM)
+    text = PromptRenderer(tok, "b", prompt_format="text")
+    engine = HFEngine(model, tok)
+    by_ids, by_text = engine.generate([ids, "add:3+4="], n=2, max_new_tokens=3, seed=1)
+    assert all(y.prompt_token_ids == ids for y in by_ids)  # the rendering, as it is
+    # A text is tokenized as text mode renders it.
+    assert all(y.prompt_token_ids == text.ids(PROBLEM) for y in by_text)

@@ -197,7 +197,7 @@ class DatasetTask:
         problems: list[Prompt] = []
         missing = 0
         for row in table:
-            p = self._prompt(row, where)
+            p = self._prompt(row)
             if p is None:
                 missing += 1
                 continue
@@ -217,7 +217,7 @@ class DatasetTask:
         size continues from its checkpointed position."""
         self._orders: dict[tuple[int, int], list[int]] = {}
 
-    def _prompt(self, row: dict[str, Any], where: str) -> Prompt | None:
+    def _prompt(self, row: dict[str, Any]) -> Prompt | None:
         answer = reference_of(row[self.answer_key], self.ds.answer_form or "as_is")
         if answer is None:
             return None

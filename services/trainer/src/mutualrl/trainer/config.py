@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
-from mutualrl.common.config import Config, Name, RunId, deep_merge, env_values, load_section
+from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
 from mutualrl.trainer.dataset_task import DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTaskConfig
@@ -441,7 +441,7 @@ ENV_SHORT_NAMES = {
 def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
                         ) -> TrainerConfig:
     """The `trainer:` section of a run YAML; the environment wins over the file: any field as
-    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (pydantic-settings, `env_values`), the short names
+    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
     of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
     sets it to the GPUs it requests)."""
@@ -449,8 +449,7 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
     for short, full in ENV_SHORT_NAMES.items():
         if env.get(short) and not env.get(full):
             env[full] = env[short]
-    cfg = load_section(path, "trainer", TrainerConfig)
-    data = deep_merge(cfg.model_dump(), env_values("trainer", TrainerConfig, env))
+    data = load_section(path, "trainer", TrainerConfig, environ=env).model_dump()
     engine = env.get("MUTUALRL_ROLLOUT_ENGINE")
     if engine:
         for policy in data["policies"]:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
-from mutualrl.common.config import Config, Name, RunId, deep_merge, env_values, load_section
+from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
 from mutualrl.trainer.dataset_task import DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTaskConfig

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.exchange import PeerRollout
 from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, RoundData, delayed
 from mutualrl.trainer.probes.prp import group_peer_rollouts, record_order

@@ -15,9 +15,11 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
-from mutualrl.common.config import Config, Name, RunId, deep_merge, env_values, load_section
-from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
+from mutualrl.common.config import Config, Name, RunId, load_section
+from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
+from mutualrl.trainer.dataset_task import DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTaskConfig
+from mutualrl.trainer.evaluation import BenchmarkSettings
 from mutualrl.trainer.tasks import TaskConfig
 
 
@@ -53,12 +55,38 @@ class GRPOSettings(Config):
     `sequence_mean` (mean per sequence, then over sequences) or `constant_length` (sum over
     sequences x max_new_tokens). The paper names `dapo`, `grpo` and `dr_grpo` are accepted
     for them."""
+    scale_rewards: ScaleRewards = "group"
+    """What a group's centred rewards are divided by (docs/algorithms.md): `group` its std
+    (GRPO), `batch` the std of the round's own rewards, `none` nothing (Dr. GRPO). Pooled
+    advantages (XGRPO, PRP) centre on the pooled mean and divide by the pooled std (`group`),
+    the round's own std (`batch`) or nothing (`none`). TRL's `scale_rewards`."""
+    importance_sampling_level: RatioLevel = "token"
+    """The importance ratio rho: per token (GRPO, DAPO), or `sequence`, one per completion,
+    exp of the mean of its tokens' log ratios, clipped as a whole (GSPO). TRL's
+    `importance_sampling_level`."""
+    entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Weight of the entropy bonus: the loss subtracts entropy_coef x the mean entropy of the
+    (temperature-scaled, untruncated) policy over the policy-gradient rows' tokens, a token
+    mean whatever `aggregation` is (TRL's `entropy_coef`). 0 computes no entropy."""
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm (torch.nn.utils.clip_grad_norm_)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; training log-probs use the same temperature-scaled logits."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling in rollouts: keep the smallest set of most likely tokens whose mass
+    reaches top_p (1: off). Behaviour and training log-probs stay those of the untruncated
+    temperature-scaled distribution, so below 1 the samples are not drawn from the policy
+    the loss scores: the ratio and its clip do not see the truncation, and PRP's weights
+    overstate a peer's sample by 1 / the mass its sampler kept, per token
+    (docs/algorithms.md)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens only (0: off); applied before top_p. Like
+    top_p, it changes what is sampled, not the log-probs the loss uses."""
+    min_p: float = Field(0.0, ge=0, le=1)
+    """Drop tokens less likely than min_p times the most likely one (0: off); applied after
+    top_k and top_p. Like top_p, it changes what is sampled, not the log-probs."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Token budget per completion; None takes the task's default (short 6, worked 26)."""
     ratio_to_behaviour: bool = False
@@ -179,12 +207,22 @@ class DiagnosticsSettings(Config):
 
 
 class EvalSettings(Config):
-    """Held-out evaluation (greedy reward@1 per skill)."""
+    """Evaluation: the task's held-out set (greedy reward@1 per skill) and benchmarks."""
 
     every: int = Field(25, ge=0)
     """Evaluate every N rounds (and after the last); 0 disables evaluation."""
     per_skill: int = Field(50, ge=1)
     """Held-out prompts per skill used (the first N of the fixed held-out set)."""
+    benchmarks: list[BenchmarkSettings] = Field(default_factory=list)
+    """Benchmarks (local tables) reported as avg@n and pass@k per policy and per skill, every
+    `every` rounds and after the last (`mutualrl eval` runs them on one checkpoint)."""
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> EvalSettings:
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.benchmarks: names must be unique, got {names}")
+        return self
 
 
 class CheckpointSettings(Config):
@@ -293,6 +331,17 @@ class PolicySettings(Config):
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""
+    prompt_format: Literal["auto", "chat", "text"] = "auto"
+    """How the policy renders a problem: `chat` through its chat template
+    (`apply_chat_template(..., add_generation_prompt=True)`), `text` as the plain problem text,
+    `auto` chat when the tokenizer (or `chat_template`) has a template, else text."""
+    chat_template: Path | None = None
+    """A Jinja chat template file that replaces the tokenizer's own."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the template (e.g. Qwen3's `enable_thinking: false`)."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Problems this policy renders longer than this are dropped for every policy of the run
+    (all train on the same problems; the count is reported as `data/dropped_overlong`)."""
     probe: dict[str, Any] = Field(default_factory=dict)
     """This policy's own probe: `probe` fields (kind, sgt_lambda, prp_level, ...) that replace
     the run's `trainer.probe` values for this policy only (`tau` is run-wide: SEE's success
@@ -338,10 +387,12 @@ class TrainerConfig(Config):
     """Seed of the shared prompt order (same for all policies) and of sampling."""
     output_dir: Path = Path("runs")
     """Metrics, TensorBoard and checkpoints go to <output_dir>/<run_id>/<policy>/."""
-    task: TaskConfig | JsonlTaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig | JsonlTaskConfig | DatasetTaskConfig = Field(default_factory=TaskConfig)
     """The task: a seeded synthetic one (mutualrl.trainer.tasks.TaskConfig: regime, skills,
-    digits) or a local GSM8K/MATH JSONL dataset (mutualrl.trainer.datasets.JsonlTaskConfig,
-    chosen when the section has a `path`)."""
+    digits), a local table read through `datasets` with reward functions
+    (mutualrl.trainer.dataset_task.DatasetTaskConfig, chosen when the section has a
+    `dataset`), or a GSM8K/MATH JSONL file (mutualrl.trainer.datasets.JsonlTaskConfig, chosen
+    when it has a `path`)."""
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     """GRPO knobs."""
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
@@ -442,7 +493,7 @@ ENV_SHORT_NAMES = {
 def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
                         ) -> TrainerConfig:
     """The `trainer:` section of a run YAML; the environment wins over the file: any field as
-    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (pydantic-settings, `env_values`), the short names
+    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
     of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
     sets it to the GPUs it requests)."""
@@ -450,8 +501,7 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
     for short, full in ENV_SHORT_NAMES.items():
         if env.get(short) and not env.get(full):
             env[full] = env[short]
-    cfg = load_section(path, "trainer", TrainerConfig)
-    data = deep_merge(cfg.model_dump(), env_values("trainer", TrainerConfig, env))
+    data = load_section(path, "trainer", TrainerConfig, environ=env).model_dump()
     engine = env.get("MUTUALRL_ROLLOUT_ENGINE")
     if engine:
         for policy in data["policies"]:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
+from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.config import ExchangeSettings, ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
@@ -47,6 +48,9 @@ class RoundData:
     """[P, G] rewards."""
     correct: list[list[bool]] | None = None
     """[P][G] verified successes (reward >= tau and not truncated); None: from the rewards."""
+    success: Tensor | None = None
+    """[P, G] each sample's success reward (the task's `success_reward`; truncated samples 0),
+    which SGT's gate compares with tau; None: the rewards."""
     peers_now: list[str] | None = None
     """Policies training this round alongside this one (MWRA time-share turns); reads of the
     round wait for these only. None: every policy of the run."""
@@ -86,7 +90,7 @@ class Demos:
 
 @dataclass
 class LossInputs:
-    """What `update.py` needs besides the samples to build a round's loss."""
+    """What `step.py` needs besides the samples to build a round's loss."""
 
     advantages: Tensor
     """[P, G] advantages of own samples."""
@@ -101,8 +105,10 @@ class LossInputs:
     staleness >= 1): `peers.prompt_index` P + j is extra_prompts[j], P the round's prompts."""
 
 
-def grpo_inputs(data: RoundData, **stats: float) -> LossInputs:
-    return LossInputs(advantages=group_advantages(data.rewards), stats=dict(stats))
+def grpo_inputs(data: RoundData, scale: ScaleRewards = "group", **stats: float) -> LossInputs:
+    """Plain GRPO's inputs: group advantages of own rewards, divided as `scale` says."""
+    return LossInputs(advantages=group_advantages(data.rewards, scale=scale),
+                      stats=dict(stats))
 
 
 class Probe:
@@ -115,9 +121,12 @@ class Probe:
 
     def __init__(
         self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-        task: Any = None, sharing: ExchangeSettings | None = None,
+        task: Any = None, scale: ScaleRewards = "group",
+        sharing: ExchangeSettings | None = None,
     ) -> None:
         self.settings = settings
+        self.scale: ScaleRewards = scale
+        """What advantages are divided by (`grpo.scale_rewards`), pooled or not."""
         self.sharing = sharing or ExchangeSettings()
         self.deterministic = self.sharing.mode == "deterministic"
         self.lag = 0 if self.same_round else self.sharing.staleness
@@ -138,7 +147,7 @@ class Probe:
         """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO
         (asynchronous mode), or exactly the peers' round r - s (deterministic mode)."""
         if self.exchange is None or self.kind == "none":
-            return grpo_inputs(data, fallback=0.0)
+            return grpo_inputs(data, self.scale, fallback=0.0)
         if self.deterministic:
             return self.plan_in_step(data, self.exchange)
         deadline = time.monotonic() + self.settings.deadline_seconds
@@ -148,14 +157,14 @@ class Probe:
             if not _is_transient(err):
                 raise
             log.warning("round %d: %s probe fell back to GRPO: %s", data.round, self.kind, err)
-            plan = grpo_inputs(data, fallback=1.0)
+            plan = grpo_inputs(data, self.scale, fallback=1.0)
         plan.stats.setdefault("fallback", 0.0)
         self.fallbacks += int(plan.stats["fallback"] > 0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
         return plan
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
-        return grpo_inputs(data)
+        return grpo_inputs(data, self.scale)
 
     # ---- the deterministic mode -----------------------------------------------------------
     def prefetch(self, round_k: int) -> None:
@@ -196,8 +205,8 @@ class Probe:
                 earlier = None
             ex.waited_s += time.monotonic() - t0  # what the round blocked on, not the read
             own_q = self.history.pop(q, None)
-            plan = (grpo_inputs(data) if earlier is None or own_q is None
-                    else delayed(data, earlier, own_q))
+            plan = (grpo_inputs(data, self.scale) if earlier is None or own_q is None
+                    else delayed(data, earlier, own_q, self.scale))
         plan.stats.setdefault("fallback", 0.0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
         return plan
@@ -209,7 +218,8 @@ class Probe:
         self.fallbacks = int(state.get("fallbacks", 0))
 
 
-def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData) -> LossInputs:
+def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData,
+            scale: ScaleRewards = "group") -> LossInputs:
     """Round r's loss inputs when the peers' data is of round q < r: own samples take plain
     GRPO advantages (peers' round-r rewards do not exist yet); `earlier`, the plan s = 0 gave
     round q, brings its peer rows (with the advantages it pooled over round q's own and peer
@@ -217,7 +227,7 @@ def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData) -> LossInput
     conditioned on this policy's round-q prompts."""
     n = len(data.prompts)
     q_prompts = [list(row[0].prompt_token_ids) for row in own_q.samples]
-    plan = grpo_inputs(data)
+    plan = grpo_inputs(data, scale)
     plan.stats = {**earlier.stats, "peer_round": float(own_q.round)}
     if earlier.peers is not None:
         plan.peers = replace(earlier.peers,
@@ -320,8 +330,9 @@ def rescue_demos(data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
 
 
 def own_max(data: RoundData) -> dict[str, float]:
-    """Best own reward per prompt id."""
-    return {p.id: float(r.max()) for p, r in zip(data.prompts, data.rewards, strict=True)}
+    """Best own success reward per prompt id (SGT's gate)."""
+    gate = data.rewards if data.success is None else data.success
+    return {p.id: float(r.max()) for p, r in zip(data.prompts, gate, strict=True)}
 
 
 def index_of(prompts: Sequence[Prompt]) -> dict[str, int]:

@@ -47,7 +47,7 @@ class PRPProbe(Probe):
             torch.tensor([r.reward for r in per_prompt.get(i, [])], dtype=data.rewards.dtype)
             for i in range(len(data.prompts))
         ]
-        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards)
+        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards, scale=self.scale)
         stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
                  # what arrived by now (asynchronous) or the rollouts of the rounds read
                  **({"peer_read": float(len(pool) - len(self.pending))} if self.deterministic

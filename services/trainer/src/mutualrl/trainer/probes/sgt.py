@@ -31,7 +31,7 @@ class SGTProbe(Probe):
     kind = "sgt"
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
-        plan = grpo_inputs(data)
+        plan = grpo_inputs(data, self.scale)
         plan.stats = {"rescued_prompts": 0.0, "rescue_demos": 0.0, "candidates": 0.0}
         rescue = read_rescue(data, ex, self.settings, self.policy, deadline,
                              exact=self.deterministic)
@@ -111,12 +111,13 @@ class SGTSelfProbe(SGTProbe):
         tau = self.settings.tau
         eos = self.exchange.eos_token_id if self.exchange is not None else None
         found: list[tuple[str, list[int], str, bool, str]] = []
+        gate = data.rewards if data.success is None else data.success  # the success reward
         for p_i, (prompt, row) in enumerate(zip(data.prompts, data.samples, strict=True)):
             for g_i, y in enumerate(row):
                 ok = (data.correct[p_i][g_i] if data.correct is not None
                       else y.finish_reason != "length")
                 ids = getattr(y, "prompt_token_ids", None)
-                if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
+                if ok and float(gate[p_i, g_i]) >= tau and ids is not None:
                     ended = eos is not None and list(y.token_ids[-1:]) == [eos]
                     found.append((prompt.id, list(ids), y.text, ended, prompt.skill))
         self.own[data.round] = found

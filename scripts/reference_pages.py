@@ -1,4 +1,4 @@
-"""The documentation pages generated from the code: the configuration reference and the package table.
+"""The docs pages generated from the code: the configuration reference and the package table.
 
     .venv/bin/python scripts/reference_pages.py           # rewrite docs/configuration.md and the
                                                           # package table of docs/layout.md
@@ -163,10 +163,8 @@ def _type_name(annotation: Any, known: set[str]) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "required"
-    if info.default_factory is not None:
-        value = info.default_factory()  # type: ignore[call-arg]
-    else:
-        value = info.default
+    factory = info.default_factory
+    value = factory() if factory is not None else info.default  # type: ignore[call-arg]
     if value is PydanticUndefined:
         return "required"
     if isinstance(value, BaseModel):

@@ -71,10 +71,9 @@ lint: setup typecheck docs-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --config pyproject.toml
 
-# The generated pages (configuration reference, package table) must match the code, and the
-# site must build with no broken link or anchor.
+# The site must build with no broken link or anchor; its hook (scripts/reference_pages.py)
+# fails the build while a generated page (configuration reference, package table) is stale.
 docs-check: setup
-	$(PY) scripts/reference_pages.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 docs: setup

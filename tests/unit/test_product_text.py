@@ -97,3 +97,12 @@ def test_the_scan_covers_the_product() -> None:
     sources = {f.relative_to(ROOT).as_posix() for f in _python_files()}
     assert "services/trainer/src/mutualrl/trainer/loop.py" in sources
     assert "tests/unit/test_reference_pages.py" in sources
+
+
+def test_the_readme_is_a_short_manual() -> None:
+    """The README says what MutualRL is and how to start; the reference lives in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250
+    for heading in ("## Two commands", "## The demo's result", "## Train your own checkpoints",
+                    "## Documentation"):
+        assert heading in lines

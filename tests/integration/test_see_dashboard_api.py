@@ -15,9 +15,15 @@ import grpc
 import httpx
 import pytest
 
+from mutualrl.bench.testing.see import (
+    make_config,
+    rollout,
+    running_see,
+    stats_record,
+    success_record,
+)
 from mutualrl.client.see import AsyncSeeClient, ClientOptions, metric_row
 from mutualrl.common import token_arrays as ta
-from mutualrl.see.testing import make_config, rollout, running_see, stats_record, success_record
 from mutualrl.v1 import experience_pb2 as pb
 
 TOKEN = "dash-secret"
@@ -26,7 +32,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def tokenizers() -> dict[str, str]:
-    from mutualrl.thl.testing import trained_tokenizers
+    from mutualrl.bench.testing.thl import trained_tokenizers
 
     return trained_tokenizers()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutualrl.launch.bench import barrier_round_time
+from mutualrl.bench.rounds import barrier_round_time
 from mutualrl.launch.report import demos_by_donor, learned_table, plot_curves, results
 
 

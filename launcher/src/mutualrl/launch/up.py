@@ -272,7 +272,7 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
 def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> None:
     """Create the run of a `trainer:` section in SEE at `see` with the run's secret
     (`secret`, else MUTUALRL_AUTH_TOKEN; idempotent: a resumed run finds it), as the trainers
-    would have: their policy tokens may not create runs (`mutualrl.see.access`)."""
+    would have: their policy tokens may not create runs (`mutualrl.see.grpc.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
     from mutualrl.trainer.config import TrainerConfig

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
-from mutualrl.common.config import Config, Name, RunId, load_section
+from mutualrl.common.config import Config, Name, RunId, deep_merge, env_values, load_section
 from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
 from mutualrl.trainer.datasets import JsonlTaskConfig
 from mutualrl.trainer.tasks import TaskConfig
@@ -402,33 +402,30 @@ def _first_error(err: ValidationError) -> str:
     return f"{where}: {e['msg']}" if where else str(e["msg"])
 
 
-# Environment variables a container platform sets (docker-compose.yml, deploy/k8s) so that one
-# run YAML serves every deployment; each wins over the file.
-ENV_OVERRIDES = {
-    "MUTUALRL_SEE_ADDR": "services.see",
-    "MUTUALRL_THL_ADDR": "services.thl",
-    "MUTUALRL_MWRA_ADDR": "services.mwra",
-    "MUTUALRL_RUN_DIR": "output_dir",
-    "MUTUALRL_METRICS_PORT": "metrics.prometheus_port",
+# Short names of MUTUALRL_TRAINER__<FIELD>__<FIELD> variables (`env_values`) that a container
+# platform sets (docker-compose.yml, deploy/k8s), so that one run YAML serves every deployment.
+ENV_SHORT_NAMES = {
+    "MUTUALRL_SEE_ADDR": "MUTUALRL_TRAINER__SERVICES__SEE",
+    "MUTUALRL_THL_ADDR": "MUTUALRL_TRAINER__SERVICES__THL",
+    "MUTUALRL_MWRA_ADDR": "MUTUALRL_TRAINER__SERVICES__MWRA",
+    "MUTUALRL_RUN_DIR": "MUTUALRL_TRAINER__OUTPUT_DIR",
+    "MUTUALRL_METRICS_PORT": "MUTUALRL_TRAINER__METRICS__PROMETHEUS_PORT",
 }
 
 
 def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
                         ) -> TrainerConfig:
-    """The `trainer:` section of a run YAML, with the MUTUALRL_* environment overrides applied:
-    ENV_OVERRIDES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
+    """The `trainer:` section of a run YAML; the environment wins over the file: any field as
+    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (pydantic-settings, `env_values`), the short names
+    of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
     sets it to the GPUs it requests)."""
-    env = os.environ if environ is None else environ
+    env = dict(os.environ if environ is None else environ)
+    for short, full in ENV_SHORT_NAMES.items():
+        if env.get(short) and not env.get(full):
+            env[full] = env[short]
     cfg = load_section(path, "trainer", TrainerConfig)
-    data = cfg.model_dump()
-    for var, dotted in ENV_OVERRIDES.items():
-        if env.get(var):
-            *parents, leaf = dotted.split(".")
-            node = data
-            for key in parents:
-                node = node[key]
-            node[leaf] = env[var]
+    data = deep_merge(cfg.model_dump(), env_values("trainer", TrainerConfig, env))
     engine = env.get("MUTUALRL_ROLLOUT_ENGINE")
     if engine:
         for policy in data["policies"]:

@@ -115,7 +115,7 @@ class PeerExchange:
 
         Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
         exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
-        create-run` do), and list this policy (`mutualrl.see.access`); it is waited for up to
+        create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
         `run_wait_s` seconds."""
         import grpc
 

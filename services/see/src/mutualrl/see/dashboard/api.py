@@ -21,7 +21,6 @@ from fastapi.security import HTTPBearer
 
 from mutualrl.common.auth import rest_access
 from mutualrl.common.ids import NAME, RECORD_KEY
-from mutualrl.see import transfers
 from mutualrl.see.dashboard import convert, recent
 from mutualrl.see.dashboard.models import (
     AlignmentOut,
@@ -37,9 +36,9 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
 from mutualrl.see.keys import kind_name
-from mutualrl.see.rest_params import STREAM_ID_PATTERN, RunId
-from mutualrl.see.runmetrics import RunMetricsStore
-from mutualrl.see.store import SeeStore
+from mutualrl.see.rest.params import STREAM_ID_PATTERN, RunId
+from mutualrl.see.store import SeeStore, transfers
+from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
 

@@ -11,9 +11,9 @@ from typing import cast
 from redis import exceptions as rexc
 
 from mutualrl.see import metrics as m
-from mutualrl.see.entries import Entry, Header, redis_op, s
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.part import StorePart
+from mutualrl.see.store.entries import Entry, Header, redis_op, s
+from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
 # Payloads read per MGET while a fetch fills its response.

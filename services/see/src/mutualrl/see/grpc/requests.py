@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument
-from mutualrl.see.entries import check_stream_id
+from mutualrl.common.errors import InvalidArgument, require_nonnegative
 from mutualrl.see.keys import KINDS
+from mutualrl.see.store.entries import check_stream_id
 from mutualrl.v1 import experience_pb2 as pb
 
 MAX_PROMPTS = 4096
@@ -41,10 +41,8 @@ def check_fetch(req: pb.FetchRolloutsRequest, run: pb.Run) -> None:
         raise InvalidArgument("max_records", f"must lie in [1, {MAX_FETCH}]")
     if not 0 <= req.block_ms <= MAX_BLOCK_MS:
         raise InvalidArgument("block_ms", f"must lie in [0, {MAX_BLOCK_MS}]")
-    if req.max_round_lag < 0:
-        raise InvalidArgument("max_round_lag", "must be >= 0")
-    if req.claim_idle_ms < 0:
-        raise InvalidArgument("claim_idle_ms", "must be >= 0")
+    require_nonnegative("max_round_lag", req.max_round_lag)
+    require_nonnegative("claim_idle_ms", req.claim_idle_ms)
 
 
 def check_ack(req: pb.AckRequest, run: pb.Run) -> None:
@@ -56,8 +54,7 @@ def check_ack(req: pb.AckRequest, run: pb.Run) -> None:
 
 
 def check_round_stats(req: pb.RoundStatsRequest, run: pb.Run) -> None:
-    if req.round < 0:
-        raise InvalidArgument("round", "must be >= 0")
+    require_nonnegative("round", req.round)
     _prompt_ids(req.prompt_ids, no_bar=True)
     if req.policy_id:
         check_policy(run, req.policy_id)
@@ -70,8 +67,7 @@ def check_round_stats(req: pb.RoundStatsRequest, run: pb.Run) -> None:
 def check_successes(req: pb.SuccessesRequest, run: pb.Run) -> None:
     check_policy(run, req.policy_id)
     _prompt_ids(req.prompt_ids, no_bar=False)
-    if req.max_per_prompt < 0:
-        raise InvalidArgument("max_per_prompt", "must be >= 0")
+    require_nonnegative("max_per_prompt", req.max_per_prompt)
 
 
 def check_subscribe(req: pb.SubscribeRequest) -> None:

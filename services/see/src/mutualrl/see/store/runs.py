@@ -9,8 +9,8 @@ from typing import Any, cast
 from mutualrl.common import ids
 from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
 from mutualrl.see.config import SeeConfig
-from mutualrl.see.entries import redis_op, s
 from mutualrl.see.keys import RunKeys, registry_key
+from mutualrl.see.store.entries import redis_op, s
 from mutualrl.v1 import experience_pb2 as pb
 
 _RUN_CACHE_SECONDS = 5.0

@@ -159,7 +159,7 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
     import torch
     from transformers import TrainerCallback
 
-    from mutualrl.trainer.bench import trl_trainer
+    from mutualrl.bench.trainer import trl_trainer
 
     torch.set_num_threads(1)
     times: list[float] = []
@@ -188,7 +188,7 @@ def child_trl(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed: 
 
 def _run_child(side: str, model_dir: Path, prompts: int, a: argparse.Namespace
                ) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "mutualrl.trainer.bench_memory", "--child", side,
+    cmd = [sys.executable, "-m", "mutualrl.bench.memory", "--child", side,
            "--model", str(model_dir), "--prompts", str(prompts),
            "--new-tokens", str(a.new_tokens), "--steps", str(a.steps), "--seed", str(a.seed),
            "--micro-batch-tokens", str(a.micro_batch_tokens),
@@ -282,7 +282,7 @@ def bench_command(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the per-configuration subprocesses (`--child ours|trl`)."""
-    p = argparse.ArgumentParser(prog="python -m mutualrl.trainer.bench_memory")
+    p = argparse.ArgumentParser(prog="python -m mutualrl.bench.memory")
     p.add_argument("--child", choices=("ours", "trl"), required=True)
     p.add_argument("--model", type=Path, required=True)
     add_arguments(p)

@@ -3,8 +3,9 @@
 The parts, each in its own module: runs (`runs.py`), publish (`publish.py`), peer rollouts and
 consumer groups (`rollouts.py`), round statistics (`roundstats.py`), verified successes
 (`successes.py`), and inspection: Subscribe, run statistics, records (`inspection.py`). The
-servicer validates requests (`requests.py`, `validate.py`) before it calls the store. Key
-layout: `keys.py`; the atomic publish: `lua.py`; the Redis client: `connect.py`.
+servicer validates requests (`mutualrl.see.grpc.requests`, `mutualrl.see.validate`) before it
+calls the store. Key layout: `mutualrl.see.keys`; the atomic publish: `lua.py`; the Redis
+client: `connect.py`.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from typing import Any
 
 from redis import exceptions as rexc
 
-from mutualrl.see.blocking import BlockingReads, ByteBudget
 from mutualrl.see.config import SeeConfig
-from mutualrl.see.connect import redis_client
-from mutualrl.see.inspection import Inspection, RecordPage
 from mutualrl.see.keys import KINDS, RunKeys
-from mutualrl.see.publish import Publisher, publish_response
-from mutualrl.see.rollouts import Rollouts
-from mutualrl.see.roundstats import RoundStats
-from mutualrl.see.runs import Retention, RunRegistry
-from mutualrl.see.successes import Successes
+from mutualrl.see.store.blocking import BlockingReads, ByteBudget
+from mutualrl.see.store.connect import redis_client
+from mutualrl.see.store.inspection import Inspection, RecordPage
+from mutualrl.see.store.publish import Publisher, publish_response
+from mutualrl.see.store.rollouts import Rollouts
+from mutualrl.see.store.roundstats import RoundStats
+from mutualrl.see.store.runs import Retention, RunRegistry
+from mutualrl.see.store.successes import Successes
 from mutualrl.v1 import experience_pb2 as pb
 
 __all__ = ["RecordPage", "Retention", "SeeStore"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mutualrl.mwra.simulate import compare, simulate
+from mutualrl.bench.mwra import compare, simulate
 
 
 def test_balanced_cuts_makespan_against_static_for_3x_costs() -> None:

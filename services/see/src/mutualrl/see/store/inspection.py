@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from mutualrl.common.errors import InvalidArgument, NotFound
 from mutualrl.see import metrics as m
-from mutualrl.see.entries import Header, check_stream_id, is_last_id, redis_op, s, sid_key
 from mutualrl.see.keys import KINDS, RunKeys, kind_name
-from mutualrl.see.part import StorePart
+from mutualrl.see.store.entries import Header, check_stream_id, is_last_id, redis_op, s, sid_key
+from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
 

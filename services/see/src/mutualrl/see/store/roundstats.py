@@ -6,8 +6,8 @@ import asyncio
 import time
 
 from mutualrl.see import metrics as m
-from mutualrl.see.entries import redis_op, s
-from mutualrl.see.part import StorePart
+from mutualrl.see.store.entries import redis_op, s
+from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
 

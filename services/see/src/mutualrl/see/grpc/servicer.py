@@ -17,9 +17,9 @@ from mutualrl.common.errors import (
     grpc_errors,
 )
 from mutualrl.see import metrics as m
-from mutualrl.see import requests
-from mutualrl.see.publish import publish_response
+from mutualrl.see.grpc import requests
 from mutualrl.see.store import SeeStore
+from mutualrl.see.store.publish import publish_response
 from mutualrl.see.validate import validate_records
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc

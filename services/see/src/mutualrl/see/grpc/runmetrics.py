@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 
 from mutualrl.common.errors import grpc_errors
-from mutualrl.see.runmetrics import RunMetricsStore
 from mutualrl.see.store import SeeStore
+from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import run_metrics_pb2 as mpb
 from mutualrl.v1 import run_metrics_pb2_grpc as mpb_grpc
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import redis
 
-from mutualrl.see.bench import BENCH_PREFIX, _connections_per_worker, _start_server, run_bench
+from mutualrl.bench.see import BENCH_PREFIX, _connections_per_worker, _start_server, run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mutualrl.common.errors import InvalidArgument, NotFound
-from mutualrl.see.entries import check_stream_id, is_last_id, redis_op
+from mutualrl.common.errors import InvalidArgument, NotFound, require_nonnegative
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import SeeStore
+from mutualrl.see.store.entries import check_stream_id, is_last_id, redis_op
 from mutualrl.v1 import run_metrics_pb2 as mpb
 
 MAX_ROWS = 1024
@@ -56,10 +56,8 @@ def check_rows(rows: Sequence[mpb.MetricRow], policies: Sequence[str]) -> None:
         if row.policy_id not in known:
             raise InvalidArgument(f"{where}.policy_id",
                                   f"{row.policy_id[:64]!r} is not a policy of the run")
-        if row.round < 0:
-            raise InvalidArgument(f"{where}.round", "must be >= 0")
-        if row.unix_ms < 0:
-            raise InvalidArgument(f"{where}.unix_ms", "must be >= 0")
+        require_nonnegative(f"{where}.round", row.round)
+        require_nonnegative(f"{where}.unix_ms", row.unix_ms)
         if len(row.values) > MAX_VALUES:
             raise InvalidArgument(f"{where}.values", f"at most {MAX_VALUES} entries")
         for name, value in row.values.items():

@@ -41,7 +41,7 @@ BENCH_PREFIX = "mrlbench"
 
 def _records(worker: int, n: int, tokens: int, run_id: str) -> list[bytes]:
     """`n` serialized ROLLOUT records of `tokens` tokens each for one writer."""
-    from mutualrl.see.testing import rollout
+    from mutualrl.bench.testing.see import rollout
 
     out = []
     for i in range(n):
@@ -380,14 +380,14 @@ def run_bench(clients: int, records: int, batch: int, tokens: int, redis_url: st
 def _redis_for(args: argparse.Namespace) -> Iterator[str]:
     """The Redis both sides write to: --redis-url, or a private one the case needs (a 3-master
     cluster for --cluster; a server with appendfsync always for --durability fsync)."""
-    from mutualrl.common import redis_testing
+    from mutualrl.bench.testing import redis_servers
     from mutualrl.see.config import _default_redis_url
 
     if args.cluster:
-        with redis_testing.cluster(3) as c:
+        with redis_servers.cluster(3) as c:
             yield c.url
     elif args.durability == "fsync" and not args.redis_url:
-        with redis_testing.server(["--appendonly", "yes", "--appendfsync", "always"]) as s:
+        with redis_servers.server(["--appendonly", "yes", "--appendfsync", "always"]) as s:
             yield s.url
     else:
         yield args.redis_url or _default_redis_url()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mutualrl.see import metrics as m
-from mutualrl.see.entries import redis_op, s
-from mutualrl.see.part import StorePart
+from mutualrl.see.store.entries import redis_op, s
+from mutualrl.see.store.part import StorePart
 from mutualrl.see.validate import normalise_text
 from mutualrl.v1 import experience_pb2 as pb
 

@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
-from mutualrl.see import transfers
-from mutualrl.see.blocking import BlockingReads
-from mutualrl.see.entries import Entry, StreamReply, s
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.ranges import plan_reads
-from mutualrl.see.runs import RunRegistry
+from mutualrl.see.store import transfers
+from mutualrl.see.store.blocking import BlockingReads
+from mutualrl.see.store.entries import Entry, StreamReply, s
+from mutualrl.see.store.ranges import plan_reads
+from mutualrl.see.store.runs import RunRegistry
 
 # Record ids per HMGET of the index.
 _IDS_PER_READ = 1000

@@ -28,12 +28,12 @@ from redis import exceptions as rexc
 
 from mutualrl.common.errors import Unavailable
 from mutualrl.see import metrics as m
-from mutualrl.see.durability import Mode
-from mutualrl.see.entries import SEP, redis_op, s
 from mutualrl.see.keys import KINDS, kind_name
-from mutualrl.see.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
-from mutualrl.see.ranges import location
-from mutualrl.see.runs import RunRegistry
+from mutualrl.see.store.durability import Mode
+from mutualrl.see.store.entries import SEP, redis_op, s
+from mutualrl.see.store.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
+from mutualrl.see.store.ranges import location
+from mutualrl.see.store.runs import RunRegistry
 from mutualrl.see.validate import Batch, text_digest
 from mutualrl.v1 import experience_pb2 as pb
 

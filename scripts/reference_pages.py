@@ -62,6 +62,10 @@ USED_AS: dict[str, str] = {
 """Where a model that no section nests is used, for the models the page lists on their own."""
 
 
+class PageError(Exception):
+    """The code cannot give a page: a field without a docstring, a name taken twice."""
+
+
 @dataclass(frozen=True)
 class ConfigClass:
     """A config model found in the sources: its module, name and source file."""
@@ -103,7 +107,7 @@ def load(found: list[ConfigClass]) -> dict[str, type[BaseModel]]:
     for c in found:
         cls = getattr(importlib.import_module(c.module), c.name)
         if c.name in models and models[c.name] is not cls:
-            raise SystemExit(f"two config models are named {c.name}: rename one")
+            raise PageError(f"two config models are named {c.name}: rename one")
         models[c.name] = cls
     return models
 
@@ -266,7 +270,7 @@ def render_layout(current: str, root: Path = ROOT) -> str:
     """`docs/layout.md` with its package table replaced by the generated one."""
     start, end = current.find(PACKAGES_START), current.find(PACKAGES_END)
     if start < 0 or end < start:
-        raise SystemExit(f"{LAYOUT_PAGE} lacks the markers {PACKAGES_START!r} ... {PACKAGES_END!r}")
+        raise PageError(f"{LAYOUT_PAGE} lacks the markers {PACKAGES_START!r} ... {PACKAGES_END!r}")
     return (current[:start + len(PACKAGES_START)] + "\n" + render_packages(root)
             + current[end:])
 
@@ -276,7 +280,7 @@ def expected_pages() -> dict[Path, str]:
     models = load(find_config_classes())
     missing = undocumented(models)
     if missing:
-        raise SystemExit("config fields without a docstring: " + ", ".join(missing))
+        raise PageError("config fields without a docstring: " + ", ".join(missing))
     return {CONFIG_PAGE: render_configuration(models),
             LAYOUT_PAGE: render_layout(LAYOUT_PAGE.read_text(encoding="utf-8"))}
 
@@ -291,7 +295,10 @@ def on_pre_build(config: Any) -> None:
     """mkdocs hook: refuse to build the site from stale generated pages."""
     from mkdocs.exceptions import PluginError
 
-    stale = stale_pages()
+    try:
+        stale = stale_pages()
+    except PageError as err:
+        raise PluginError(str(err)) from None
     if stale:
         names = ", ".join(p.relative_to(ROOT).as_posix() for p in stale)
         raise PluginError(f"{names} stale: run `make docs` (scripts/reference_pages.py)")
@@ -301,7 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
     args = parser.parse_args(argv)
-    if args.check:
+    try:
+        return _run(check=args.check)
+    except PageError as err:
+        print(err, file=sys.stderr)
+        return 1
+
+
+def _run(check: bool) -> int:
+    if check:
         stale = stale_pages()
         for p in stale:
             print(f"{p.relative_to(ROOT)} is stale: run `make docs`", file=sys.stderr)

@@ -97,3 +97,16 @@ def test_the_package_table_has_a_row_per_package() -> None:
                          ("mutualrl-launcher", "launcher/")):
         assert f"| {name} | `{folder}` |" in table
     assert table.count("\n| mutualrl-") == len(pages.source_roots())
+
+
+def test_the_docs_build_fails_on_a_field_without_a_docstring(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mkdocs.exceptions import PluginError
+
+    class Careless(Config):
+        a: int = 1
+
+    monkeypatch.setattr(pages, "load", lambda found: {"Careless": Careless})
+    with pytest.raises(PluginError, match=r"Careless\.a"):
+        pages.on_pre_build({})
+    assert pages.main(["--check"]) == 1

@@ -14,6 +14,15 @@ from pathlib import Path
 from mutualrl.common.commands import Commands
 
 
+def _emit(result: dict[str, object], path: str | None) -> str:
+    """The result as JSON text, written to `path` too when one is given."""
+    text = json.dumps(result, indent=2)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n", encoding="utf-8")
+    return text
+
+
 def _see_bench(args: argparse.Namespace) -> int:
     from mutualrl.bench.see import main as bench_main
 
@@ -54,11 +63,7 @@ def _thl_bench(args: argparse.Namespace) -> int:
 
     result = run_bench(n_texts=args.texts, seed=args.seed, batch=args.batch,
                        repeats=args.repeats, source_kind=args.source, target_kind=args.target)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    print(_emit(result, args.json))
     return 0
 
 
@@ -89,10 +94,7 @@ def _mwra_bench(args: argparse.Namespace) -> int:
            "makespan_ratio_balanced_over_static": report["makespan_ratio_balanced_over_static"],
            "idle_fraction_static": report["static"]["idle_fraction"],
            "idle_fraction_balanced": report["balanced"]["idle_fraction"]}
-    text = json.dumps(out, indent=2)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    _emit(out, args.json)
     print(f"balanced/static makespan ratio {out['makespan_ratio_balanced_over_static']:.4f} "
           f"(noise-free {noiseless['makespan_ratio_balanced_over_static']:.4f}); idle fraction "
           f"static {out['idle_fraction_static']:.3f}, "
@@ -115,9 +117,11 @@ def _mwra(commands: Commands) -> None:
 
 
 def _trainer_bench(args: argparse.Namespace) -> int:
-    from mutualrl.bench.trainer import bench_command
+    from mutualrl.bench.trainer import run_bench
 
-    return bench_command(args.json, args.steps, args.cache_dir)
+    result = run_bench(steps=args.steps, cache_dir=Path(args.cache_dir) if args.cache_dir else None)
+    print(_emit(result, args.json))
+    return 0
 
 
 def _trainer(commands: Commands) -> None:
@@ -131,9 +135,10 @@ def _trainer(commands: Commands) -> None:
 
 
 def _memory_bench(args: argparse.Namespace) -> int:
-    from mutualrl.bench.memory import bench_command
+    from mutualrl.bench.memory import run_bench
 
-    return bench_command(args)
+    print(_emit(run_bench(args), args.json))
+    return 0
 
 
 def _memory(commands: Commands) -> None:
@@ -150,10 +155,7 @@ def _rounds_bench(args: argparse.Namespace) -> int:
 
     res = bench_rounds([int(n) for n in args.n.split(",")], args.rounds, args.slots,
                        Path(args.out) if args.out else None, short_pool=args.short_pool)
-    text = json.dumps(res, indent=2)
-    if args.json:
-        Path(args.json).write_text(text)
-    print(text)
+    print(_emit(res, args.json))
     return 0
 
 

@@ -271,15 +271,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Where the random model is saved (default: a temporary directory).")
 
 
-def bench_command(a: argparse.Namespace) -> int:
-    result = run_bench(a)
-    text = json.dumps(result, indent=2)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
-    print(text)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the per-configuration subprocesses (`--child ours|trl`)."""
     p = argparse.ArgumentParser(prog="python -m mutualrl.bench.memory")

@@ -11,7 +11,6 @@ sampled while each side's step ran (one process, so both include the shared base
 
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 import time
@@ -174,12 +173,3 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
         "anchor": "trl.GRPOTrainer (HF generate, use_cpu, fp32) in the same process, "
                   "alternating step by step",
     }
-
-
-def bench_command(json_path: str | None, steps: int, cache_dir: str | None = None) -> int:
-    result = run_bench(steps=steps, cache_dir=Path(cache_dir) if cache_dir else None)
-    text = json.dumps(result, indent=2)
-    if json_path:
-        Path(json_path).write_text(text + "\n")
-    print(text)
-    return 0

@@ -120,19 +120,27 @@ def env_values(section: str, model: type[BaseModel],
         def _load_env_vars(self) -> Mapping[str, str | None]:
             return {k.lower(): v for k, v in env.items() if v}  # empty: unset
 
+    prefix = f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}"
+    for var in env:
+        if var.upper().startswith(prefix) and env[var]:
+            name = var[len(prefix):].split(ENV_NESTED_DELIMITER)[0].lower()
+            if name not in model.model_fields:  # pydantic-settings would pass over it
+                raise ValueError(f"{var}: the `{section}` section has no field {name!r}")
     fields: dict[str, Any] = {name: (info.annotation, None)
                               for name, info in model.model_fields.items()}
     settings = create_model(f"{model.__name__}Env", __base__=BaseSettings, **fields)
-    source = Source(settings, case_sensitive=False,
-                    env_prefix=f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}",
+    source = Source(settings, case_sensitive=False, env_prefix=prefix,
                     env_nested_delimiter=ENV_NESTED_DELIMITER)
     return {k: v for k, v in source().items() if v is not None}
 
 
-def load_section(path: str | Path | None, section: str, model: type[M], **overrides: Any) -> M:
+def load_section(path: str | Path | None, section: str, model: type[M], *,
+                 environ: Mapping[str, str] | None = None, **overrides: Any) -> M:
     """Build `model` from one top-level section of a run YAML (missing file or section: defaults).
 
-    Keyword overrides that are not None win over the file (command-line flags).
+    The environment's MUTUALRL_<SECTION>__<FIELD>... variables (`env_values`; `environ`, else
+    os.environ) win over the file, and keyword overrides that are not None (command-line flags)
+    win over both.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -140,6 +148,7 @@ def load_section(path: str | Path | None, section: str, model: type[M], **overri
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: section '{section}' must be a mapping")
         data.update(raw)
+    data = deep_merge(data, env_values(section, model, environ))
     data.update({k: v for k, v in overrides.items() if v is not None})
     return model.model_validate(data)
 

@@ -87,3 +87,19 @@ def _sft_help() -> str:
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         build_parser().parse_args(["sft", "--help"])
     return out.getvalue()
+
+
+def test_serve_flags_are_the_service_config_fields() -> None:
+    from mutualrl.common.config import load_section
+    from mutualrl.mwra.config import MwraConfig
+    from mutualrl.see.config import SeeConfig
+
+    args = build_parser().parse_args(["mwra", "serve", "--strategy", "time-share", "--port", "0",
+                                      "--tick-seconds", "0.1", "--replica-id", "r1"])
+    got = flag_values(args, MwraConfig)
+    assert got == {"strategy": "time-share", "port": 0, "tick_seconds": 0.1, "replica_id": "r1"}
+    assert load_section(None, "mwra", MwraConfig, environ={}, **got).tick_seconds == 0.1
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mwra", "serve", "--strategy", "fastest"])
+    see = build_parser().parse_args(["see", "serve", "--workers", "2", "--rest-port", "0"])
+    assert flag_values(see, SeeConfig) == {"workers": 2, "rest_port": 0}

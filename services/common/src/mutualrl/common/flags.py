@@ -90,7 +90,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
         if dotted in skip:
             continue
         options = [f"--{'-'.join(path).replace('_', '-')}", *aliases.get(dotted, ())]
-        kwargs.setdefault("metavar", path[-1].upper())
+        if "choices" not in kwargs:  # argparse lists the choices itself
+            kwargs.setdefault("metavar", path[-1].upper())
         parser.add_argument(*options, dest=_dest(path), default=None, help=help_text, **kwargs)
 
 

@@ -141,8 +141,11 @@ def make_launch_plan(config: Path, redis_url: str | None,
             continue  # made by an earlier run: reuse it
         sft_yaml = run_dir / "warm_start" / f"{policy['name']}.yaml"
         sft_yaml.parent.mkdir(parents=True, exist_ok=True)
+        # The warm start sees its prompts rendered as the policy's RL prompts will be.
+        rendering = {k: policy[k] for k in ("prompt_format", "chat_template",
+                                            "chat_template_kwargs") if policy.get(k) is not None}
         sft_cfg = {"progress": False, "cache_dir": str(trainer.output_dir.resolve() / "presets"),
-                   **sft, "out_dir": str(out)}
+                   **rendering, **sft, "out_dir": str(out)}
         sft_yaml.write_text(yaml.safe_dump({"sft": sft_cfg}, sort_keys=False))
         warm.append(ProcessSpec(name=f"sft-{policy['name']}",
                                 argv=[*CLI, "sft", "-c", str(sft_yaml)],

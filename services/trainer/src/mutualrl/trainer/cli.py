@@ -79,7 +79,9 @@ def register(commands: Commands) -> None:
                    help="Where run ids are looked up (the trainer's output_dir).")
     e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
-    # ---- `mutualrl train` and `mutualrl create-run` are registered below this line ----
+    # ---- `mutualrl train`, `mutualrl create-run` and `mutualrl eval` are registered below ----
+    from mutualrl.trainer.eval_cli import register_eval_command
     from mutualrl.trainer.train_cli import register_train_commands
 
     register_train_commands(commands)
+    register_eval_command(commands)

@@ -16,8 +16,11 @@ log = logging.getLogger(__name__)
 
 
 def _train(args: argparse.Namespace) -> int:
+    import sys
+
     from mutualrl.trainer import distributed
     from mutualrl.trainer.config import load_trainer_config
+    from mutualrl.trainer.dataset_task import ExperimentInputError
 
     if args.dry_run:
         return _dry_run(args)
@@ -36,6 +39,9 @@ def _train(args: argparse.Namespace) -> int:
         return distributed.launch(nproc, argv, f"{cfg.run_id}-{policy.name}")
     try:
         return _train_here(cfg, policy.name, args.resume, dist, device)
+    except ExperimentInputError as err:  # named in the message: no traceback needed
+        print(f"mutualrl train: {err}", file=sys.stderr)
+        return 2
     finally:
         distributed.shutdown()
 

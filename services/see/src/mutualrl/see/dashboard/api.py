@@ -137,7 +137,8 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         receivers = [ReceiverOut(policy_id=p, tokenizer_id=None, tokens=[], chunks=[],
                                  residual=None, error=None) for p in others]
         out = AlignmentOut(run_id=run_id, record_id=rec.record_id, kind=kind, round=rec.round,
-                           prompt_id=rec.prompt_id, prompt_text=rec.prompt_text, text=rec.text,
+                           prompt_id=rec.prompt_id, prompt_text=rec.prompt_text,
+                           rendered_prompt=rec.meta.get("rendered_prompt"), text=rec.text,
                            reward=rec.reward, sender=sender, receivers=receivers)
 
         def fail_all(msg: str) -> AlignmentOut:

@@ -33,7 +33,7 @@ class Outer(Config):
     inner: Inner = Inner()
     """Nested."""
     table: dict[str, int] = Field(default_factory=dict)
-    """Left to the file."""
+    """As JSON."""
 
 
 def _parser(model: type[BaseModel], **kw: object) -> argparse.ArgumentParser:
@@ -45,12 +45,14 @@ def _parser(model: type[BaseModel], **kw: object) -> argparse.ArgumentParser:
 def test_flags_follow_the_fields_and_nest() -> None:
     p = _parser(Outer, aliases={"inner.mode": ["--mode"]})
     args = p.parse_args(["--steps", "4", "--path", "x/y", "--no-verbose", "--mode", "b",
-                         "--inner-names", "p, q,,r"])
+                         "--inner-names", "p, q,,r", "--table", '{"a": 1}'])
     assert flag_values(args, Outer) == {"steps": 4, "path": Path("x/y"), "verbose": False,
-                                        "inner": {"mode": "b", "names": ["p", "q", "r"]}}
+                                        "inner": {"mode": "b", "names": ["p", "q", "r"]},
+                                        "table": {"a": 1}}
     assert flag_values(p.parse_args([]), Outer) == {}
     assert "How many steps (100% of them)." in " ".join(p.format_help().split())
-    assert "--table" not in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--table", "{a: 1"])
     with pytest.raises(SystemExit):
         p.parse_args(["--inner-mode", "c"])
     with pytest.raises(SystemExit):

@@ -2,14 +2,15 @@
 field's type, choices and docstring, so a command's flags never drift from its model.
 
 `add_model_flags(parser, Model)` adds `--<field>` for every field (nested models as
-`--<field>-<subfield>`; `bool` fields as `--x/--no-x`; lists of scalars comma-separated), each
-with default None; `flag_values(args, Model)` returns the nested mapping of the flags given,
-to update a config file's values with. Mappings are left to the config file.
+`--<field>-<subfield>`; `bool` fields as `--x/--no-x`; lists of scalars comma-separated;
+mappings and anything else as JSON), each with default None; `flag_values(args, Model)` returns
+the nested mapping of the flags given, to update a config file's values with.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -38,8 +39,18 @@ def _comma_list(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
-def _argument(annotation: Any) -> dict[str, Any] | None:
-    """argparse keywords for a field of this type; None when no flag can express it."""
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+
+
+_json.__name__ = "JSON"
+
+
+def _argument(annotation: Any) -> dict[str, Any]:
+    """argparse keywords for a field of this type (JSON for what has no plainer spelling)."""
     annotation = _unwrap_optional(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
@@ -54,12 +65,12 @@ def _argument(annotation: Any) -> dict[str, Any] | None:
         item = _unwrap_optional(item)
         if item in _SCALARS:
             return {"type": _comma_list(item), "metavar": "A,B,..."}
-    return None
+    return {"type": _json, "metavar": "JSON"}
 
 
 def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
             ) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
-    """(path, argparse keywords, help) for every field a flag can set, nested models flattened."""
+    """(path, argparse keywords, help) for every field, nested models flattened."""
     out = []
     for name, info in model.model_fields.items():
         path = (*prefix, name)
@@ -67,9 +78,7 @@ def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             out.extend(_fields(annotation, path))
             continue
-        kwargs = _argument(info.annotation)
-        if kwargs is not None:
-            out.append((path, kwargs, (info.description or "").replace("%", "%%")))
+        out.append((path, _argument(info.annotation), (info.description or "").replace("%", "%%")))
     return out
 
 
@@ -80,7 +89,7 @@ def _dest(path: tuple[str, ...]) -> str:
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                     aliases: Mapping[str, Sequence[str]] | None = None,
                     skip: Sequence[str] = ()) -> None:
-    """Add a flag for every field of `model` that a flag can express (see the module).
+    """Add a flag for every field of `model` (see the module).
 
     `aliases` maps a dotted field path ("task.regime") to more option strings for it ("--regime");
     `skip` names dotted paths that get no flag."""

@@ -15,9 +15,12 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # pydantic stays out of `mutualrl --help`, which imports this module
+    from pydantic import BaseModel
+
+M = typing.TypeVar("M", bound="BaseModel")
 
 _SCALARS: tuple[type, ...] = (str, int, float, Path)
 
@@ -71,6 +74,8 @@ def _argument(annotation: Any) -> dict[str, Any]:
 def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
             ) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
     """(path, argparse keywords, help) for every field, nested models flattened."""
+    from pydantic import BaseModel
+
     out = []
     for name, info in model.model_fields.items():
         path = (*prefix, name)
@@ -116,3 +121,43 @@ def flag_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, A
             node = node.setdefault(key, {})
         node[path[-1]] = value
     return out
+
+
+def deferred_flags(module: str, model: str, *,
+                   aliases: Mapping[str, Sequence[str]] | None = None
+                   ) -> Callable[[argparse.ArgumentParser], None]:
+    """`add_model_flags` for the model `module.model`, imported only when the command is parsed
+    (`Commands.add(..., deferred=...)`: `mutualrl --help` imports no config model)."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        import importlib
+
+        add_model_flags(parser, getattr(importlib.import_module(module), model), aliases=aliases)
+
+    return add
+
+
+def load_flagged(args: argparse.Namespace, section: str, model: type[M]) -> M:
+    """The `section` of `args.config` (None: defaults) as `model`: the environment over the
+    file, the flags of `add_model_flags` over both (`mutualrl.common.config.load_section`)."""
+    from mutualrl.common.config import load_section
+
+    return load_section(args.config, section, model, **flag_values(args, model))
+
+
+def serve_handler(section: str, module: str, model: str,
+                  server: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of `mutualrl <section> serve`: the section as `module.model` (file,
+    environment, flags), then `server.serve(config)` on the config's event loop (both modules
+    imported when the command runs)."""
+
+    def handle(args: argparse.Namespace) -> int:
+        import importlib
+
+        from mutualrl.common import event_loop
+
+        cfg = load_flagged(args, section, getattr(importlib.import_module(module), model))
+        event_loop.run(importlib.import_module(server).serve(cfg), cfg.event_loop)
+        return 0
+
+    return handle

@@ -6,22 +6,15 @@ import argparse
 import os
 
 from mutualrl.common.commands import Commands
-
-
-def _flags(parser: argparse.ArgumentParser) -> None:
-    from mutualrl.common.flags import add_model_flags
-    from mutualrl.see.config import SeeConfig
-
-    add_model_flags(parser, SeeConfig)
+from mutualrl.common.flags import deferred_flags
 
 
 def _serve(args: argparse.Namespace) -> int:
     from mutualrl.common import event_loop
-    from mutualrl.common.config import load_section
-    from mutualrl.common.flags import flag_values
+    from mutualrl.common.flags import load_flagged
     from mutualrl.see.config import SeeConfig
 
-    cfg = load_section(args.config, "see", SeeConfig, **flag_values(args, SeeConfig))
+    cfg = load_flagged(args, "see", SeeConfig)
     made_dir = None
     if cfg.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         import tempfile
@@ -52,5 +45,6 @@ def register(commands: Commands) -> None:
     commands.group(["see"], "Shared Experience Exchange (SEE).")
     p = commands.add(["see", "serve"], "Serve SEE: gRPC (experience.proto) plus the REST "
                      "inspection API, backed by Redis; every `see:` field is a flag, over the "
-                     "config file and the environment.", _serve, deferred=_flags)
+                     "config file and the environment.", _serve,
+                     deferred=deferred_flags("mutualrl.see.config", "SeeConfig"))
     p.add_argument("--config", default=None, help="Run YAML; its `see:` section configures SEE.")

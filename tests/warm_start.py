@@ -20,7 +20,7 @@ WARM = {"A": ("gpt2-bpe-nosplit", "add"), "B": ("llama-char", "rev"),
 
 def warm_checkpoints(request: pytest.FixtureRequest,
                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """SFT checkpoints, cached across sessions in pytest's cache (they take ~30 s each);
+    """SFT checkpoints, cached across test runs in pytest's cache (they take ~30 s each);
     bump the cache name when TASK, WARM or the SFT settings change."""
     from mutualrl.trainer.sft import SFTConfig, run_sft
 

@@ -210,7 +210,7 @@ def test_extends_merges_a_study_into_its_base(tmp_path: Path) -> None:
 
 
 def test_prp_levels_config_runs_both_levels_in_both_regimes() -> None:
-    """Issue 17, point 4: sequence- and chunk-level PRP against GRPO in both regimes, on the
+    """Sequence- and chunk-level PRP against GRPO in both regimes, on the
     probe comparison's policies and warm starts (the same SFT configs, so the same cache keys),
     within its own time budget."""
     cfg, raw = load_experiment(CONFIG.with_name("prp-levels.yaml"))

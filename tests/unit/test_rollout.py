@@ -168,7 +168,7 @@ def test_factory_and_sglang_boundary(cache: Path) -> None:
     model, tok = load_policy(ensure_preset("llama-char", cache))
     assert isinstance(make_engine("hf", model, tok), HFEngine)
     with pytest.raises(ValueError, match="unknown rollout engine"):
-        make_engine("vllm", model, tok)
+        make_engine("tgi", model, tok)
     try:
         import sglang  # noqa: F401
     except ImportError:

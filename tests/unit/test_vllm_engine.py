@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
+from sample_checks import assert_text_and_offsets
 
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.presets import ensure_preset, load_policy
@@ -131,12 +132,7 @@ def test_stop_strings_eos_and_length(served: Any) -> None:
                           stop=["1", "2"])
     seen = set()
     for s in (s for row in out for s in row):
-        assert s.text == tok.decode(s.token_ids, skip_special_tokens=True)
-        pos = 0
-        for a, b in s.offsets:
-            assert a == pos and b >= a
-            pos = b
-        assert pos == len(s.text)
+        assert_text_and_offsets(s, tok)
         hit = "1" in s.text or "2" in s.text
         eos = s.token_ids[-1] == tok.eos_token_id
         if s.finish_reason == "stop":

@@ -37,7 +37,7 @@ ROUNDS = 4
 @pytest.fixture(scope="module")
 def warm_policies(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """SFT checkpoints, cached across sessions in pytest's cache (they take ~30 s each);
+    """SFT checkpoints, cached across test runs in pytest's cache (they take ~30 s each);
     bump the cache name when TASK, WARM or the SFT settings change."""
     from mutualrl.trainer.sft import SFTConfig, run_sft
 
@@ -215,7 +215,7 @@ def test_sgt_rescues_both_ways(services: _Services, warm_policies: dict[str, Pat
 
 def test_a_policy_that_starts_late_trains_round_zero_with_its_peer(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
-    """Issue 13, no stall on start: B loads (and registers with MWRA) 2 s after A is ready for
+    """No stall on start: B loads (and registers with MWRA) 2 s after A is ready for
     round 0. A waits for B to register (`services.peers_wait_s`), so round 0 is planned for
     both: each trains it on half the pool, not A on all of it, and A's SGT read of round 0
     finds B's records instead of waiting out the deadline (`_run_pair` asserts no round fell

@@ -30,9 +30,9 @@ def _cfg(**over: Any) -> ExperimentConfig:
 
 
 def test_default_config_runs_a_subset_within_its_time_budget() -> None:
-    """The default subset is what issue 17's targets need, and its estimate (the paces measured
-    on the 2-core machine) fits its own time budget, which leaves the warm starts room within
-    the 90 minutes the issue asks for."""
+    """The default subset is what the headline contrasts need, and its estimate (the paces
+    measured on the 2-core machine) fits its own time budget, which leaves the warm starts room
+    within 90 minutes."""
     cfg, raw = load_experiment(CONFIG)
     plan = build_plan(cfg, Path("/tmp/x"))
     assert cfg.probes == ["none", "xgrpo", "sgt", "sgt-self", "oracle", "prp-seq", "prp-chunk"]
@@ -201,7 +201,7 @@ def test_extends_merges_a_study_into_its_base(tmp_path: Path) -> None:
 
 
 def test_prp_levels_config_runs_both_levels_in_both_regimes() -> None:
-    """Issue 17, point 4: sequence- and chunk-level PRP against GRPO in both regimes, on the
+    """Sequence- and chunk-level PRP against GRPO in both regimes, on the
     probe comparison's policies and warm starts (the same SFT configs, so the same cache keys),
     within its own time budget."""
     cfg, raw = load_experiment(CONFIG.with_name("prp-levels.yaml"))

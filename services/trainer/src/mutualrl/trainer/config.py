@@ -250,8 +250,8 @@ class MetricsSettings(Config):
 
 
 class LoraSettings(Config):
-    """LoRA adapters through peft (README, "LoRA"): only they train and are checkpointed; the
-    reference policy is the base with the adapters disabled."""
+    """LoRA adapters through peft (docs/training.md, "LoRA"): only they train and are
+    checkpointed; the reference policy is the base with the adapters disabled."""
 
     rank: int = Field(16, ge=1)
     """r: the rank of each adapter's B @ A."""

@@ -4,10 +4,11 @@
 #
 # Why this exists: CI runs in a sandboxed VM with no Docker daemon, no reachable image registry
 # and no CAP_SYS_RESOURCE. A user's Docker (or podman on a normal host) needs none of this:
-#   - podman, buildah and runc come from Debian's packages; podman-compose from PyPI (Debian's
-#     1.0.3 predates the Compose features docker-compose.yml uses);
+#   - podman, buildah and runc come from Debian's packages (podman-compose is a deploy tool of
+#     the project's own, deploy/tools.txt);
 #   - no registry answers, so the base images the Dockerfiles name (python:3.11-slim-bookworm,
-#     redis:7) are built locally with mmdebstrap from Debian's packages and passed by tag;
+#     redis:7) are built locally with mmdebstrap from Debian's packages and passed by tag (the
+#     Redis one with protected mode off, as the official image is built);
 #   - crun (podman's default runtime) fails on setrlimit without CAP_SYS_RESOURCE and refuses the
 #     hybrid cgroup layout; runc works once the OCI bundle asks for no rlimits, so runc runs
 #     through a wrapper that deletes process.rlimits from config.json;
@@ -15,7 +16,6 @@
 #     wheel comes from pip's local find-links directory instead of PyTorch's index.
 set -euo pipefail
 
-STATE=/var/lib/mutualrl-ci
 WRAPPER=/usr/local/libexec/mutualrl-ci/runc-no-rlimits
 PYTHON_BASE=localhost/mutualrl-ci/python:3.11-bookworm
 REDIS_BASE=localhost/mutualrl-ci/redis:7-bookworm
@@ -34,7 +34,7 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 # ---- runtime: runc without rlimits ---------------------------------------------------------------
-mkdir -p "$(dirname "$WRAPPER")" /etc/containers/containers.conf.d "$STATE"
+mkdir -p "$(dirname "$WRAPPER")" /etc/containers/containers.conf.d
 cat >"$WRAPPER" <<'WRAP'
 #!/usr/bin/env python3
 """runc, with process.rlimits removed from the bundle's config.json (no CAP_SYS_RESOURCE here)."""

@@ -75,13 +75,27 @@ build deploy/docker/Dockerfile.service "$SERVICE_IMAGE"
 trainer_flags=(--target cpu)
 [ -n "${MUTUALRL_TORCH_PIP_ARGS:-}" ] && trainer_flags+=(--build-arg "TORCH_PIP_ARGS=$MUTUALRL_TORCH_PIP_ARGS")
 build deploy/docker/Dockerfile.trainer "$TRAINER_IMAGE" "${trainer_flags[@]}"
-log "images built"
+podman run --rm --entrypoint python "$SERVICE_IMAGE" -c \
+    "import importlib.util as u; bad = [m for m in ('torch', 'mutualrl.trainer') if u.find_spec(m)]; assert not bad, bad" ||
+    fail "the service image holds the trainer's dependencies"
+log "ok: images built; the service image holds no torch and no trainer"
 
 # ---- the run's secrets and ports -----------------------------------------------------------------
 secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 printf 'MUTUALRL_AUTH_TOKEN=%s\n' "$secret" >"$WORK/env"
 token() { podman run --rm -e "MUTUALRL_AUTH_TOKEN=$secret" "$SERVICE_IMAGE" token "$@"; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Below the ephemeral range, where the ports other processes bind to port 0 come from.
+free_port() {
+    python3 -c 'import random, socket
+for port in random.sample(range(20000, 32000), 200):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(port)
+        break'
+}
 export MUTUALRL_ENV_FILE="$WORK/env"
 export MUTUALRL_SERVICE_IMAGE="$SERVICE_IMAGE" MUTUALRL_TRAINER_CPU_IMAGE="$TRAINER_IMAGE"
 export MUTUALRL_TOKEN_GPT2_BPE MUTUALRL_TOKEN_LLAMA_CHAR

@@ -49,7 +49,8 @@ def main(args: list[str]) -> int:
                 continue
             seen.add((name, extra))
             project = projects[name]
-            optional = {normalized(k): v for k, v in project.get("optional-dependencies", {}).items()}
+            extras_of = project.get("optional-dependencies", {})
+            optional = {normalized(k): v for k, v in extras_of.items()}
             if extra and extra not in optional:
                 raise SystemExit(f"requirements.py: {project['name']} has no extra {extra!r}")
             deps: list[str] = optional[extra] if extra else project.get("dependencies", [])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,7 +33,8 @@ def templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any],
     """(where, workload, pod template) of every workload."""
     for obj in docs:
         if obj.get("kind") in WORKLOADS and isinstance(dig(obj, "spec", "template"), dict):
-            yield f"{obj['kind'].lower()}/{dig(obj, 'metadata', 'name')}", obj, obj["spec"]["template"]
+            where = f"{obj['kind'].lower()}/{dig(obj, 'metadata', 'name')}"
+            yield where, obj, obj["spec"]["template"]
 
 
 def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -46,15 +48,18 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
     errors: list[str] = []
     for where, obj, template in templates(docs):
         selector = dig(obj, "spec", "selector", "matchLabels")
-        if obj["kind"] != "Job" and not matches(selector, dig(template, "metadata", "labels") or {}):
+        labels = dig(template, "metadata", "labels") or {}
+        if obj["kind"] != "Job" and not matches(selector, labels):
             errors.append(f"{where}: spec.selector.matchLabels does not match its pod labels")
         if obj["kind"] == "StatefulSet" and dig(obj, "spec", "serviceName") not in services:
             errors.append(f"{where}: spec.serviceName names no Service here")
         spec = template.get("spec") or {}
         for volume in spec.get("volumes") or []:
-            for kind, name in (("PersistentVolumeClaim", dig(volume, "persistentVolumeClaim", "claimName")),
-                               ("ConfigMap", dig(volume, "configMap", "name")),
-                               ("Secret", dig(volume, "secret", "secretName"))):
+            for kind, name in (
+                ("PersistentVolumeClaim", dig(volume, "persistentVolumeClaim", "claimName")),
+                ("ConfigMap", dig(volume, "configMap", "name")),
+                ("Secret", dig(volume, "secret", "secretName")),
+            ):
                 if name and (kind, name) not in made:
                     errors.append(f"{where}: volume {volume.get('name')} uses {kind} {name}, "
                                   "which this kustomization does not create")
@@ -90,7 +95,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     name, source = argv
-    text = sys.stdin.read() if source == "-" else open(source, encoding="utf-8").read()
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     errors = check([d for d in yaml.safe_load_all(text) if isinstance(d, dict)])
     for error in errors:
         print(f"ERROR {name}: {error}")

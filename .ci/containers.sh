@@ -55,7 +55,8 @@ os.execvp("runc", ["runc", *args])
 WRAP
 chmod 755 "$WRAPPER"
 cat >/etc/containers/containers.conf.d/50-mutualrl-ci.conf <<CONF
-# Written by .ci/containers.sh: runc without rlimits (this sandbox lacks CAP_SYS_RESOURCE).
+# Written by .ci/containers.sh: runc without rlimits (this sandbox lacks CAP_SYS_RESOURCE);
+# cgroupfs and a file for events, since no systemd runs here.
 [engine]
 runtime = "runc-no-rlimits"
 cgroup_manager = "cgroupfs"

@@ -16,10 +16,9 @@ PYTEST_ARGS ?=
 
 # The workspace's packages, in dependency order (each pyproject.toml says what it needs).
 PACKAGES := proto services/common clients/python services/see services/thl services/mwra \
-	services/trainer launcher
-# Editable installs with the extras development uses (benchmark anchors).
-EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/thl[bench]" \
-	-e "services/trainer[bench,wandb]"
+	services/trainer launcher bench
+# Editable installs with the extras development uses.
+EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/trainer[wandb]"
 
 .PHONY: setup constraints run test test-unit test-integration test-e2e test-browser lint typecheck \
 	fmt proto \

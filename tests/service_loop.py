@@ -4,8 +4,11 @@ tests that start real services in-process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Awaitable
+import uuid
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -36,3 +39,35 @@ def delete_keys(redis_url: str, pattern: str) -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def see_server(redis_url: str, name: str) -> Iterator[str]:
+    """An in-process SEE (gRPC on port 0, no REST, no auth) on a private key prefix; yields its
+    address, then stops it and deletes its keys."""
+    from mutualrl.see.config import SeeConfig
+    from mutualrl.see.server import start_see
+
+    loop = LoopThread(name)
+    prefix = f"{name}{uuid.uuid4().hex[:10]}"
+    server = loop.run(start_see(SeeConfig(redis_url=redis_url, rest_port=None, port=0,
+                                          metrics_port=None, auth_token=None,
+                                          grace_seconds=0.2, key_prefix=prefix)))
+    try:
+        yield server.address
+    finally:
+        loop.run(server.stop(0.2))
+        loop.close()
+        delete_keys(redis_url, f"{prefix}:*")
+
+
+@dataclass
+class RolloutSample:
+    """A rollout sample as the engines give it, written by hand."""
+
+    token_ids: list[int]
+    text: str
+    offsets: list[tuple[int, int]]
+    logprobs: list[float]
+    finish_reason: str
+    prompt_token_ids: list[int] = field(default_factory=list)

@@ -14,6 +14,8 @@ import grpc
 import pytest
 import redis
 
+from mutualrl.bench.testing.see import make_config, rollout, stats_record, success_record
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.mwra import AsyncMwraClient
 from mutualrl.client.runs import delete_run
 from mutualrl.client.see import AsyncSeeClient
@@ -21,10 +23,8 @@ from mutualrl.client.thl import AsyncThlClient
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.server import MwraServer, start_mwra
 from mutualrl.see.server import SeeServer, start_see
-from mutualrl.see.testing import make_config, rollout, stats_record, success_record
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.server import ThlServer, start_thl
-from mutualrl.thl.testing import trained_tokenizers
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -365,14 +365,14 @@ def _served(address: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(redis_url: str) -> Iterator[Stack]:
+    from mutualrl.bench.testing.see import make_config
+    from mutualrl.bench.testing.thl import trained_tokenizers
     from mutualrl.client.see import ClientOptions, SeeClient
     from mutualrl.mwra.config import MwraConfig
     from mutualrl.mwra.server import start_mwra
     from mutualrl.see.server import start_see
-    from mutualrl.see.testing import make_config
     from mutualrl.thl.config import ThlConfig
     from mutualrl.thl.server import start_thl
-    from mutualrl.thl.testing import trained_tokenizers
 
     prefix = f"fuzz{uuid.uuid4().hex[:10]}"
     run_id = f"{prefix}run"

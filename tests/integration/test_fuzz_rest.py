@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from service_loop import LoopThread, delete_keys
 
-from mutualrl.see.testing import make_config, rollout, stats_record
+from mutualrl.bench.testing.see import make_config, rollout, stats_record
 
 SECRET = "rest-fuzz-secret"
 

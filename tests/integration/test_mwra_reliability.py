@@ -108,7 +108,7 @@ async def test_unknown_runs_leave_no_keys_and_no_ticking_state(
         redis_url: str, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = await start_mwra(_cfg(redis_url, run_id))
     ticked: list[str] = []
-    store = srv.service.store
+    store = srv.coordinator.store
     real = store.acquire_or_renew
 
     async def spy(run: str, replica: str, ttl: float) -> int:
@@ -144,10 +144,10 @@ async def test_unknown_runs_leave_no_keys_and_no_ticking_state(
             assert codes.count(grpc.StatusCode.OK) == deregisters, set(codes)
             assert codes.count(grpc.StatusCode.NOT_FOUND) == 2000 - deregisters
             await asyncio.sleep(0.5)  # ten ticks
-        assert srv.service._runs == {run_id}
+        assert srv.coordinator._runs == {run_id}
         assert not any(r.startswith("ghost-") for r in ticked)
-        assert not any(r.startswith("ghost-") for r in srv.service._locks)
-        assert not any(r.startswith("ghost-") for r in srv.service._leading)
+        assert not any(r.startswith("ghost-") for r in srv.coordinator._locks)
+        assert not any(r.startswith("ghost-") for r in srv.coordinator._leading)
         r = redis.Redis.from_url(redis_url)
         try:
             assert list(r.scan_iter(match=f"{run_id}:mwra:{{ghost-*", count=1000)) == []
@@ -161,24 +161,24 @@ async def test_idle_runs_are_forgotten_and_their_lock_released(redis_url: str,
                                                                run_id: str) -> None:
     srv = await start_mwra(_cfg(redis_url, run_id, worker_lease_seconds=0.3,
                                 policy_lease_seconds=0.3))
-    store: MwraStore = srv.service.store
+    store: MwraStore = srv.coordinator.store
     try:
         async with _client(srv) as c:
             await c.register_worker(run_id, "w", cpu_slots=2)
             await c.register_policy(run_id, "p")
             assert (await c.get_allocation(run_id, "p", 0)).units == 2
-            assert await store.leader(run_id) == srv.service.replica
+            assert await store.leader(run_id) == srv.coordinator.replica
             deadline = time.monotonic() + 10
-            while run_id in srv.service._runs and time.monotonic() < deadline:
+            while run_id in srv.coordinator._runs and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            assert run_id not in srv.service._runs  # forgotten once nothing is live
+            assert run_id not in srv.coordinator._runs  # forgotten once nothing is live
             assert await store.leader(run_id) is None  # and no lock is renewed for it
             await asyncio.sleep(0.3)
             assert await store.leader(run_id) is None
             # the run's state stays: the policy comes back and is served again
             again = await c.get_allocation(run_id, "p", 1)
-            assert again.round == 1 and run_id in srv.service._runs
-            assert await store.leader(run_id) == srv.service.replica
+            assert again.round == 1 and run_id in srv.coordinator._runs
+            assert await store.leader(run_id) == srv.coordinator.replica
     finally:
         await srv.stop(0)
 
@@ -318,11 +318,11 @@ async def test_a_late_registrant_asking_a_follower_is_taken_in_by_the_leader(
             await ca.register_policy(run_id, "p")
             assert (await ca.get_allocation(run_id, "p", 0)).units == 4  # A plans: A leads
             await asyncio.sleep(0.3)  # B's ticks see the run and find the lock taken
-            assert a.service.is_leader(run_id) and not b.service.is_leader(run_id)
+            assert a.coordinator.is_leader(run_id) and not b.coordinator.is_leader(run_id)
             await cb.register_policy(run_id, "late")
             late = await cb.get_allocation(run_id, "late", 0)
             assert late.round == 0 and late.active and late.units == 2 and late.epoch == 2
-            assert not b.service.is_leader(run_id)
+            assert not b.coordinator.is_leader(run_id)
             assert (await cb.get_allocation(run_id, "p", 0)).units == 2
     finally:
         await b.stop(0)

@@ -18,7 +18,7 @@ from mutualrl.client.mwra import AsyncMwraClient, MwraClient
 from mutualrl.common.channel import ClientOptions
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.server import MwraServer, start_mwra
-from mutualrl.mwra.service import SERVICE_NAME
+from mutualrl.mwra.servicer import SERVICE_NAME
 from mutualrl.mwra.store import MwraStore
 from mutualrl.v1 import allocation_pb2 as pb
 
@@ -75,7 +75,7 @@ async def test_register_report_and_balanced_rebalance_between_rounds(server: Mwr
         assert (await c.get_allocation(run_id, "fast", 0)).round == 1
         table = await c.list_allocations(run_id)
         assert table.epoch == 2 and table.round == 1 and table.idle_units == 0
-        assert table.pool_units == 8 and table.leader == server.service.replica
+        assert table.pool_units == 8 and table.leader == server.coordinator.replica
         assert [w.units_by_policy["slow"] for w in table.workers] == [6]
         assert table.workers[0].holder == "fast,slow" and table.workers[0].state == "live"
         assert table.workers[0].worker.labels["zone"] == "a"
@@ -343,20 +343,20 @@ async def test_two_replicas_one_leads_the_other_takes_over(redis_url: str, run_i
             first = await ca.get_allocation(run_id, "p", 0)  # A plans round 0: A leads
             assert first.units == 2
             await asyncio.sleep(0.3)  # several ticks: B sees the run and tries the lock
-            assert a.service.is_leader(run_id) and not b.service.is_leader(run_id)
+            assert a.coordinator.is_leader(run_id) and not b.coordinator.is_leader(run_id)
             assert r.get(f"mrl:mwra:{{{run_id}}}:leader") == f"A-{run_id}"
             # a follower serves reads from Redis, and forwards a new round to the leader
             same = await cb.get_allocation(run_id, "p", 0)
             assert same == first
             nxt = await cb.get_allocation(run_id, "q", 1)
             assert nxt.round == 1 and nxt.units == 2
-            assert not b.service.is_leader(run_id)
+            assert not b.coordinator.is_leader(run_id)
             # A dies without releasing its lock (stop serving and kill its loop)
-            await a.service.stop_background()
+            await a.coordinator.stop_background()
             await a.grpc.server.stop(0)  # no graceful stop: its close hooks would release the lock
             assert r.get(f"mrl:mwra:{{{run_id}}}:leader") == f"A-{run_id}"  # not released
             t0 = time.monotonic()
-            while not b.service.is_leader(run_id):
+            while not b.coordinator.is_leader(run_id):
                 assert time.monotonic() - t0 < 3.0, "B never took over"
                 await asyncio.sleep(0.05)
             took = time.monotonic() - t0
@@ -411,16 +411,16 @@ async def test_unreachable_redis_is_unavailable_and_server_recovers(server: Mwra
     async with _client(server) as c:
         await c.register_worker(run_id, "w", cpu_slots=2)
         await c.register_policy(run_id, "p")
-        good = server.service.store
-        server.service.store = MwraStore.from_url("redis://127.0.0.1:1/0", timeout=0.5)
+        good = server.coordinator.store
+        server.coordinator.store = MwraStore.from_url("redis://127.0.0.1:1/0", timeout=0.5)
         try:
             no_retry = AsyncMwraClient(ClientOptions(address=server.address, retries=0))
             await _expect(grpc.StatusCode.UNAVAILABLE, "redis",
                           no_retry.get_allocation(run_id, "p", 0))
             await no_retry.close()
         finally:
-            await server.service.store.close()
-            server.service.store = good
+            await server.coordinator.store.close()
+            server.coordinator.store = good
         alloc = await c.get_allocation(run_id, "p", 0)  # Redis back: serving as before
         assert alloc.units == 2
 

@@ -19,18 +19,18 @@ from typing import Any
 import grpc
 import pytest
 
+from mutualrl.bench.testing import redis_servers
+from mutualrl.bench.testing.see import TEST_PREFIX, make_config, rollout, running_see
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.common import redis_testing
-from mutualrl.see.testing import TEST_PREFIX, make_config, rollout, running_see
 
-pytestmark = pytest.mark.skipif(redis_testing.missing(cluster=True) is not None,
+pytestmark = pytest.mark.skipif(redis_servers.missing(cluster=True) is not None,
                                 reason=f"needs a local Redis Cluster: "
-                                       f"{redis_testing.missing(cluster=True)}")
+                                       f"{redis_servers.missing(cluster=True)}")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[redis_testing.Cluster]:
-    with redis_testing.cluster(3) as c:
+def cluster() -> Iterator[redis_servers.Cluster]:
+    with redis_servers.cluster(3) as c:
         yield c
 
 
@@ -43,7 +43,7 @@ def _rid() -> str:
     return f"cl{uuid.uuid4().hex[:10]}"
 
 
-async def test_see_on_a_cluster(cluster: redis_testing.Cluster) -> None:
+async def test_see_on_a_cluster(cluster: redis_servers.Cluster) -> None:
     async with running_see(make_config(cluster.url)) as see, \
             AsyncSeeClient(ClientOptions(address=see.address, retries=0)) as c:
         runs = [_rid() for _ in range(4)]  # spread over the cluster's slots
@@ -55,7 +55,7 @@ async def test_see_on_a_cluster(cluster: redis_testing.Cluster) -> None:
         recs = [rollout("a", 0, f"p{i}", 0) for i in range(6)]
         assert (await c.publish(run_id, recs)).stored == 6
         assert (await c.publish(run_id, recs)).duplicates == 6
-        from mutualrl.see.testing import stats_record, success_record
+        from mutualrl.bench.testing.see import stats_record, success_record
 
         await c.publish(run_id, [stats_record("a", 0, "p0", [1.0, 0.0]),
                                  stats_record("b", 0, "p0", [1.0]),
@@ -80,7 +80,7 @@ async def test_see_on_a_cluster(cluster: redis_testing.Cluster) -> None:
             assert await c.delete_run(r) > 0
 
 
-def test_thl_registry_on_a_cluster(cluster: redis_testing.Cluster) -> None:
+def test_thl_registry_on_a_cluster(cluster: redis_servers.Cluster) -> None:
     from mutualrl.thl.registry import RedisStore
 
     store = RedisStore(cluster.url, TEST_PREFIX)
@@ -97,7 +97,7 @@ def test_thl_registry_on_a_cluster(cluster: redis_testing.Cluster) -> None:
         store.close()
 
 
-async def test_mwra_store_on_a_cluster(cluster: redis_testing.Cluster) -> None:
+async def test_mwra_store_on_a_cluster(cluster: redis_servers.Cluster) -> None:
     from mutualrl.mwra.store import MwraStore, PolicyRecord, WorkerRecord
 
     store = MwraStore.from_url(cluster.url, prefix=TEST_PREFIX)
@@ -123,7 +123,7 @@ async def test_mwra_store_on_a_cluster(cluster: redis_testing.Cluster) -> None:
 # ------------------------------------------------------------------ two replicas, one killed
 
 def _start_replica(url: str, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = redis_testing.free_port()
+    port = redis_servers.free_port()
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(f"see:\n  key_prefix: {TEST_PREFIX}\n  rest_port: null\n"
                    f"  grace_seconds: 0.2\n")
@@ -150,7 +150,7 @@ def _start_replica(url: str, tmp: Path, name: str) -> tuple[subprocess.Popen[byt
 
 
 async def test_two_replicas_share_a_run_and_survive_a_sigkill(
-        cluster: redis_testing.Cluster, tmp_path: Path) -> None:
+        cluster: redis_servers.Cluster, tmp_path: Path) -> None:
     (p1, port1), (p2, port2) = (_start_replica(cluster.url, tmp_path, "r1"),
                                 _start_replica(cluster.url, tmp_path, "r2"))
     # One address for both replicas; each client prefers one of them (pick_first) and moves to
@@ -233,9 +233,9 @@ async def test_two_replicas_share_a_run_and_survive_a_sigkill(
 
 
 async def test_fsync_durability_is_refused_on_a_cluster_without_aof(
-        cluster: redis_testing.Cluster) -> None:
-    from mutualrl.see.durability import DurabilityError
+        cluster: redis_servers.Cluster) -> None:
     from mutualrl.see.server import start_see
+    from mutualrl.see.store.durability import DurabilityError
 
     with pytest.raises(DurabilityError, match="appendonly no"):
         await start_see(make_config(cluster.url, durability="fsync"))

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from mutualrl.bench.testing.see import make_config, running_see
 from mutualrl.client.see import AsyncSeeClient
 from mutualrl.common.auth import derive_token
 from mutualrl.common.channel import ClientOptions
-from mutualrl.see.testing import make_config, running_see
 from mutualrl.trainer.exchange import PeerExchange
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 import pytest
 
+from mutualrl.bench.testing.see import make_config, rollout
 from mutualrl.client.mwra import AsyncMwraClient
 from mutualrl.client.see import AsyncSeeClient
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.auth import Principal, Role, derive_token, identify
 from mutualrl.common.channel import ClientOptions
-from mutualrl.see.testing import make_config, rollout
 
 SECRET = "run-secret-7c1"
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -155,9 +155,9 @@ async def test_policy_token_registers_only_its_own_tokenizer(redis_url: str, run
     `PeerExchange.join` does), never another policy's id, another run's, or a free-form id."""
     import tempfile
 
+    from mutualrl.bench.testing.thl import trained_tokenizers
     from mutualrl.thl.config import ThlConfig
     from mutualrl.thl.server import start_thl
-    from mutualrl.thl.testing import trained_tokenizers
 
     paths = trained_tokenizers()
     thl = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=redis_url,

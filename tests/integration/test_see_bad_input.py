@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mutualrl.bench.testing.see import make_config, rollout, stats_record, success_record
 from mutualrl.client.see import ClientOptions, SeeClient
 from mutualrl.common import token_arrays as ta
-from mutualrl.see.testing import make_config, rollout, stats_record, success_record
 from mutualrl.see.validate import MAX_TTL_SECONDS
 from mutualrl.v1 import experience_pb2 as pb
 

@@ -17,9 +17,9 @@ import grpc
 import pytest
 import redis
 
+from mutualrl.bench.testing.see import TEST_PREFIX, rollout
 from mutualrl.client.see import ClientOptions, SeeClient
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.testing import TEST_PREFIX, rollout
 from mutualrl.v1 import experience_pb2 as pb
 
 pytestmark = pytest.mark.slow

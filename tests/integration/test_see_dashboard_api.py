@@ -15,9 +15,15 @@ import grpc
 import httpx
 import pytest
 
+from mutualrl.bench.testing.see import (
+    make_config,
+    rollout,
+    running_see,
+    stats_record,
+    success_record,
+)
 from mutualrl.client.see import AsyncSeeClient, ClientOptions, metric_row
 from mutualrl.common import token_arrays as ta
-from mutualrl.see.testing import make_config, rollout, running_see, stats_record, success_record
 from mutualrl.v1 import experience_pb2 as pb
 
 TOKEN = "dash-secret"
@@ -26,7 +32,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def tokenizers() -> dict[str, str]:
-    from mutualrl.thl.testing import trained_tokenizers
+    from mutualrl.bench.testing.thl import trained_tokenizers
 
     return trained_tokenizers()
 
@@ -221,6 +227,7 @@ async def test_alignment_shows_every_receiver_with_thl_chunks(see: Any, run_id: 
                                                               tokenizers: dict[str, str]) -> None:
     text = "1,7,8,3>1783; héllo wörld 🎉"
     rec = _encoded(tokenizers["byte_bpe"], text, "tok-a", "a", "a/0/0/0/r")
+    rec.meta["rendered_prompt"] = "<|im_start|>user\nrev:3871=<|im_end|>\n"  # a's template
     async with _client(see) as c:
         await c.create_run(run_id, ["a", "b", "c", "d"])
         await c.publish(run_id, [
@@ -238,6 +245,9 @@ async def test_alignment_shows_every_receiver_with_thl_chunks(see: Any, run_id: 
         url = f"/v1/runs/{run_id}/alignment"
         a = (await h.get(url, params={"record_id": rec.record_id})).json()
         assert (a["text"], a["kind"], a["sender"]["source"]) == (text, "ROLLOUT", "record")
+        # Both renderings: the problem that crossed, and the sender's own chat rendering.
+        assert (a["prompt_text"], a["rendered_prompt"]) == (
+            "rev:3871=", "<|im_start|>user\nrev:3871=<|im_end|>\n")
         assert [t["id"] for t in a["sender"]["tokens"]] == ta.token_ids(rec).tolist()
         assert [t["logprob"] for t in a["sender"]["tokens"]] == \
             pytest.approx(ta.logprobs(rec).tolist())

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from mutualrl.bench.testing import redis_servers
+from mutualrl.bench.testing.see import make_config, rollout
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.common import redis_testing
-from mutualrl.see.durability import DurabilityError, Mode
 from mutualrl.see.server import start_see
-from mutualrl.see.testing import make_config, rollout
+from mutualrl.see.store.durability import DurabilityError, Mode
 
-pytestmark = pytest.mark.skipif(redis_testing.missing() is not None,
-                                reason=redis_testing.missing() or "")
+pytestmark = pytest.mark.skipif(redis_servers.missing() is not None,
+                                reason=redis_servers.missing() or "")
 
 
 async def test_fsync_with_appendfsync_always_acknowledges_stored_records(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
-    with redis_testing.server(["--appendonly", "yes", "--appendfsync", "always"]) as r:
+    with redis_servers.server(["--appendonly", "yes", "--appendfsync", "always"]) as r:
         see = await start_see(make_config(r.url, durability="fsync"))
         try:
             assert see.store.publisher.mode is Mode.ALWAYS
@@ -43,7 +43,7 @@ async def test_fsync_with_appendfsync_always_acknowledges_stored_records(
 ])
 async def test_fsync_is_refused_where_the_server_cannot_give_it(args: list[str],
                                                                 says: str) -> None:
-    with redis_testing.server(args) as r:
+    with redis_servers.server(args) as r:
         version = subprocess.run(["redis-server", "--version"], capture_output=True,
                                  text=True).stdout
         if "v=7.0" not in version and "everysec" in args:
@@ -58,7 +58,7 @@ async def test_fsync_is_refused_where_the_server_cannot_give_it(args: list[str],
 
 
 def test_see_serve_exits_with_the_message(tmp_path: Path) -> None:
-    with redis_testing.server(["--appendonly", "no"]) as r:
+    with redis_servers.server(["--appendonly", "no"]) as r:
         cfg = tmp_path / "run.yaml"
         cfg.write_text("see:\n  durability: fsync\n  rest_port: null\n  port: 0\n")
         env = {**os.environ, "MUTUALRL_AUTH_TOKEN": ""}

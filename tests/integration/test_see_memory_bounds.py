@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
+from mutualrl.bench.testing.see import make_config, rollout, running_see
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.see.testing import make_config, rollout, running_see
 
 
 @pytest.fixture

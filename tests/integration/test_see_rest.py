@@ -13,9 +13,15 @@ import grpc
 import httpx
 import pytest
 
+from mutualrl.bench.testing.see import (
+    make_config,
+    rollout,
+    running_see,
+    stats_record,
+    success_record,
+)
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
 from mutualrl.common import token_arrays as ta
-from mutualrl.see.testing import make_config, rollout, running_see, stats_record, success_record
 
 
 @pytest.fixture

@@ -12,10 +12,7 @@ import grpc
 import pytest
 import redis
 
-from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.see.entries import SEP
-from mutualrl.see.keys import RunKeys
-from mutualrl.see.testing import (
+from mutualrl.bench.testing.see import (
     TEST_PREFIX,
     make_config,
     rollout,
@@ -23,6 +20,9 @@ from mutualrl.see.testing import (
     stats_record,
     success_record,
 )
+from mutualrl.client.see import AsyncSeeClient, ClientOptions
+from mutualrl.see.keys import RunKeys
+from mutualrl.see.store.entries import SEP
 from mutualrl.v1 import experience_pb2 as pb
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from service_loop import LoopThread, delete_keys
+from service_loop import RolloutSample as Sample
+from service_loop import see_server
 
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.datasets import JsonlTaskConfig, make_task
@@ -23,33 +23,10 @@ from mutualrl.trainer.probes import RoundData, make_probe
 from mutualrl.trainer.rollout import completion_offsets
 
 
-@dataclass
-class Sample:
-    token_ids: list[int]
-    text: str
-    offsets: list[tuple[int, int]]
-    logprobs: list[float]
-    finish_reason: str
-    prompt_token_ids: list[int] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def see_address(redis_url: str) -> Iterator[str]:
-    from mutualrl.see.config import SeeConfig
-    from mutualrl.see.server import start_see
-
-    loop = LoopThread("stop-tokens")
-    call = loop.run
-    prefix = f"stop{uuid.uuid4().hex[:10]}"
-    server = call(start_see(SeeConfig(redis_url=redis_url, rest_port=None, port=0,
-                                      metrics_port=None, auth_token=None, grace_seconds=0.2,
-                                      key_prefix=prefix)))
-    try:
-        yield server.address
-    finally:
-        call(server.stop(0.2))
-        loop.close()
-        delete_keys(redis_url, f"{prefix}:*")
+    with see_server(redis_url, "stop") as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.channel import ClientOptions
-from mutualrl.thl.testing import trained_tokenizers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

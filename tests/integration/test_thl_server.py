@@ -25,12 +25,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient, ClientOptions, ThlClient
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.thl.server import ThlServer, start_thl
-from mutualrl.thl.testing import trained_tokenizers
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import alignment_pb2_grpc as pb_grpc
 

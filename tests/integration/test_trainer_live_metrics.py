@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from mutualrl.bench.testing.see import make_config, running_see
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.see.testing import make_config, running_see
 from mutualrl.trainer.config import MetricsSettings, WandbSettings
 from mutualrl.trainer.live_metrics import SeeMetricsReporter
 from mutualrl.trainer.metrics import MetricsSink

@@ -13,7 +13,8 @@ def test_version_prints_every_installed_package(capsys: pytest.CaptureFixture[st
     assert main(["version"]) == 0
     out = capsys.readouterr().out.splitlines()
     for name in ("mutualrl-proto", "mutualrl-common", "mutualrl-sdk", "mutualrl-see",
-                 "mutualrl-thl", "mutualrl-mwra", "mutualrl-trainer", "mutualrl-launcher"):
+                 "mutualrl-thl", "mutualrl-mwra", "mutualrl-trainer", "mutualrl-launcher",
+                 "mutualrl-bench"):
         assert f"{name} {version(name)}" in out
 
 

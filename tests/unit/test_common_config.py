@@ -28,6 +28,21 @@ def test_load_section_reads_one_section_and_overrides(tmp_path: Path) -> None:
     assert load_section(None, "see", ServiceConfig).host == "127.0.0.1"
 
 
+def test_the_environment_sets_any_field_of_a_section_between_file_and_flags(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("see:\n  port: 6000\n  host: 0.0.0.0\n")
+    env = {"MUTUALRL_SEE__PORT": "6100", "MUTUALRL_SEE__GRACE_SECONDS": "1.5",
+           "MUTUALRL_THL__PORT": "1", "MUTUALRL_SEE__HOST": ""}  # another section; empty: unset
+    got = load_section(cfg, "see", ServiceConfig, environ=env)
+    assert (got.port, got.grace_seconds, got.host) == (6100, 1.5, "0.0.0.0")
+    assert load_section(cfg, "see", ServiceConfig, environ=env, port=7000).port == 7000
+    with pytest.raises(ValidationError, match="port"):
+        load_section(cfg, "see", ServiceConfig, environ={"MUTUALRL_SEE__PORT": "70000"})
+    with pytest.raises(ValueError, match="MUTUALRL_SEE__PROT: the `see` section has no field"):
+        load_section(cfg, "see", ServiceConfig, environ={"MUTUALRL_SEE__PROT": "1"})
+
+
 def test_unknown_and_invalid_fields_are_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "run.yaml"
     cfg.write_text("see:\n  prot: 6000\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutualrl.launch.bench import barrier_round_time
+from mutualrl.bench.rounds import barrier_round_time
 from mutualrl.launch.report import demos_by_donor, learned_table, plot_curves, results
 
 
@@ -59,3 +59,29 @@ def test_barrier_round_time_is_the_pace_of_the_slowest_policy() -> None:
     assert barrier_round_time(times, skip=1) == pytest.approx(0.95)
     with pytest.raises(ValueError):
         barrier_round_time(times, skip=3)
+
+
+def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
+    from mutualrl.launch.report import benchmarks, results_markdown, status_table
+
+    rows = [{"round": 0, "reward_mean": 0.1},
+            {"round": 1, "bench/gsm/avg@4": 0.25, "bench/gsm/pass@4": 0.5,
+             "bench/gsm/small/avg@4": 0.5, "bench/gsm/problems": 8.0},
+            {"round": 3, "bench/gsm/avg@4": 0.5, "bench/gsm/pass@4": 0.75,
+             "bench/gsm/small/avg@4": 1.0, "bench/gsm/problems": 8.0}]
+    b = benchmarks(rows)["gsm"]
+    assert b["final"] == {"avg@4": 0.5, "pass@4": 0.75, "problems": 8.0}
+    assert b["skills"] == {"small": {"avg@4": 1.0}}
+    assert [c["round"] for c in b["curve"]] == [2, 4] and b["curve"][0]["pass@4"] == 0.5
+    plan = _plan(tmp_path)
+    path = plan.metrics_files["b"]  # type: ignore[attr-defined]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = results(plan)  # type: ignore[arg-type]
+    assert res["b"]["benchmarks"]["gsm"]["final"]["pass@4"] == 0.75
+    assert "| b | gsm | pass@4 | 0.750 |" in results_markdown(res)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(status_table(plan, set()))  # type: ignore[arg-type]
+    line = next(x for x in console.export_text().splitlines() if " b " in x)
+    assert "0.500" in line  # b's held-out column: the benchmark's avg@4 (its reward is 0)

@@ -181,3 +181,22 @@ def test_experiment_dry_run_sizes_the_gpu_config_for_80gb(
     assert "1,720,574,976 x 2 B" in out  # Qwen3-1.7B's parameters, counted on the meta device
     assert main([*argv, "--device-memory-gb", "40"]) == 2
     assert "policies[].sglang.mem_fraction_static" in capsys.readouterr().out
+
+
+def test_gsm8k_chat_config_fits_80gb_gpus(tmp_path: Path) -> None:
+    """configs/gsm8k-chat.yaml with its two checkpoints' configs (no weights): both policies'
+    plans fit an 80 GiB GPU next to their SGLang engines."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "Qwen2.5-1.5B-Instruct")
+    LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=64, tie_word_embeddings=True
+                ).save_pretrained(tmp_path / "Llama-3.2-1B-Instruct")
+    root = Path(__file__).resolve().parents[2]
+    cfg = tmp_path / "gsm8k-chat.yaml"
+    cfg.write_text((root / "configs/gsm8k-chat.yaml").read_text()
+                   .replace("/models/", f"{tmp_path}/"))
+    assert main(["train", "-c", str(cfg), "--dry-run", "--device-memory-gb", "80"]) == 0

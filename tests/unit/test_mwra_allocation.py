@@ -306,7 +306,7 @@ def test_cluster_mode_threads_and_rollout_addresses() -> None:
 @given(n_policies=st.integers(min_value=2, max_value=9), data=st.data())
 def test_short_cpu_pool_is_shared_by_every_policy_every_round(n_policies: int,
                                                               data: st.DataObject) -> None:
-    """`share`: with fewer units than policies nobody sits a round out; each policy holds its
+    """`shared`: with fewer units than policies nobody sits a round out; each policy holds its
     minimum on one live worker, spread over workers in proportion to their units."""
     sizes = data.draw(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3))
     total = sum(sizes)
@@ -317,7 +317,7 @@ def test_short_cpu_pool_is_shared_by_every_policy_every_round(n_policies: int,
     pols = [PolicySpec(p, cost=1.0 + i) for i, p in enumerate(ids)]
     plan: PoolAssignment | None = None
     for k in range(3):
-        plan = plan_round(plan, pols, workers, Settings(short_pool="share"), k)
+        plan = plan_round(plan, pols, workers, Settings(short_pool="shared"), k)
         assert plan.strategy == "shared" and plan.active == sorted(ids)
         assert plan.units == dict.fromkeys(ids, 1) and plan.idle_units == 0
         assert all(plan.threads[p] == 1 for p in ids)
@@ -334,13 +334,13 @@ def test_short_cpu_pool_is_shared_by_every_policy_every_round(n_policies: int,
 def test_share_hands_back_to_balanced_when_the_pool_grows() -> None:
     pols = [PolicySpec(p, cost=c) for p, c in (("a", 1.0), ("b", 1.0), ("c", 2.0))]
     small, big = [PoolWorker("w", 2, 2)], [PoolWorker("w", 2, 2), PoolWorker("v", 6, 6)]
-    plan = plan_round(None, pols, small, Settings(short_pool="share"), 0)
+    plan = plan_round(None, pols, small, Settings(short_pool="shared"), 0)
     assert plan.strategy == "shared"
-    plan = plan_round(plan, pols, big, Settings(short_pool="share"), 1)
+    plan = plan_round(plan, pols, big, Settings(short_pool="shared"), 1)
     assert plan.strategy == "balanced" and sum(plan.units.values()) == 8
     assert plan.units["c"] > plan.units["a"]
     # An explicit time-share strategy is never turned into sharing.
-    ts = plan_round(None, pols, small, Settings(strategy="time-share", short_pool="share"), 0)
+    ts = plan_round(None, pols, small, Settings(strategy="time-share", short_pool="shared"), 0)
     assert ts.strategy == "time-share" and len(ts.active) == 2
 
 
@@ -390,7 +390,7 @@ def test_time_share_skips_gone_policies_and_other_plans_are_always_done() -> Non
     assert not round_done(nxt, {"a": 0}, ["a", "c"])
     assert round_done(nxt, {"a": 0, "c": 0}, ["a", "c"])
     assert next_turn_plan(nxt, pols, workers, {"a": 0, "c": 0}) is None  # last turn
-    shared = plan_round(None, pols, workers, Settings(short_pool="share"), 0)
+    shared = plan_round(None, pols, workers, Settings(short_pool="shared"), 0)
     assert round_done(shared, {}, ids) and next_turn_plan(shared, pols, workers, {}) is None
 
 

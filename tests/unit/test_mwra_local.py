@@ -94,3 +94,13 @@ def test_bench_mwra_writes_ratio_and_idle_fraction(tmp_path: Path,
     assert report["idle_fraction_balanced"] < report["idle_fraction_static"]
     assert report["noise_free"]["static"]["idle_fraction"] == pytest.approx(1 / 3)
     assert "balanced/static makespan ratio" in capsys.readouterr().out
+
+
+def test_a_short_pool_mode_has_one_name_and_the_earlier_one_is_an_alias() -> None:
+    """`shared` is what the config, the plans (Allocation.strategy) and the docs call the mode;
+    `share`, its earlier name, still loads (with a DeprecationWarning)."""
+    assert MwraConfig(short_pool="shared").short_pool == "shared"
+    with pytest.warns(DeprecationWarning, match="shared"):
+        assert MwraConfig(short_pool="share").short_pool == "shared"
+    with pytest.raises(ValidationError, match="short_pool"):
+        MwraConfig(short_pool="sharing")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mutualrl.bench.testing.see import stats_record
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeConfig, SeeLimits
-from mutualrl.see.entries import Header
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.publish import publish_response
-from mutualrl.see.testing import stats_record
+from mutualrl.see.store.entries import Header
+from mutualrl.see.store.publish import publish_response
 from mutualrl.see.validate import normalise_text, text_digest, validate_record
 from mutualrl.v1 import experience_pb2 as pb
 

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mutualrl.see.ranges import Read, plan_reads
+from mutualrl.see.store.ranges import Read, plan_reads
 
 
 @st.composite

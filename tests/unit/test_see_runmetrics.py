@@ -5,7 +5,7 @@ import math
 import pytest
 
 from mutualrl.common.errors import InvalidArgument
-from mutualrl.see.runmetrics import MAX_ROWS, MAX_VALUES, check_rows
+from mutualrl.see.store.runmetrics import MAX_ROWS, MAX_VALUES, check_rows
 from mutualrl.v1 import run_metrics_pb2 as mpb
 
 POLICIES = ["a", "b"]

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mutualrl.bench.testing.see import rollout, stats_record, success_record
 from mutualrl.common import token_arrays as ta
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeLimits
-from mutualrl.see.testing import rollout, stats_record, success_record
 from mutualrl.see.validate import _validate_scalars, validate_records
 from mutualrl.v1 import experience_pb2 as pb
 

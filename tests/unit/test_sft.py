@@ -61,3 +61,38 @@ def test_config_validation() -> None:
         SFTConfig(stepz=3)  # unknown keys are errors
     assert SFTConfig().weak_skills == ["sub", "sort"]
     assert SFTConfig().resolved_out_dir() == Path("runs/sft/gpt2-bpe-short-s0")
+
+
+def test_warm_start_prompts_render_as_the_policys_rl_prompts(tmp_path: Path) -> None:
+    """SFT renders through the policy's chat template, and `mutualrl up` hands a warm start
+    the policy's rendering settings."""
+    import yaml
+    from chat_policies import chat_policy
+
+    from mutualrl.launch.up import make_launch_plan
+    from mutualrl.trainer.chat import PromptRenderer
+
+    model_dir = chat_policy("llama-char", tmp_path / "presets", tmp_path / "llama")
+    _, tok = load_policy(model_dir)
+    kwargs = {"date_string": "01 Jan 2025"}
+    cfg = SFTConfig(model_path=model_dir, preset=None, strong_skills=["add"], weak_pool=0,
+                    batch=8, chat_template_kwargs=kwargs)
+    data = _Data(cfg, tok)
+    rl = PromptRenderer(tok, "llama", template_kwargs=kwargs)
+    assert rl.chat
+    header = rl.ids(data.strong.prompts("train", 1, seed=0)[0])[:6]  # BOS + the user header
+    assert header[0] == tok.bos_token_id
+    assert all(ids[:6] == header for ids, _ in data.batch())
+    prompt = data.strong.prompts("train", 1, seed=3)[0]
+    assert data.render.ids(prompt) == rl.ids(prompt) != list(tok(prompt.text)["input_ids"])
+
+    run = {"trainer": {"run_id": "w", "output_dir": str(tmp_path / "runs"),
+                       "policies": [{"name": "a", "model_path": str(model_dir),
+                                     "chat_template_kwargs": kwargs}]},
+           "up": {"warm_start": {"a": {"model_path": str(model_dir), "preset": None}}}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run))
+    plan, _ = make_launch_plan(path, "redis://127.0.0.1:6379/0", None)
+    sft_yaml = tmp_path / "runs" / "w" / "warm_start" / "a.yaml"
+    assert yaml.safe_load(sft_yaml.read_text())["sft"]["chat_template_kwargs"] == kwargs
+    assert [s.name for s in plan.warm_start] == ["sft-a"]

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.errors import InvalidArgument, ResourceExhausted
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits, align_response_bound
 from mutualrl.thl.registry import RegistryLimits, TokenizerRegistry
-from mutualrl.thl.testing import trained_tokenizers
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits
 from mutualrl.thl.registry import JsonFileStore, TokenizerRegistry
 from mutualrl.thl.residual import edit_distance, uncovered_bytes
-from mutualrl.thl.testing import trained_tokenizers
 
 
 @pytest.fixture(scope="module")

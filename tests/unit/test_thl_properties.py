@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.common.alignment_types import AlignedTrace, TraceItem
 from mutualrl.thl.engine import AlignmentEngine
-from mutualrl.thl.testing import trained_tokenizers
 
 FAMILIES = ("byte_bpe", "wordpiece", "unigram", "unigram_first", "char", "byte_bpe_special")
 PIECES = ["the", "Quick", "fox", "42", "3.14", ",", "!", " ", "  ", "\t", "\n\n", "   ",

@@ -65,6 +65,31 @@ def test_environment_overrides_win_over_the_file(tmp_path) -> None:
         load_trainer_config(path, {"MUTUALRL_NPROC": "0"})
 
 
+def test_every_field_has_its_environment_variable(tmp_path) -> None:
+    """MUTUALRL_TRAINER__<FIELD>__<FIELD> reaches any nested field and keeps its siblings from
+    the file; the general name wins over a short one; a bad value or an unknown field is an
+    error naming the field."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "trainer:\n  grpo: {rounds: 3, lr: 0.001}\n  services: {see: 127.0.0.1:1}\n"
+        "  policies: [{name: a, preset: gpt2-bpe}]\n")
+    env = {"MUTUALRL_TRAINER__GRPO__ROUNDS": "7", "mutualrl_trainer__probe__kind": "sgt",
+           "MUTUALRL_TRAINER__SERVICES__SEE": "see:1", "MUTUALRL_SEE_ADDR": "short:2",
+           "MUTUALRL_TRAINER__POLICIES": '[{"name": "b", "preset": "llama-char"}]',
+           "MUTUALRL_TRAINER__TASK__SKILLS": '["add", "sub"]',
+           "MUTUALRL_TRAINER__METRICS__TENSORBOARD": ""}  # empty: unset
+    cfg = load_trainer_config(path, env)
+    assert (cfg.grpo.rounds, cfg.grpo.lr) == (7, 0.001)
+    assert cfg.probe.kind == "sgt" and cfg.services.see == "see:1"
+    assert [p.name for p in cfg.policies] == ["b"] and cfg.task.skills == ["add", "sub"]
+    assert cfg.metrics.tensorboard == TrainerConfig.model_validate(
+        {"policies": [{"name": "a", "preset": "x"}]}).metrics.tensorboard
+    with pytest.raises(ValidationError, match=r"grpo\.rounds"):
+        load_trainer_config(path, {"MUTUALRL_TRAINER__GRPO__ROUNDS": "many"})
+    with pytest.raises(ValidationError, match=r"grpo\.no_such_knob"):
+        load_trainer_config(path, {"MUTUALRL_TRAINER__GRPO__NO_SUCH_KNOB": "1"})
+
+
 def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
     import json
 

@@ -44,6 +44,10 @@ def status_table(plan: LaunchPlan, done: set[str]) -> Table:
         rows = read_rows(plan.metrics_files[name])
         last = rows[-1] if rows else {}
         held = _last_with(rows, "heldout/").get("heldout/mean")
+        if held is None:  # a table task reports benchmarks: the first one's overall avg@n
+            bench = _last_with(rows, "bench/")
+            held = next((v for k, v in sorted(bench.items())
+                         if k.startswith("bench/") and k.count("/") == 2 and "/avg@" in k), None)
         rescued = sum(r.get("rescued_prompts", 0.0) for r in rows)
         state = "done" if f"trainer-{name}" in done else ("training" if rows else "starting")
         table.add_row(name, f"{last.get('round', '-')}/{plan.rounds}",
@@ -91,7 +95,29 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
             "rescued_prompts": sum(r.get("rescued_prompts", 0.0) for r in rows),
             "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
             "demos_by_donor": demos_by_donor(rows),
+            "benchmarks": benchmarks(rows),
         }
+    return out
+
+
+def benchmarks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per benchmark (`bench/<name>/...` metrics): its final figures (avg@n, pass@k, and per
+    skill under `skills`) and its curve, one point per evaluation at rounds done."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for key, v in r.items():
+            if not key.startswith("bench/"):
+                continue
+            _, name, rest = key.split("/", 2)
+            b = out.setdefault(name, {"final": {}, "skills": {}, "curve": []})
+            if not b["curve"] or b["curve"][-1]["round"] != r["round"] + 1:
+                b["curve"].append({"round": r["round"] + 1})
+            b["curve"][-1][rest] = v
+            if "/" in rest:
+                skill, metric = rest.split("/", 1)
+                b["skills"].setdefault(skill, {})[metric] = v
+            else:
+                b["final"][rest] = v
     return out
 
 
@@ -155,7 +181,29 @@ def results_markdown(res: dict[str, Any]) -> str:
     for name, r in res.items():
         lines.append(f"| {name} | " + " | ".join(_cells(r, skills))
                      + f" | {r['rescued_prompts']:.0f} |")
+    bench = [(name, b, metric, v) for name, r in res.items()
+             for b, figs in r.get("benchmarks", {}).items()
+             for metric, v in figs["final"].items() if "@" in metric]
+    if bench:
+        lines += ["", "| policy | benchmark | metric | final |", "|---|---|---|---|"]
+        lines += [f"| {n} | {b} | {m} | {v:.3f} |" for n, b, m, v in bench]
     return "\n".join(lines)
+
+
+def benchmark_table(res: dict[str, Any]) -> Table | None:
+    """Every benchmark's final avg@n and pass@k per policy."""
+    rows = [(name, b, figs["final"]) for name, r in res.items()
+            for b, figs in r.get("benchmarks", {}).items()]
+    if not rows:
+        return None
+    metrics = sorted({m for _, _, f in rows for m in f if "@" in m},
+                     key=lambda m: (m.split("@")[0] != "avg", int(m.split("@")[1])))
+    table = Table(title="benchmarks (final evaluation)")
+    for col in ("policy", "benchmark", *metrics):
+        table.add_column(col, justify="left" if col in ("policy", "benchmark") else "right")
+    for name, b, f in rows:
+        table.add_row(name, b, *(f"{f[m]:.3f}" if m in f else "-" for m in metrics))
+    return table
 
 
 def plot_curves(plan: LaunchPlan, path: Path) -> None:
@@ -177,6 +225,11 @@ def plot_curves(plan: LaunchPlan, path: Path) -> None:
         if warm is not None:
             evals.insert(0, {"round": 0, **{f"heldout/{k}": v for k, v in warm.items()}})
         keys = sorted({k for r in evals for k in r if k.startswith("heldout/")})
+        for bench, figs in benchmarks(rows).items():  # the overall figures, dotted
+            for metric in sorted(m for m in figs["final"] if "@" in m):
+                pts = [(c["round"], c[metric]) for c in figs["curve"] if metric in c]
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="s", markersize=3,
+                        linestyle=":", label=f"{bench} {metric}")
         for key in keys:
             style = {"linestyle": "--", "color": "black"} if key == "heldout/mean" else {}
             pts = [(r["round"], r[key]) for r in evals if key in r]
@@ -223,6 +276,9 @@ def transfer_table(stats: dict[str, Any]) -> Table:
 def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
     res = results(plan)
     console.print(results_table(res))
+    bench = benchmark_table(res)
+    if bench is not None:
+        console.print(bench)
     plot = plan.run_dir / "curves.png"
     plot_curves(plan, plot)
     learned = learned_table(res)

@@ -141,8 +141,11 @@ def make_launch_plan(config: Path, redis_url: str | None,
             continue  # made by an earlier run: reuse it
         sft_yaml = run_dir / "warm_start" / f"{policy['name']}.yaml"
         sft_yaml.parent.mkdir(parents=True, exist_ok=True)
+        # The warm start sees its prompts rendered as the policy's RL prompts will be.
+        rendering = {k: policy[k] for k in ("prompt_format", "chat_template",
+                                            "chat_template_kwargs") if policy.get(k) is not None}
         sft_cfg = {"progress": False, "cache_dir": str(trainer.output_dir.resolve() / "presets"),
-                   **sft, "out_dir": str(out)}
+                   **rendering, **sft, "out_dir": str(out)}
         sft_yaml.write_text(yaml.safe_dump({"sft": sft_cfg}, sort_keys=False))
         warm.append(ProcessSpec(name=f"sft-{policy['name']}",
                                 argv=[*CLI, "sft", "-c", str(sft_yaml)],
@@ -272,7 +275,7 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
 def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> None:
     """Create the run of a `trainer:` section in SEE at `see` with the run's secret
     (`secret`, else MUTUALRL_AUTH_TOKEN; idempotent: a resumed run finds it), as the trainers
-    would have: their policy tokens may not create runs (`mutualrl.see.access`)."""
+    would have: their policy tokens may not create runs (`mutualrl.see.grpc.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
     from mutualrl.trainer.config import TrainerConfig

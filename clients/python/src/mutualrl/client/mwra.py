@@ -19,14 +19,14 @@ A trainer's round::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+import concurrent.futures
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
 from mutualrl.client.base import AsyncClient, Client, Target
+from mutualrl.client.blocking import LOOP, blocking, blocking_stream
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
 
@@ -41,137 +41,29 @@ def _worker(worker_id: str, cpu_slots: int, gpu_count: int, gpu_kind: str,
                                                 gpu_kind=gpu_kind))
 
 
-class MwraClient(Client):
-    """Blocking client (constructor: `mutualrl.client.base`): `MwraClient("host:port")` or
-    `MwraClient(ClientOptions(...))`."""
+class Beats:
+    """What a keepalive did so far: the beats it sent and the last error it kept."""
 
-    default_address = DEFAULT_ADDRESS
-
-    def __init__(self, target: Target = None, **overrides: Any) -> None:
-        super().__init__(target, **overrides)
-        self.stub = pb_grpc.AllocatorStub(self.channel)
-
-    def _rpc(self, method: str, request: Any) -> Any:
-        return self._call(getattr(self.stub, method), request)
-
-    # workers
-    def register_worker(self, run_id: str, worker_id: str, *, cpu_slots: int = 0,
-                        gpu_count: int = 0, gpu_kind: str = "",
-                        labels: Mapping[str, str] | None = None,
-                        rollout_address: str = "") -> pb.Lease:
-        worker = _worker(worker_id, cpu_slots, gpu_count, gpu_kind, labels, rollout_address)
-        return self._rpc("RegisterWorker", pb.RegisterWorkerRequest(run_id=run_id,
-                                                                     worker=worker))
-
-    def heartbeat(self, run_id: str, worker_id: str) -> pb.Lease:
-        return self._rpc("Heartbeat", pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id))
-
-    def deregister_worker(self, run_id: str, worker_id: str) -> bool:
-        reply = self._rpc("DeregisterWorker",
-                           pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
-        return bool(reply.removed)
-
-    def keepalive(self, run_id: str, worker_id: str, interval: float) -> Keepalive:
-        """Heartbeat `worker_id` every `interval` seconds in a daemon thread until `.stop()`
-        (or the end of a `with` block)."""
-        return Keepalive(lambda: self.heartbeat(run_id, worker_id), interval)
-
-    # policies
-    def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
-                        min_units: int = 1, weight: float = 1.0,
-                        rollout_budget: int = 0) -> pb.PolicyInfo:
-        return self._rpc("RegisterPolicy", pb.RegisterPolicyRequest(
-            run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
-            weight=weight, rollout_budget=rollout_budget))
-
-    def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
-        return self._rpc("PolicyHeartbeat",
-                          pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
-
-    def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> Keepalive:
-        """PolicyHeartbeat every `interval` seconds in a daemon thread (for steps longer than
-        the policy lease) until `.stop()` or the end of a `with` block."""
-        return Keepalive(lambda: self.policy_heartbeat(run_id, policy_id), interval)
-
-    def deregister_policy(self, run_id: str, policy_id: str) -> bool:
-        reply = self._rpc("DeregisterPolicy",
-                           pb.DeregisterPolicyRequest(run_id=run_id, policy_id=policy_id))
-        return bool(reply.removed)
-
-    def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
-                         tokens: int = 0, samples: int = 0, units: int = 1) -> pb.PolicyInfo:
-        reply = self._rpc("ReportStepCost", pb.StepCostReport(
-            run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
-            samples=samples, units=units))
-        return reply.policy
-
-    def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
-        # A follower replica may wait for the leader to plan a new round: allow for it.
-        return self._rpc("GetAllocation", pb.GetAllocationRequest(
-            run_id=run_id, policy_id=policy_id, round=round))
-
-    def watch_allocation(self, run_id: str, policy_id: str) -> Iterator[pb.Allocation]:
-        """The current allocation, then every change; resubscribes after UNAVAILABLE."""
-        request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
-        attempt = 0
-        while True:
-            try:
-                for msg in self.stub.WatchAllocation(request, metadata=self.options.metadata()):
-                    attempt = 0
-                    yield msg
-                return
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.options.retries:
-                    raise
-                threading.Event().wait(self.options.backoff(attempt))
-                attempt += 1
-
-    def list_allocations(self, run_id: str) -> pb.AllocationTable:
-        return self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
-
-
-    def register_local_worker(self, run_id: str, worker_id: str | None = None,
-                              slots: int | None = None) -> tuple[str, pb.Lease]:
-        """Register this machine as a worker with os.cpu_count() CPU slots (local mode)."""
-        from mutualrl.client.local_worker import local_worker
-
-        wid, cpu, labels = local_worker(worker_id, slots)
-        return wid, self.register_worker(run_id, wid, cpu_slots=cpu, labels=labels)
-
-
-class Keepalive:
-    """Calls `beat` every `interval` seconds in a daemon thread; errors are kept, not raised."""
-
-    def __init__(self, beat: Any, interval: float) -> None:
-        self._beat = beat
-        self._interval = interval
-        self._stop = threading.Event()
+    def __init__(self) -> None:
         self.beats = 0
         self.last_error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True, name="mwra-keepalive")
-        self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._beat()
-                self.beats += 1
-            except Exception as err:  # MWRA down for a while: keep trying, a later beat wins
-                self.last_error = err
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> Keepalive:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+async def _beat_every(interval: float, beat: Callable[[], Awaitable[object]],
+                      tally: Beats | None) -> None:
+    tally = tally or Beats()
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await beat()
+            tally.beats += 1
+        except Exception as err:  # MWRA down for a while: keep trying, a later beat wins
+            tally.last_error = err
 
 
 class AsyncMwraClient(AsyncClient):
-    """asyncio twin of `MwraClient` (same methods, awaitable; watch is an async iterator)."""
+    """asyncio client (constructor: `mutualrl.client.base`); `MwraClient` is its blocking
+    facade (same methods; watch is an async iterator here)."""
 
     default_address = DEFAULT_ADDRESS
 
@@ -199,13 +91,12 @@ class AsyncMwraClient(AsyncClient):
                                  pb.DeregisterWorkerRequest(run_id=run_id, worker_id=worker_id))
         return bool(reply.removed)
 
-    async def keepalive(self, run_id: str, worker_id: str, interval: float) -> None:
-        """Heartbeat forever (run it as a task; cancel it to stop). Errors other than
-        cancellation are swallowed so a restarting MWRA does not end the loop."""
-        while True:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await self.heartbeat(run_id, worker_id)
+    async def keepalive(self, run_id: str, worker_id: str, interval: float,
+                        tally: Beats | None = None) -> None:
+        """Heartbeat `worker_id` every `interval` seconds forever (run it as a task; cancel it
+        to stop). Errors are kept in `tally`, not raised, so a restarting MWRA does not end
+        the loop."""
+        await _beat_every(interval, lambda: self.heartbeat(run_id, worker_id), tally)
 
     async def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
                               min_units: int = 1, weight: float = 1.0,
@@ -218,12 +109,11 @@ class AsyncMwraClient(AsyncClient):
         return await self._rpc("PolicyHeartbeat",
                                 pb.PolicyHeartbeatRequest(run_id=run_id, policy_id=policy_id))
 
-    async def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> None:
-        """PolicyHeartbeat forever (run it as a task; cancel it to stop)."""
-        while True:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await self.policy_heartbeat(run_id, policy_id)
+    async def policy_keepalive(self, run_id: str, policy_id: str, interval: float,
+                               tally: Beats | None = None) -> None:
+        """PolicyHeartbeat every `interval` seconds forever (for steps longer than the policy
+        lease; run it as a task, cancel it to stop); errors are kept in `tally`."""
+        await _beat_every(interval, lambda: self.policy_heartbeat(run_id, policy_id), tally)
 
     async def deregister_policy(self, run_id: str, policy_id: str) -> bool:
         reply = await self._rpc("DeregisterPolicy",
@@ -239,10 +129,12 @@ class AsyncMwraClient(AsyncClient):
         return reply.policy
 
     async def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:
+        # A follower replica may wait for the leader to plan a new round: allow for it.
         return await self._rpc("GetAllocation", pb.GetAllocationRequest(
             run_id=run_id, policy_id=policy_id, round=round))
 
     async def watch_allocation(self, run_id: str, policy_id: str) -> AsyncIterator[pb.Allocation]:
+        """The current allocation, then every change; resubscribes after UNAVAILABLE."""
         request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
         attempt = 0
         while True:
@@ -261,10 +153,66 @@ class AsyncMwraClient(AsyncClient):
     async def list_allocations(self, run_id: str) -> pb.AllocationTable:
         return await self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))
 
-
     async def register_local_worker(self, run_id: str, worker_id: str | None = None,
                                     slots: int | None = None) -> tuple[str, pb.Lease]:
+        """Register this machine as a worker with os.cpu_count() CPU slots (local mode)."""
         from mutualrl.client.local_worker import local_worker
 
         wid, cpu, labels = local_worker(worker_id, slots)
         return wid, await self.register_worker(run_id, wid, cpu_slots=cpu, labels=labels)
+
+
+class Keepalive(Beats):
+    """A blocking client's keepalive: the asyncio client's loop of beats running on the
+    clients' loop until `.stop()` (or the end of a `with` block)."""
+
+    def __init__(self, beats: Callable[[Beats], Awaitable[None]]) -> None:
+        super().__init__()
+        self._future: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
+            _awaited(beats(self)), LOOP.loop())
+
+    def stop(self) -> None:
+        self._future.cancel()
+        concurrent.futures.wait([self._future], timeout=5)
+
+    def __enter__(self) -> Keepalive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _awaited(aw: Awaitable[None]) -> None:
+    await aw
+
+
+class MwraClient(Client[AsyncMwraClient], core=AsyncMwraClient,
+                 stub=pb_grpc.AllocatorStub):
+    """Blocking client (constructor: `mutualrl.client.base`): `MwraClient("host:port")` or
+    `MwraClient(ClientOptions(...))`; the blocking facade of `AsyncMwraClient`."""
+
+    # workers
+    register_worker = blocking(AsyncMwraClient.register_worker)
+    heartbeat = blocking(AsyncMwraClient.heartbeat)
+    deregister_worker = blocking(AsyncMwraClient.deregister_worker)
+    register_local_worker = blocking(AsyncMwraClient.register_local_worker)
+    # policies
+    register_policy = blocking(AsyncMwraClient.register_policy)
+    policy_heartbeat = blocking(AsyncMwraClient.policy_heartbeat)
+    deregister_policy = blocking(AsyncMwraClient.deregister_policy)
+    report_step_cost = blocking(AsyncMwraClient.report_step_cost)
+    # allocations
+    get_allocation = blocking(AsyncMwraClient.get_allocation)
+    watch_allocation = blocking_stream(AsyncMwraClient.watch_allocation)
+    list_allocations = blocking(AsyncMwraClient.list_allocations)
+
+    def keepalive(self, run_id: str, worker_id: str, interval: float) -> Keepalive:
+        """Heartbeat `worker_id` every `interval` seconds until `.stop()` (or the end of a
+        `with` block)."""
+        return Keepalive(lambda tally: self.core.keepalive(run_id, worker_id, interval, tally))
+
+    def policy_keepalive(self, run_id: str, policy_id: str, interval: float) -> Keepalive:
+        """PolicyHeartbeat every `interval` seconds (for steps longer than the policy lease)
+        until `.stop()` or the end of a `with` block."""
+        return Keepalive(lambda tally: self.core.policy_keepalive(run_id, policy_id, interval,
+                                                                  tally))

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from mutualrl.client.base import AsyncClient, Client, Target
+from mutualrl.client.blocking import blocking, blocking_stream
 from mutualrl.common.channel import ClientOptions
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
@@ -69,111 +70,9 @@ def _fetch_request(run_id: str, policy_id: str, consumer: str, max_records: int,
         min_policy_version=min_policy_version, claim_idle_ms=claim_idle_ms)
 
 
-class SeeClient(Client):
-    """Blocking client (constructor: `mutualrl.client.base`); one channel, closed by `close()`
-    or the context manager."""
-
-    default_address = DEFAULT_ADDRESS
-
-    def __init__(self, target: Target = None, **overrides: Any) -> None:
-        super().__init__(target, **overrides)
-        self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
-
-    def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
-             timeout: float | None = None) -> Any:
-        """`timeout` (seconds, all attempts) replaces the options' timeout + `extra_timeout`."""
-        return self._call(getattr(self.stub, method), request,
-                          self.options.timeout + extra_timeout if timeout is None else timeout)
-
-    # runs
-    def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
-                   exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
-                   max_rounds: int = 0) -> pb.Run:
-        cfg = _run_config(run_id, policies, tau, max_stream_len, ttl_seconds, max_rounds)
-        return self._rpc("CreateRun", pb.CreateRunRequest(config=cfg, exist_ok=exist_ok))
-
-    def get_run(self, run_id: str) -> pb.Run:
-        return self._rpc("GetRun", pb.GetRunRequest(run_id=run_id))
-
-    def list_runs(self) -> list[pb.Run]:
-        return list(self._rpc("ListRuns", pb.ListRunsRequest()).runs)
-
-    # publish
-    def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]) -> pb.PublishResponse:
-        """Publish any number of records (split into calls of at most 4096)."""
-        out = pb.PublishResponse()
-        batch = list(records)
-        for i in range(0, len(batch), MAX_BATCH):
-            part = self._rpc("Publish",
-                              pb.PublishRequest(run_id=run_id, records=batch[i:i + MAX_BATCH]))
-            _merge(out, part)
-        return out
-
-    # reads
-    def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
-                       max_records: int = 256, block_ms: int = 0, current_round: int = -1,
-                       max_round_lag: int = 0, min_policy_version: int = 0,
-                       claim_idle_ms: int = 0, timeout: float | None = None
-                       ) -> pb.FetchRolloutsResponse:
-        req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
-                             max_round_lag, min_policy_version, claim_idle_ms)
-        return self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000, timeout=timeout)
-
-    def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str], *,
-            timeout: float | None = None) -> int:
-        if not delivery_ids:
-            return 0
-        return int(self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
-                                                   delivery_ids=list(delivery_ids)),
-                             timeout=timeout).acked)
-
-    def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
-                           **kwargs: Any) -> list[pb.ExperienceRecord]:
-        """Fetch peer rollouts and acknowledge them at once (at-most-once for the caller).
-
-        A trainer that must not lose records across its own crash should call
-        `fetch_rollouts`, use the records, then `ack` their delivery ids.
-        """
-        resp = self.fetch_rollouts(run_id, policy_id, consumer, **kwargs)
-        self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
-        return [d.record for d in resp.deliveries]
-
-    def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
-                    policy_id: str = "", expect_policies: Sequence[str] = (),
-                    wait_ms: int = 0, timeout: float | None = None) -> pb.RoundStatsResponse:
-        req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
-                                   policy_id=policy_id, expect_policies=list(expect_policies),
-                                   wait_ms=wait_ms)
-        return self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000, timeout=timeout)
-
-    def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
-                  max_per_prompt: int = 0, min_round: int = 0, timeout: float | None = None
-                  ) -> dict[str, list[pb.ExperienceRecord]]:
-        """Peer verified successes per prompt (deduplicated by normalised text)."""
-        req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
-                                  max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = self._rpc("GetVerifiedSuccesses", req, timeout=timeout)
-        return {p.prompt_id: list(p.successes) for p in resp.prompts}
-
-    def run_stats(self, run_id: str) -> pb.RunStats:
-        return self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
-
-    def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
-        """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);
-        returns the rows stored. Split into calls of at most 1024 rows."""
-        stub = mpb_grpc.RunMetricsStub(self.channel)
-        return sum(int(self._call(stub.ReportMetrics, req).stored)
-                   for req in _metric_requests(run_id, rows))
-
-    def subscribe(self, run_id: str, kinds: Sequence[pb.RecordKind] = (), after_id: str = ""
-                  ) -> Iterator[pb.ExperienceEvent]:
-        """Live events; cancel by closing the returned iterator (`.cancel()` on it)."""
-        req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
-        return self.stub.Subscribe(req, metadata=self.options.metadata())
-
-
 class AsyncSeeClient(AsyncClient):
-    """asyncio twin of SeeClient (grpc.aio channel); `async with` or `await close()`."""
+    """asyncio client (constructor: `mutualrl.client.base`; grpc.aio channel); `async with` or
+    `await close()`. `SeeClient` is its blocking facade."""
 
     default_address = DEFAULT_ADDRESS
 
@@ -183,6 +82,7 @@ class AsyncSeeClient(AsyncClient):
 
     async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
                    timeout: float | None = None) -> Any:
+        """`timeout` (seconds, all attempts) replaces the options' timeout + `extra_timeout`."""
         return await self._call(getattr(self.stub, method), request,
                                 self.options.timeout + extra_timeout if timeout is None
                                 else timeout)
@@ -201,6 +101,7 @@ class AsyncSeeClient(AsyncClient):
 
     async def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]
                       ) -> pb.PublishResponse:
+        """Publish any number of records (split into calls of at most 4096)."""
         out = pb.PublishResponse()
         batch = list(records)
         for i in range(0, len(batch), MAX_BATCH):
@@ -217,7 +118,7 @@ class AsyncSeeClient(AsyncClient):
                              max_records: int = 256, block_ms: int = 0, current_round: int = -1,
                              max_round_lag: int = 0, min_policy_version: int = 0,
                              claim_idle_ms: int = 0, timeout: float | None = None
-                       ) -> pb.FetchRolloutsResponse:
+                             ) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
         return await self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000,
@@ -234,6 +135,11 @@ class AsyncSeeClient(AsyncClient):
 
     async def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
                                  **kwargs: Any) -> list[pb.ExperienceRecord]:
+        """Fetch peer rollouts and acknowledge them at once (at-most-once for the caller).
+
+        A trainer that must not lose records across its own crash should call
+        `fetch_rollouts`, use the records, then `ack` their delivery ids.
+        """
         resp = await self.fetch_rollouts(run_id, policy_id, consumer, **kwargs)
         await self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
         return [d.record for d in resp.deliveries]
@@ -250,6 +156,7 @@ class AsyncSeeClient(AsyncClient):
     async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
                         max_per_prompt: int = 0, min_round: int = 0,
                         timeout: float | None = None) -> dict[str, list[pb.ExperienceRecord]]:
+        """Peer verified successes per prompt (deduplicated by normalised text)."""
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
         resp = await self._rpc("GetVerifiedSuccesses", req, timeout=timeout)
@@ -259,7 +166,8 @@ class AsyncSeeClient(AsyncClient):
         return await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
 
     async def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
-        """`SeeClient.report_metrics`."""
+        """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);
+        returns the rows stored. Split into calls of at most 1024 rows."""
         stub = mpb_grpc.RunMetricsStub(self.channel)
         stored = 0
         for req in _metric_requests(run_id, rows):
@@ -269,7 +177,8 @@ class AsyncSeeClient(AsyncClient):
     async def subscribe(self, run_id: str, kinds: Sequence[pb.RecordKind] = (),
                         after_id: str = ""
                         ) -> AsyncIterator[pb.ExperienceEvent]:
-        """Live events until the caller stops iterating (the call is cancelled then)."""
+        """Live events until the caller stops iterating (the call is cancelled then; a
+        blocking client's stream ends with `.cancel()`)."""
         req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
         call = self.stub.Subscribe(req, metadata=self.options.metadata())
         try:
@@ -277,6 +186,29 @@ class AsyncSeeClient(AsyncClient):
                 yield event
         finally:
             call.cancel()
+
+
+class SeeClient(Client[AsyncSeeClient], core=AsyncSeeClient,
+                stub=pb_grpc.ExperienceExchangeStub):
+    """Blocking client (constructor: `mutualrl.client.base`); one channel, closed by `close()`
+    or the context manager. The blocking facade of `AsyncSeeClient`."""
+
+    # runs
+    create_run = blocking(AsyncSeeClient.create_run)
+    get_run = blocking(AsyncSeeClient.get_run)
+    list_runs = blocking(AsyncSeeClient.list_runs)
+    # publish
+    publish = blocking(AsyncSeeClient.publish)
+    publish_request = blocking(AsyncSeeClient.publish_request)
+    # reads
+    fetch_rollouts = blocking(AsyncSeeClient.fetch_rollouts)
+    ack = blocking(AsyncSeeClient.ack)
+    take_peer_rollouts = blocking(AsyncSeeClient.take_peer_rollouts)
+    round_stats = blocking(AsyncSeeClient.round_stats)
+    successes = blocking(AsyncSeeClient.successes)
+    run_stats = blocking(AsyncSeeClient.run_stats)
+    report_metrics = blocking(AsyncSeeClient.report_metrics)
+    subscribe = blocking_stream(AsyncSeeClient.subscribe)
 
 
 # Re-exported for callers that only import this module.

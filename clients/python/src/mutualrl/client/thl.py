@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mutualrl.client.base import AsyncClient, Client, Target
+from mutualrl.client.blocking import blocking
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.alignment_types import (
     AlignTraceResult,
@@ -52,49 +53,9 @@ def _align_request(source_tokenizer_id: str, target_tokenizer_id: str,
                                 placement=wire.PLACEMENT_TO_PB[placement])
 
 
-class ThlClient(Client):
-    """Blocking THL client (constructor: `mutualrl.client.base`); use as a context manager or
-    call `close()`."""
-
-    default_address = DEFAULT_ADDRESS
-
-    def __init__(self, target: Target = None, **overrides: Any) -> None:
-        super().__init__(target, **overrides)
-        self.stub = pb_grpc.AlignmentStub(self.channel)
-
-    def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
-                 run_id: str = "") -> TokenizerInfo:
-        """Register a fast tokenizer at a path on the THL host, for `run_id` when given
-        (`delete_run` releases it)."""
-        msg = self._call(self.stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
-            tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
-        return wire.info_from_pb(msg)
-
-
-    def list(self) -> list[TokenizerInfo]:
-        """Every registered tokenizer, sorted by id."""
-        msg = self._call(self.stub.ListTokenizers, pb.ListTokenizersRequest())
-        return [wire.info_from_pb(t) for t in msg.tokenizers]
-
-    def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
-                   apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
-        """Encode texts with a registered tokenizer (ids, char offsets, residual)."""
-        msg = self._call(self.stub.Retokenize, pb.RetokenizeRequest(
-            tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
-            apply_chat_template=apply_chat_template))
-        return [wire.tokenized_from_pb(r) for r in msg.results]
-
-    def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
-                    items: Sequence[TraceItem], mode: Mode = "chunk",
-                    placement: Placement = "last") -> AlignTraceResult:
-        """Move source token traces onto the target tokenizer's tokens."""
-        req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
-        return wire.result_from_pb(self._call(self.stub.AlignTrace, req))
-
-
-
 class AsyncThlClient(AsyncClient):
-    """asyncio THL client; use as an async context manager or await `close()`."""
+    """asyncio THL client (constructor: `mutualrl.client.base`); use as an async context
+    manager or await `close()`. `ThlClient` is its blocking facade."""
 
     default_address = DEFAULT_ADDRESS
 
@@ -104,18 +65,21 @@ class AsyncThlClient(AsyncClient):
 
     async def register(self, tokenizer_id: str, path: str, overwrite: bool = False,
                        run_id: str = "") -> TokenizerInfo:
+        """Register a fast tokenizer at a path on the THL host, for `run_id` when given
+        (`delete_run` releases it)."""
         msg = await self._call(self.stub.RegisterTokenizer, pb.RegisterTokenizerRequest(
             tokenizer_id=tokenizer_id, path=path, overwrite=overwrite, run_id=run_id))
         return wire.info_from_pb(msg)
 
-
     async def list(self) -> list[TokenizerInfo]:
+        """Every registered tokenizer, sorted by id."""
         msg = await self._call(self.stub.ListTokenizers, pb.ListTokenizersRequest())
         return [wire.info_from_pb(t) for t in msg.tokenizers]
 
     async def retokenize(self, tokenizer_id: str, texts: Sequence[str],
                          add_special_tokens: bool = False,
                          apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
+        """Encode texts with a registered tokenizer (ids, char offsets, residual)."""
         msg = await self._call(self.stub.Retokenize, pb.RetokenizeRequest(
             tokenizer_id=tokenizer_id, texts=list(texts), add_special_tokens=add_special_tokens,
             apply_chat_template=apply_chat_template))
@@ -124,6 +88,18 @@ class AsyncThlClient(AsyncClient):
     async def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
                           items: Sequence[TraceItem], mode: Mode = "chunk",
                           placement: Placement = "last") -> AlignTraceResult:
+        """Move source token traces onto the target tokenizer's tokens."""
         req = _align_request(source_tokenizer_id, target_tokenizer_id, items, mode, placement)
         return wire.result_from_pb(await self._call(self.stub.AlignTrace, req))
 
+
+
+class ThlClient(Client[AsyncThlClient], core=AsyncThlClient,
+                stub=pb_grpc.AlignmentStub):
+    """Blocking THL client (constructor: `mutualrl.client.base`); use as a context manager or
+    call `close()`. The blocking facade of `AsyncThlClient`."""
+
+    register = blocking(AsyncThlClient.register)
+    list = blocking(AsyncThlClient.list)
+    retokenize = blocking(AsyncThlClient.retokenize)
+    align_trace = blocking(AsyncThlClient.align_trace)

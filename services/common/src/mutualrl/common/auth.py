@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from mutualrl.common.handlers import guarded
+from mutualrl.common.handlers import HandlerInterceptor, guarded
 from mutualrl.common.request_parsing import UnparsableRequest
 
 # Kubernetes gRPC probes and load balancers cannot send metadata, so health stays open.
@@ -166,7 +166,7 @@ def _acts_as_check(principal: Principal, method: str, acts_as: ActsAs
     return check
 
 
-class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
+class BearerAuthInterceptor(HandlerInterceptor):
     """Rejects every call without a valid bearer token (health checks excepted) and every call
     its token's scope does not allow (`rules`; the secret itself, the admin, may do all)."""
 
@@ -176,16 +176,12 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         self._exempt = exempt_prefixes
         self._rules = {**DEFAULT_RULES, **(rules or {})}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method or ""
-        if handler is None or method.startswith(self._exempt):
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method or ""
+        if method.startswith(self._exempt):
             return handler
-        metadata = dict(handler_call_details.invocation_metadata or ())
+        metadata = dict(details.invocation_metadata or ())
         principal = identify(metadata.get("authorization"), self._token)
         if principal is None:
             return guarded(handler, _deny(grpc.StatusCode.UNAUTHENTICATED,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from typing import Any
 
 Handler = Callable[[argparse.Namespace], int]
+Arguments = Callable[[argparse.ArgumentParser], None]
 
 GROUP_HELP: dict[tuple[str, ...], str] = {
     ("bench",): "Benchmarks: JSON output, each figure a ratio against an anchor measured in the "
@@ -19,6 +21,20 @@ GROUP_HELP: dict[tuple[str, ...], str] = {
     ("thl",): "Tokenizer Heterogeneity Layer (THL): retokenization and trace alignment.",
     ("mwra",): "Multi-Worker Resource Allocation (MWRA): workers, leases, allocations.",
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """A command's parser that adds its deferred arguments when it parses (their config models
+    import more than `mutualrl --help` should load)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deferred: list[Arguments] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        while self.deferred:
+            self.deferred.pop(0)(self)
+        return super().parse_known_args(args, namespace)
 
 
 class Commands:
@@ -33,7 +49,8 @@ class Commands:
         if path not in self._groups:
             parent = self._parsers[path]
             self._groups[path] = parent.add_subparsers(
-                dest="_".join(("cmd", *path)), metavar="COMMAND", required=True)
+                dest="_".join(("cmd", *path)), metavar="COMMAND", required=True,
+                parser_class=_Parser)
         return self._groups[path]
 
     def group(self, path: Sequence[str], help: str) -> None:
@@ -46,12 +63,16 @@ class Commands:
                     sub[-1], help=help if sub == key else None,
                     description=help if sub == key else None)
 
-    def add(self, path: Sequence[str], help: str, handler: Handler) -> argparse.ArgumentParser:
-        """Add the command `mutualrl *path`; returns its parser for arguments."""
+    def add(self, path: Sequence[str], help: str, handler: Handler,
+            deferred: Arguments | None = None) -> argparse.ArgumentParser:
+        """Add the command `mutualrl *path`; returns its parser for arguments. `deferred` adds
+        more arguments when the command itself is parsed (flags derived from a config model)."""
         key = tuple(path)
         if len(key) > 1 and key[:-1] not in self._parsers:
             self.group(key[:-1], help=GROUP_HELP.get(key[:-1], f"{' '.join(key[:-1])} commands"))
         parser = self._subparsers(key[:-1]).add_parser(key[-1], help=help, description=help)
         parser.set_defaults(handler=handler)
+        if deferred is not None and isinstance(parser, _Parser):
+            parser.deferred.append(deferred)
         self._parsers[key] = parser
         return parser

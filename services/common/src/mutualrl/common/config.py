@@ -7,6 +7,7 @@ One YAML file describes a whole run; each process reads the section it owns
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -87,10 +88,59 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_section(path: str | Path | None, section: str, model: type[M], **overrides: Any) -> M:
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values, mappings merged key by key (a flag or an environment
+    variable sets one nested field and keeps its siblings from the file)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+ENV_PREFIX = "MUTUALRL_"
+ENV_NESTED_DELIMITER = "__"
+
+
+def env_values(section: str, model: type[BaseModel],
+               environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The values the environment gives a run YAML's `section` (a `model`), read by
+    pydantic-settings: `MUTUALRL_<SECTION>__<FIELD>[__<FIELD>...]`, case-insensitive, e.g.
+    MUTUALRL_TRAINER__GRPO__ROUNDS=5; lists and mappings are JSON. Unparsed: the caller merges
+    them over the file (`deep_merge`) and validates the result, so a bad value is an error
+    naming its field."""
+    from pydantic import create_model
+    from pydantic_settings import BaseSettings, EnvSettingsSource
+
+    env = os.environ if environ is None else environ
+
+    class Source(EnvSettingsSource):
+        def _load_env_vars(self) -> Mapping[str, str | None]:
+            return {k.lower(): v for k, v in env.items() if v}  # empty: unset
+
+    prefix = f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}"
+    for var in env:
+        if var.upper().startswith(prefix) and env[var]:
+            name = var[len(prefix):].split(ENV_NESTED_DELIMITER)[0].lower()
+            if name not in model.model_fields:  # pydantic-settings would pass over it
+                raise ValueError(f"{var}: the `{section}` section has no field {name!r}")
+    fields: dict[str, Any] = {name: (info.annotation, None)
+                              for name, info in model.model_fields.items()}
+    settings = create_model(f"{model.__name__}Env", __base__=BaseSettings, **fields)
+    source = Source(settings, case_sensitive=False, env_prefix=prefix,
+                    env_nested_delimiter=ENV_NESTED_DELIMITER)
+    return {k: v for k, v in source().items() if v is not None}
+
+
+def load_section(path: str | Path | None, section: str, model: type[M], *,
+                 environ: Mapping[str, str] | None = None, **overrides: Any) -> M:
     """Build `model` from one top-level section of a run YAML (missing file or section: defaults).
 
-    Keyword overrides that are not None win over the file (command-line flags).
+    The environment's MUTUALRL_<SECTION>__<FIELD>... variables (`env_values`; `environ`, else
+    os.environ) win over the file, and keyword overrides that are not None (command-line flags)
+    win over both.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -98,6 +148,7 @@ def load_section(path: str | Path | None, section: str, model: type[M], **overri
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: section '{section}' must be a mapping")
         data.update(raw)
+    data = deep_merge(data, env_values(section, model, environ))
     data.update({k: v for k, v in overrides.items() if v is not None})
     return model.model_validate(data)
 

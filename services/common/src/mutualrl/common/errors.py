@@ -19,10 +19,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ServiceError(Exception):
-    """Base: carries the gRPC code and an HTTP status for the REST twin."""
+    """Base: carries the gRPC code and an HTTP status for the REST twin (a subclass names both
+    in its class line: `class NotFound(ServiceError, code=..., http_status=404)`)."""
 
     code = grpc.StatusCode.INTERNAL
     http_status = 500
+
+    def __init_subclass__(cls, code: grpc.StatusCode | None = None, http_status: int = 0,
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code, cls.http_status = code, http_status
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}" if field else message)
@@ -30,38 +37,39 @@ class ServiceError(Exception):
         self.message = message
 
 
-class InvalidArgument(ServiceError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-    http_status = 400
+class InvalidArgument(ServiceError, code=grpc.StatusCode.INVALID_ARGUMENT, http_status=400):
+    pass
 
 
-class NotFound(ServiceError):
-    code = grpc.StatusCode.NOT_FOUND
-    http_status = 404
+class NotFound(ServiceError, code=grpc.StatusCode.NOT_FOUND, http_status=404):
+    pass
 
 
-class AlreadyExists(ServiceError):
-    code = grpc.StatusCode.ALREADY_EXISTS
-    http_status = 409
+class AlreadyExists(ServiceError, code=grpc.StatusCode.ALREADY_EXISTS, http_status=409):
+    pass
 
 
-class FailedPrecondition(ServiceError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-    http_status = 409
+class FailedPrecondition(ServiceError, code=grpc.StatusCode.FAILED_PRECONDITION,
+                         http_status=409):
+    pass
 
 
-class ResourceExhausted(ServiceError):
+class ResourceExhausted(ServiceError, code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=507):
     """A backing store is full (Redis OOM): retrying will not help until space is freed."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    http_status = 507
 
-
-class Unavailable(ServiceError):
+class Unavailable(ServiceError, code=grpc.StatusCode.UNAVAILABLE, http_status=503):
     """A backing store (Redis) does not answer: retryable, clients back off and try again."""
 
-    code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
+
+async def _answer(err: Exception, context: grpc.aio.ServicerContext, method: Any) -> None:
+    """Abort the call with `err`'s code (INTERNAL, logged, for anything unexpected)."""
+    if isinstance(err, grpc.aio.AbortError):
+        raise err
+    if isinstance(err, ServiceError):
+        await context.abort(err.code, str(err))
+    log.exception("%s failed", method.__qualname__)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
 
 
 def grpc_errors(method: F) -> F:
@@ -73,13 +81,8 @@ def grpc_errors(method: F) -> F:
             try:
                 async for item in method(self, request, context):
                     yield item
-            except ServiceError as err:
-                await context.abort(err.code, str(err))
-            except grpc.aio.AbortError:
-                raise
             except Exception as err:  # a bug must not kill the server
-                log.exception("%s failed", method.__qualname__)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
+                await _answer(err, context, method)
 
         return cast(F, stream)  # the same signature as `method`
 
@@ -87,12 +90,13 @@ def grpc_errors(method: F) -> F:
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(self, request, context)
-        except ServiceError as err:
-            await context.abort(err.code, str(err))
-        except grpc.aio.AbortError:
-            raise
         except Exception as err:  # a bug must not kill the server
-            log.exception("%s failed", method.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
+            await _answer(err, context, method)
 
     return cast(F, unary)  # the same signature as `method`
+
+
+def require_nonnegative(field: str, value: float) -> None:
+    """INVALID_ARGUMENT naming `field` when `value` is below zero."""
+    if value < 0:
+        raise InvalidArgument(field, "must be >= 0")

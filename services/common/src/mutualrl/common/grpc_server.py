@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 from mutualrl.common.auth import BearerAuthInterceptor, Rules
 from mutualrl.common.config import ServiceConfig
 from mutualrl.common.event_loop import running_loop_name
+from mutualrl.common.handlers import HandlerInterceptor
 from mutualrl.common.request_parsing import RequestParsingInterceptor
 
 log = logging.getLogger(__name__)
@@ -45,18 +46,12 @@ def _code_name(context: grpc.aio.ServicerContext, failed: bool) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else str(code)
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(HandlerInterceptor):
     """Counts calls by method and status code and times them."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
         kwargs = {
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,

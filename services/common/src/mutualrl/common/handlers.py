@@ -13,6 +13,27 @@ Check = Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
 Deserializer = Callable[[bytes], Any] | None
 
 
+def _call(inner: Any, check: Check, streams_in: bool) -> Any:
+    """`inner` (a coroutine function) after `check`; a client stream's check sees no request."""
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await check(None if streams_in else request, context)
+        return await inner(request, context)
+
+    return call
+
+
+def _stream(inner: Any, check: Check, streams_in: bool) -> Any:
+    """`inner` (an async generator function) after `check`."""
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await check(None if streams_in else request, context)
+        async for item in inner(request, context):
+            yield item
+
+    return stream
+
+
 def guarded(handler: grpc.RpcMethodHandler, check: Check,
             request_deserializer: Deserializer = None) -> grpc.RpcMethodHandler:
     """`handler` of the same shape whose behaviour first awaits `check(request, context)`;
@@ -21,43 +42,33 @@ def guarded(handler: grpc.RpcMethodHandler, check: Check,
     kwargs = {"request_deserializer": deserializer,
               "response_serializer": handler.response_serializer}
     if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(request, context)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+        return grpc.unary_unary_rpc_method_handler(
+            _call(handler.unary_unary, check, False), **kwargs)
     if handler.unary_stream:
-        inner_stream = handler.unary_stream
-        if not inspect.isasyncgenfunction(inner_stream):
-            # Writes through context.write (grpc.health.v1 Watch): stays a coroutine.
-
-            async def writer(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await check(request, context)
-                return await inner_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(writer, **kwargs)
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(request, context)
-            async for item in inner_stream(request, context):
-                yield item
-
-        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+        inner = handler.unary_stream
+        # A handler that writes through context.write (grpc.health.v1 Watch) stays a coroutine.
+        wrap = _stream if inspect.isasyncgenfunction(inner) else _call
+        return grpc.unary_stream_rpc_method_handler(wrap(inner, check, False), **kwargs)
     if handler.stream_unary:
-        inner_su = handler.stream_unary
+        return grpc.stream_unary_rpc_method_handler(
+            _call(handler.stream_unary, check, True), **kwargs)
+    return grpc.stream_stream_rpc_method_handler(
+        _stream(handler.stream_stream, check, True), **kwargs)
 
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(None, context)
-            return await inner_su(requests, context)
 
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
-    inner_ss = handler.stream_stream
+class HandlerInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that replaces the handler of every known method with `wrap`'s."""
 
-    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        await check(None, context)
-        async for item in inner_ss(requests, context):
-            yield item
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        return self.wrap(handler, handler_call_details)
 
-    return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        raise NotImplementedError

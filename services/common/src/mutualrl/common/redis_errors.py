@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from redis import exceptions as rexc
 
-from mutualrl.common.errors import ResourceExhausted, ServiceError, Unavailable
+from mutualrl.common.errors import ResourceExhausted, ServiceError, Unavailable, grpc_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,3 +103,8 @@ def redis_errors(method: F) -> F:
             return await method(*args, **kwargs)
 
     return cast(F, unary)  # the same signature as `method`
+
+
+def redis_rpc(method: F) -> F:
+    """An RPC of a servicer over Redis: `grpc_errors` over `redis_errors`."""
+    return grpc_errors(redis_errors(method))

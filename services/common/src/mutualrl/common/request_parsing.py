@@ -11,13 +11,13 @@ UNAUTHENTICATED, whatever its body.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from mutualrl.common.handlers import guarded
+from mutualrl.common.handlers import HandlerInterceptor, guarded
 
 
 @dataclass(frozen=True)
@@ -65,15 +65,9 @@ def parsing_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMeth
                    safe_deserializer(method, handler.request_deserializer))
 
 
-class RequestParsingInterceptor(grpc.aio.ServerInterceptor):
+class RequestParsingInterceptor(HandlerInterceptor):
     """Applies `parsing_handler` to every method (health and reflection included)."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        return parsing_handler(handler, handler_call_details.method or "?")
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return parsing_handler(handler, details.method or "?")

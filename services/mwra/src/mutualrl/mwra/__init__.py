@@ -1,7 +1,8 @@
 """mutualrl.mwra: Multi-Worker Resource Allocation.
 
-`allocation` (pure math: static / balanced min-makespan / time-share; docs/design.md (11)),
-`simulate` (seeded round simulation behind `mutualrl bench mwra`), `store` (Redis state),
-`service` (gRPC servicer with leases and leader election), `metrics`, `server`, `config`, `cli`.
+`allocation` (pure math: static / balanced min-makespan / time-share / shared; docs/design.md
+(11)), `requests` (request validation, pure), `store` (Redis state), `coordinator` (leader lock,
+tick loop, rebalancing, admission of late policies, time-share turns), `servicer` (the gRPC
+RPCs, a thin shell over both), `access` (token scopes), `metrics`, `server`, `config`, `cli`.
 A trainer applies an allocation with `mutualrl.trainer.allocator.apply_allocation`.
 """

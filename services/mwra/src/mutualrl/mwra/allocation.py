@@ -37,7 +37,7 @@ Policies (``Settings.strategy``)
                first within ceil(P / A) rounds for A policies per turn. ``static`` and
                ``balanced`` fall back to it when the pool is too small and
                ``Settings.short_pool`` is ``time-share``.
-``shared``     the other fallback for a pool too small (``short_pool="share"``, what MWRA uses
+``shared``     the other fallback for a pool too small (``short_pool="shared"``, what MWRA uses
                for CPU units): every policy stays active with its minimum (at least one
                thread), placed on the workers in proportion to their units, so the units are
                over-committed and the operating system time-slices the threads. For CPU threads
@@ -70,8 +70,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 Strategy = Literal["static", "balanced", "time-share"]
+"""The rule a run configures (`mwra.strategy`)."""
 STRATEGIES: tuple[str, ...] = ("static", "balanced", "time-share")
-ShortPool = Literal["time-share", "share"]
+ShortPool = Literal["time-share", "shared"]
+"""What `static` and `balanced` fall back to when the pool is short (`mwra.short_pool`)."""
+PlanStrategy = Literal["static", "balanced", "time-share", "shared"]
+"""The rule that made a plan (`PoolAssignment.strategy`, `Allocation.strategy` on the wire):
+a `Strategy`, or `shared` when a short pool was shared."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ class Settings:
     short_pool: ShortPool = "time-share"
     """What `static` / `balanced` do when the pool cannot give every policy its minimum:
     take turns (`time-share`, for exclusive units such as GPUs) or over-commit the units
-    (`share`, for CPU threads; see `shared_units`)."""
+    (`shared`, for CPU threads; see `shared_placement`)."""
 
 
 @dataclass
@@ -121,8 +126,8 @@ class PoolAssignment:
     round: int
     epoch: int
     strategy: str
-    """The rule that produced it: `static`, `balanced`, `time-share` or `shared` (after any
-    fallback)."""
+    """The rule that produced it (a `PlanStrategy`: `static`, `balanced`, `time-share` or
+    `shared`, after any fallback)."""
     units: dict[str, int]
     """Units per policy of the plan (0 for a policy that sits the round out)."""
     placement: dict[str, dict[str, int]]
@@ -596,7 +601,7 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
     mins = _clamped_minimums({p.policy_id: p.min_units for p in pols}, total)
     strategy: str = settings.strategy
     if (strategy != "time-share" and sum(mins.values()) > total
-            and settings.short_pool == "share"):
+            and settings.short_pool == "shared"):
         units = {p: mins[p] for p in ids}
         placement = shared_placement(units, pool)
         plan = PoolAssignment(round=round_, epoch=prev_epoch, strategy="shared", units=units,

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from mutualrl.common.config import ServiceConfig
+from mutualrl.mwra.allocation import Strategy
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def _redis_url_from_env() -> str:
     return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def _short_pool_alias(value: Any) -> Any:
+    """`share`, the earlier name of `shared`, is accepted for one more release."""
+    if value == "share":
+        warnings.warn("mwra.short_pool: `share` is now called `shared`", DeprecationWarning,
+                      stacklevel=2)
+        return "shared"
+    return value
 
 
 class MwraConfig(ServiceConfig):
@@ -32,7 +43,7 @@ class MwraConfig(ServiceConfig):
     redis_max_connections: int = Field(default=64, ge=1)
     """Connections to Redis at most; a call that finds none free waits for one (up to
     `redis_timeout_seconds`, then UNAVAILABLE) rather than failing at once."""
-    strategy: Literal["static", "balanced", "time-share"] = "balanced"
+    strategy: Strategy = "balanced"
     """Allocation policy: `static` (fixed shares by weight), `balanced` (min-makespan from
     measured step costs), `time-share` (policies take turns on the pool). `static` and
     `balanced` fall back to time-share in rounds where the pool cannot give every live policy
@@ -52,13 +63,15 @@ class MwraConfig(ServiceConfig):
     hysteresis: float = Field(default=0.1, ge=0)
     """`balanced` keeps the current split unless the optimal makespan is at least this much
     (relative) shorter: 0.1 = move only for a >= 10% gain, so noisy costs do not thrash it."""
-    short_pool: Literal["auto", "share", "time-share"] = "auto"
+    short_pool: Annotated[Literal["auto", "shared", "time-share"],
+                          BeforeValidator(_short_pool_alias)] = "auto"
     """When the pool has fewer units than the live policies need (`static`, `balanced`):
-    `share` keeps every policy active with its minimum and over-commits the units (the OS
-    time-slices CPU threads: N trainers cost about the sum of their steps over the cores, never
-    more than one after another); `time-share` makes policies take turns within each round
-    (exclusive units such as GPUs: a round costs the turns' steps one after another); `auto`:
-    share CPU units, turn over GPUs."""
+    `shared` (also accepted as `share`, its earlier name) keeps every policy active with its
+    minimum and over-commits the units (the OS time-slices CPU threads: N trainers cost about
+    the sum of their steps over the cores, never more than one after another); `time-share`
+    makes policies take turns within each round (exclusive units such as GPUs: a round costs
+    the turns' steps one after another); `auto`: `shared` for CPU units, `time-share` for
+    GPUs. Plans report `shared` as their strategy."""
     turn_policies: int | None = Field(default=None, ge=1)
     """`time-share`: most policies active in one round (None: as many as the pool fits;
     1: each round one policy holds the whole pool)."""

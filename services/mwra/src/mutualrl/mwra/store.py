@@ -204,14 +204,19 @@ class MwraStore:
             _, revived = await p.execute()
         return expires, bool(revived)
 
+    async def _remove(self, member: str, hashes: list[str], sets: list[str]) -> bool:
+        """Remove `member` from `hashes` and `sets` at once; True when the first hash held it."""
+        async with self.r.pipeline(transaction=True) as p:
+            for h in hashes:
+                p.hdel(h, member)
+            for s in sets:
+                p.srem(s, member)
+            removed = (await p.execute())[0]
+        return bool(removed)
+
     async def delete_worker(self, run_id: str, worker_id: str) -> bool:
         k = self.keys(run_id)
-        async with self.r.pipeline(transaction=True) as p:
-            p.hdel(k.workers, worker_id)
-            p.hdel(k.leases, worker_id)
-            p.srem(k.lost, worker_id)
-            removed, _, _ = await p.execute()
-        return bool(removed)
+        return await self._remove(worker_id, [k.workers, k.leases], [k.lost])
 
     async def mark_lost(self, run_id: str, worker_ids: list[str]) -> list[str]:
         """Add workers to the lost set; returns those that were not there yet (counted once)."""
@@ -242,12 +247,7 @@ class MwraStore:
 
     async def delete_policy(self, run_id: str, policy_id: str) -> bool:
         k = self.keys(run_id)
-        async with self.r.pipeline(transaction=True) as p:
-            p.hdel(k.policies, policy_id)
-            p.hdel(k.seen, policy_id)
-            p.hdel(k.costs, policy_id)
-            removed, _, _ = await p.execute()
-        return bool(removed)
+        return await self._remove(policy_id, [k.policies, k.seen, k.costs], [])
 
     async def record_cost(self, run_id: str, policy_id: str, *, round_: int, seconds: float,
                           tokens: int, samples: int, units: int, alpha: float) -> CostRecord:

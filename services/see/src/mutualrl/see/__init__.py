@@ -1,18 +1,19 @@
 """mutualrl.see: the Shared Experience Exchange.
 
 A grpc.aio service (`experience.proto`) plus a FastAPI inspection app in one process, over
-Redis (redis.asyncio). Modules:
+Redis (redis.asyncio). Subpackages:
 
-- `config`: `SeeConfig`, the `see:` section of a run YAML.
-- `requests`, `validate`: request validation (the servicer runs it; `validate` checks a
-  Publish batch as whole-batch columns, per-token rules vectorised over the batch); `entries`:
-  stream-entry headers and ids (all pure: no network code).
-- `keys`, `lua`: the Redis key layout (`<prefix>:see:{<run>}:...`, the common scheme) and the
-  batch script.
-- `store`: one object over the Redis parts: `runs`, `publish`, `rollouts` (consumer groups),
-  `roundstats`, `successes`, `inspection` (Subscribe, run stats, records); `connect`: the client.
-- `servicer`, `rest`, `server`: the gRPC servicer, the REST app, and running both.
-- `metrics`: SEE's Prometheus metrics.
-- `cli`: `mutualrl see serve`, `mutualrl bench see` (`bench`); `mutualrl inspect ...` is the
-  SDK's (`mutualrl.cli.inspect`).
+- `store`: `SeeStore`, one object over the Redis parts: `runs`, `publish` (with `lua`, the batch
+  script, and `durability`), `rollouts` (consumer groups), `roundstats`, `successes`,
+  `inspection` (Subscribe, run stats, records), `runmetrics`, `transfers`; `entries` and
+  `ranges` (stream-entry headers and record ranges, pure), `part`, `blocking`, `connect` (the
+  client).
+- `grpc`: the Experience and RunMetrics servicers, token scopes (`access`), request checks.
+- `rest`: the REST inspection app; `dashboard`: the `/ui` pages and the routes they read.
+
+Modules: `config` (`SeeConfig`, the `see:` section of a run YAML), `keys` (the Redis key layout,
+`<prefix>:see:{<run>}:...`, pure), `validate` (a Publish batch checked as whole-batch columns,
+per-token rules vectorised over the batch; pure), `server` (running gRPC and REST together),
+`metrics` (Prometheus), `cli` (`mutualrl see serve`; `mutualrl inspect ...` is the SDK's,
+`mutualrl bench see` the benchmarks').
 """

@@ -1,4 +1,4 @@
-"""`mutualrl see serve` and `mutualrl bench see`."""
+"""`mutualrl see serve`."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
         # inherited by the workers: /metrics then sums every process.
         made_dir = tempfile.mkdtemp(prefix="see-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
-    from mutualrl.see.durability import DurabilityError
     from mutualrl.see.server import serve
+    from mutualrl.see.store.durability import DurabilityError
 
     try:
         event_loop.run(serve(cfg), cfg.event_loop)
@@ -41,12 +41,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from mutualrl.see.bench import main as bench_main
-
-    return bench_main(args)
-
-
 def register(commands: Commands) -> None:
     commands.group(["see"], "Shared Experience Exchange (SEE).")
     p = commands.add(["see", "serve"], "Serve SEE: gRPC (experience.proto) plus the REST "
@@ -59,31 +53,3 @@ def register(commands: Commands) -> None:
     p.add_argument("--host", default=None, help="Bind address (default from config, 127.0.0.1).")
     p.add_argument("--workers", type=int, default=None,
                    help="gRPC worker processes sharing the port (default from config, 1).")
-
-    p = commands.add(["bench", "see"], "SEE Publish throughput against raw Redis pipelines "
-                     "(same payloads, writers and batch size).", _bench)
-    p.add_argument("--json", required=True, help="Write the figures to this JSON file.")
-    p.add_argument("--clients", type=int, default=4, help="Concurrent writer processes.")
-    p.add_argument("--records", type=int, default=60_000,
-                   help="Records per side in total (split over the clients); enough that the "
-                        "raw side runs for most of a second.")
-    p.add_argument("--batch", type=int, default=256, help="Records per Publish / pipeline.")
-    p.add_argument("--tokens", type=int, default=300, help="Tokens per ROLLOUT record.")
-    p.add_argument("--redis-url", default=None,
-                   help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0).")
-    p.add_argument("--workers", type=int, default=1,
-                   help="SEE server worker processes (see serve --workers).")
-    p.add_argument("--cluster", action="store_true",
-                   help="Both sides on a private Redis Cluster of 3 masters (needs redis-server "
-                        "and redis-cli on PATH).")
-    p.add_argument("--durability", choices=["default", "fsync"], default="default",
-                   help="SEE's see.durability; fsync without --redis-url runs a private Redis "
-                        "with appendfsync always (both sides).")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="Run both sides this many times, back to back; the median of the "
-                        "paired ratios is reported.")
-    p.add_argument("--warmup", type=int, default=1,
-                   help="Pairs run first and left out of every figure (listed under `warmup`): "
-                        "the first pair on a Redis that has not held this much yet grows its "
-                        "memory and skews that pair's ratio.")
-

@@ -45,6 +45,16 @@ def kind_name(kind: int) -> str:
     return pb.RecordKind.Name(kind) if kind in KINDS else str(kind)
 
 
+class _Key:
+    """A key of the run: `base` + a fixed suffix, read as an attribute."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def __get__(self, keys: RunKeys, owner: type) -> str:
+        return keys.base + self.suffix
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """All key names of one run."""
@@ -57,66 +67,36 @@ class RunKeys:
     def __post_init__(self) -> None:
         object.__setattr__(self, "base", KeySpace(self.prefix, "see").run_base(self.run_id))
 
-    @property
-    def pattern(self) -> str:
-        """SCAN MATCH pattern of exactly this run's keys."""
-        return self.base + "*"
+    pattern = _Key("*")
+    """SCAN MATCH pattern of exactly this run's keys."""
 
-    @property
-    def config(self) -> str:
-        return self.base + "config"
+    config = _Key("config")
+    blobs = _Key("blobs")
 
     def stream(self, kind: int) -> str:
         return self.base + "s:" + kind_name(kind)
 
-    @property
-    def batch_prefix(self) -> str:
-        return self.base + "b:"
+    batch_prefix = _Key("b:")
 
     def batch(self, string_id: str) -> str:
         """A string of one Publish batch's payloads (`string_id`: the batch's nonce, then the
         records' kind number)."""
         return self.batch_prefix + string_id
 
-    @property
-    def blobs(self) -> str:
-        return self.base + "blobs"
-
-    @property
-    def rec_prefix(self) -> str:
-        """Payload keys of the layout before batch strings (`rec:<record_id>`)."""
-        return self.base + "rec:"
+    rec_prefix = _Key("rec:")
+    """Payload keys of the layout before batch strings (`rec:<record_id>`)."""
 
     def rec(self, record_id: str) -> str:
         return self.base + "rec:" + record_id
 
-    @property
-    def idx(self) -> str:
-        return self.base + "idx"
+    idx = _Key("idx")
+    lastid = _Key("lastid")
+    counts = _Key("counts")
+    trimmed = _Key("trimmed")
+    xfer = _Key("xfer")
+    rounds = _Key("rounds")
 
-    @property
-    def lastid(self) -> str:
-        return self.base + "lastid"
-
-    @property
-    def counts(self) -> str:
-        return self.base + "counts"
-
-    @property
-    def trimmed(self) -> str:
-        return self.base + "trimmed"
-
-    @property
-    def xfer(self) -> str:
-        return self.base + "xfer"
-
-    @property
-    def rounds(self) -> str:
-        return self.base + "rounds"
-
-    @property
-    def round_stats_prefix(self) -> str:
-        return self.base + "rs:"
+    round_stats_prefix = _Key("rs:")
 
     def round_stats(self, round_: int) -> str:
         return f"{self.base}rs:{round_}"

@@ -20,15 +20,14 @@ import uvicorn
 
 from mutualrl.common import event_loop
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
-from mutualrl.see import durability
-from mutualrl.see.access import ACCESS
 from mutualrl.see.config import SeeConfig
-from mutualrl.see.rest import create_app
-from mutualrl.see.runmetrics_servicer import SERVICE_NAME as METRICS_SERVICE_NAME
-from mutualrl.see.runmetrics_servicer import RunMetricsServicer
-from mutualrl.see.runmetrics_servicer import add_to_server as add_metrics_to_server
-from mutualrl.see.servicer import SERVICE_NAME, ExperienceExchangeServicer, add_to_server
-from mutualrl.see.store import SeeStore
+from mutualrl.see.grpc.access import ACCESS
+from mutualrl.see.grpc.runmetrics import SERVICE_NAME as METRICS_SERVICE_NAME
+from mutualrl.see.grpc.runmetrics import RunMetricsServicer
+from mutualrl.see.grpc.runmetrics import add_to_server as add_metrics_to_server
+from mutualrl.see.grpc.servicer import SERVICE_NAME, ExperienceExchangeServicer, add_to_server
+from mutualrl.see.rest.app import create_app
+from mutualrl.see.store import SeeStore, durability
 
 log = logging.getLogger(__name__)
 

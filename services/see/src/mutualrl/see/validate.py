@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.errors import InvalidArgument, require_nonnegative
 from mutualrl.see.config import SeeLimits
 from mutualrl.see.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
@@ -62,8 +62,7 @@ def validate_run_config(cfg: pb.RunConfig, limits: SeeLimits) -> None:
         raise InvalidArgument("config.tau", "not finite")
     for name, bound in RETENTION_BOUNDS.items():
         value = getattr(cfg.retention, name)
-        if value < 0:
-            raise InvalidArgument(f"config.retention.{name}", "must be >= 0")
+        require_nonnegative(f"config.retention.{name}", value)
         if value > bound:
             raise InvalidArgument(f"config.retention.{name}",
                                   f"{value} is above the largest allowed, {bound}")
@@ -254,10 +253,8 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     if kind not in KINDS:
         raise InvalidArgument(f"{f}.kind",
                               f"must be ROLLOUT, REWARD_STATS or VERIFIED_SUCCESS, got {kind}")
-    if rec.round < 0:
-        raise InvalidArgument(f"{f}.round", "must be >= 0")
-    if rec.policy_version < 0:
-        raise InvalidArgument(f"{f}.policy_version", "must be >= 0")
+    require_nonnegative(f"{f}.round", rec.round)
+    require_nonnegative(f"{f}.policy_version", rec.policy_version)
     finish = rec.finish_reason
     if finish not in FINISH_VALUES:
         raise InvalidArgument(f"{f}.finish_reason", f"unknown value {finish}")
@@ -377,8 +374,7 @@ def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:
         raise InvalidArgument(f"{f}.stats.count", "must be >= 1")
     for name in ("sum", "sum_sq", "max"):
         _finite(getattr(st, name), f"{f}.stats.{name}")
-    if st.sum_sq < 0:
-        raise InvalidArgument(f"{f}.stats.sum_sq", "must be >= 0")
+    require_nonnegative(f"{f}.stats.sum_sq", st.sum_sq)
     mean = st.sum / st.count
     # Relative tolerance: sums of floats carry rounding error proportional to their size.
     tol = 1e-9 * max(1.0, abs(st.sum_sq), abs(st.sum))

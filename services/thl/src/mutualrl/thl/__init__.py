@@ -5,6 +5,6 @@ Pure (no network code): `align` (chunk alignment core, docs/design.md (10)), `re
 tokenizer builders); the plain data shared with clients is `mutualrl.common.alignment_types`.
 Service: `registry` (tokenizer ids -> paths, persisted, LRU), `engine` (`AlignmentEngine`,
 in-process THL), `servicer` / `server` (gRPC `mutualrl.v1.Alignment`), `metrics`, `config`
-(`ThlConfig`), `cli` (`mutualrl thl serve`, `mutualrl bench thl`; `thl register|list` are the
-SDK's), `bench`, `testing`.
+(`ThlConfig`), `cli` (`mutualrl thl serve`; `thl register|list` are the SDK's). The benchmark
+(`mutualrl bench thl`) and the test tokenizers are in `mutualrl.bench`.
 """

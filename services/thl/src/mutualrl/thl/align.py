@@ -399,15 +399,9 @@ def _place(chunks: Chunks, t_b: IntArray, chunk_item: IntArray, values: FloatArr
     return out
 
 
-def align(
-    text_length: int,
-    source_offsets: ArrayLike,
-    target_offsets: ArrayLike,
-    values: ArrayLike | None = None,
-    *,
-    mode: Mode = "chunk",
-    placement: Placement = "last",
-) -> ItemAlignment:
+def align(text_length: int, source_offsets: ArrayLike, target_offsets: ArrayLike,
+          values: ArrayLike | None = None, *, mode: Mode = "chunk",
+          placement: Placement = "last") -> ItemAlignment:
     """Align one item; offsets are (n, 2) arrays (or sequences of (start, end) pairs)."""
     s = _as_offsets(source_offsets)
     t = _as_offsets(target_offsets)

@@ -1,4 +1,4 @@
-"""Trainer commands: `mutualrl sft` (warm start); `train` and `bench trainer` register here too.
+"""Trainer commands: `mutualrl sft` (warm start); `train` and `create-run` register here too.
 
 Heavy imports (torch, transformers) happen inside the handlers so `mutualrl --help` stays fast.
 """
@@ -12,9 +12,21 @@ from typing import Any
 
 from mutualrl.common.commands import Commands
 
+# Flags that SFTConfig's derived names (`--out-dir`, `--task-regime`, ...) also answer to.
+SFT_FLAG_ALIASES = {"out_dir": ["--out"], "strong_skills": ["--strong"],
+                    "task.regime": ["--regime"], "task.skills": ["--skills"]}
+
+
+def _sft_flags(parser: argparse.ArgumentParser) -> None:
+    from mutualrl.common.flags import add_model_flags
+    from mutualrl.trainer.sft import SFTConfig
+
+    add_model_flags(parser, SFTConfig, aliases=SFT_FLAG_ALIASES)
+
 
 def _sft(args: argparse.Namespace) -> int:
-    from mutualrl.common.config import load_yaml
+    from mutualrl.common.config import deep_merge, load_yaml
+    from mutualrl.common.flags import flag_values
     from mutualrl.trainer.sft import EVAL_FILE, SFTConfig, run_sft
 
     data: dict[str, Any] = {}
@@ -22,27 +34,10 @@ def _sft(args: argparse.Namespace) -> int:
         raw = load_yaml(args.config)
         # Either a dedicated SFT file or an `sft:` section of a run YAML.
         data = dict(raw.get("sft", raw))
-    flags = {
-        "preset": args.preset, "model_path": args.model_path, "steps": args.steps,
-        "lr": args.lr, "batch": args.batch, "seed": args.seed, "out_dir": args.out,
-        "threads": args.threads, "weak_pool": args.weak_pool, "weak_share": args.weak_share,
-        "eval_every": args.eval_every, "cache_dir": args.cache_dir,
-    }
-    if args.model_path is not None:
+    flags = flag_values(args, SFTConfig)
+    if "model_path" in flags:
         data["preset"] = None  # a model path replaces the default preset
-    data.update({k: v for k, v in flags.items() if v is not None})
-    if args.strong:
-        data["strong_skills"] = args.strong.split(",")
-    if args.regime or args.skills:
-        task = dict(data.get("task") or {})
-        if args.regime:
-            task["regime"] = args.regime
-        if args.skills:
-            task["skills"] = args.skills.split(",")
-        data["task"] = task
-    if args.no_progress:
-        data["progress"] = False
-    cfg = SFTConfig.model_validate(data)
+    cfg = SFTConfig.model_validate(deep_merge(data, flags))
     out = run_sft(cfg)
     report = json.loads((out / EVAL_FILE).read_text())
     print(json.dumps({"checkpoint": str(out), "heldout_accuracy": report["heldout_accuracy"],
@@ -67,25 +62,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def register(commands: Commands) -> None:
     """Add the trainer's commands to the `mutualrl` CLI."""
-    p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool).",
-                     _sft)
+    p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool); "
+                     "every SFTConfig field is a flag, over the config file's value.", _sft,
+                     deferred=_sft_flags)
     p.add_argument("-c", "--config", help="YAML: SFTConfig fields, or a run YAML's `sft:`.")
-    p.add_argument("--preset", help="Built-in preset to start from (gpt2-bpe, llama-char, ...).")
-    p.add_argument("--model-path", type=Path, help="Local model directory instead of a preset.")
-    p.add_argument("--regime", choices=["short", "worked"], help="Task completion format.")
-    p.add_argument("--skills", help="Comma-separated task skills (all are evaluated).")
-    p.add_argument("--strong", help="Comma-separated strong skills (the rest are weak).")
-    p.add_argument("--steps", type=int, help="Optimizer steps.")
-    p.add_argument("--lr", type=float, help="AdamW learning rate.")
-    p.add_argument("--batch", type=int, help="Examples per step.")
-    p.add_argument("--weak-pool", type=int, help="Size of the fixed weak-skill pool.")
-    p.add_argument("--weak-share", type=float, help="Share of examples from the weak pool.")
-    p.add_argument("--eval-every", type=int, help="Evaluate every N steps (0: only at the end).")
-    p.add_argument("--seed", type=int, help="Init, data and pool seed.")
-    p.add_argument("--threads", type=int, help="torch threads.")
-    p.add_argument("--cache-dir", type=Path, help="Preset cache directory.")
-    p.add_argument("--out", type=Path, help="Checkpoint directory.")
-    p.add_argument("--no-progress", action="store_true", help="No progress bar.")
 
     e = commands.add(("export",), "Write a trained policy as a save_pretrained directory "
                      "(LoRA adapters merged) that transformers / SGLang / vLLM load.", _export)
@@ -99,7 +79,9 @@ def register(commands: Commands) -> None:
                    help="Where run ids are looked up (the trainer's output_dir).")
     e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
-    # ---- `mutualrl train` and `mutualrl bench trainer` are registered below this line ----
+    # ---- `mutualrl train`, `mutualrl create-run` and `mutualrl eval` are registered below ----
+    from mutualrl.trainer.eval_cli import register_eval_command
     from mutualrl.trainer.train_cli import register_train_commands
 
     register_train_commands(commands)
+    register_eval_command(commands)

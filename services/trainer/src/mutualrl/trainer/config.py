@@ -17,7 +17,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from mutualrl.common import ids
 from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
+from mutualrl.trainer.dataset_task import DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTaskConfig
+from mutualrl.trainer.evaluation import BenchmarkSettings
 from mutualrl.trainer.tasks import TaskConfig
 
 
@@ -160,12 +162,22 @@ class DiagnosticsSettings(Config):
 
 
 class EvalSettings(Config):
-    """Held-out evaluation (greedy reward@1 per skill)."""
+    """Evaluation: the task's held-out set (greedy reward@1 per skill) and benchmarks."""
 
     every: int = Field(25, ge=0)
     """Evaluate every N rounds (and after the last); 0 disables evaluation."""
     per_skill: int = Field(50, ge=1)
     """Held-out prompts per skill used (the first N of the fixed held-out set)."""
+    benchmarks: list[BenchmarkSettings] = Field(default_factory=list)
+    """Benchmarks (local tables) reported as avg@n and pass@k per policy and per skill, every
+    `every` rounds and after the last (`mutualrl eval` runs them on one checkpoint)."""
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> EvalSettings:
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.benchmarks: names must be unique, got {names}")
+        return self
 
 
 class CheckpointSettings(Config):
@@ -274,6 +286,17 @@ class PolicySettings(Config):
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""
+    prompt_format: Literal["auto", "chat", "text"] = "auto"
+    """How the policy renders a problem: `chat` through its chat template
+    (`apply_chat_template(..., add_generation_prompt=True)`), `text` as the plain problem text,
+    `auto` chat when the tokenizer (or `chat_template`) has a template, else text."""
+    chat_template: Path | None = None
+    """A Jinja chat template file that replaces the tokenizer's own."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the template (e.g. Qwen3's `enable_thinking: false`)."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Problems this policy renders longer than this are dropped for every policy of the run
+    (all train on the same problems; the count is reported as `data/dropped_overlong`)."""
     probe: dict[str, Any] = Field(default_factory=dict)
     """This policy's own probe: `probe` fields (kind, sgt_lambda, prp_level, ...) that replace
     the run's `trainer.probe` values for this policy only (`tau` is run-wide: SEE's success
@@ -319,10 +342,12 @@ class TrainerConfig(Config):
     """Seed of the shared prompt order (same for all policies) and of sampling."""
     output_dir: Path = Path("runs")
     """Metrics, TensorBoard and checkpoints go to <output_dir>/<run_id>/<policy>/."""
-    task: TaskConfig | JsonlTaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig | JsonlTaskConfig | DatasetTaskConfig = Field(default_factory=TaskConfig)
     """The task: a seeded synthetic one (mutualrl.trainer.tasks.TaskConfig: regime, skills,
-    digits) or a local GSM8K/MATH JSONL dataset (mutualrl.trainer.datasets.JsonlTaskConfig,
-    chosen when the section has a `path`)."""
+    digits), a local table read through `datasets` with reward functions
+    (mutualrl.trainer.dataset_task.DatasetTaskConfig, chosen when the section has a
+    `dataset`), or a GSM8K/MATH JSONL file (mutualrl.trainer.datasets.JsonlTaskConfig, chosen
+    when it has a `path`)."""
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     """GRPO knobs."""
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
@@ -402,33 +427,29 @@ def _first_error(err: ValidationError) -> str:
     return f"{where}: {e['msg']}" if where else str(e["msg"])
 
 
-# Environment variables a container platform sets (docker-compose.yml, deploy/k8s) so that one
-# run YAML serves every deployment; each wins over the file.
-ENV_OVERRIDES = {
-    "MUTUALRL_SEE_ADDR": "services.see",
-    "MUTUALRL_THL_ADDR": "services.thl",
-    "MUTUALRL_MWRA_ADDR": "services.mwra",
-    "MUTUALRL_RUN_DIR": "output_dir",
-    "MUTUALRL_METRICS_PORT": "metrics.prometheus_port",
+# Short names of MUTUALRL_TRAINER__<FIELD>__<FIELD> variables (`env_values`) that a container
+# platform sets (docker-compose.yml, deploy/k8s), so that one run YAML serves every deployment.
+ENV_SHORT_NAMES = {
+    "MUTUALRL_SEE_ADDR": "MUTUALRL_TRAINER__SERVICES__SEE",
+    "MUTUALRL_THL_ADDR": "MUTUALRL_TRAINER__SERVICES__THL",
+    "MUTUALRL_MWRA_ADDR": "MUTUALRL_TRAINER__SERVICES__MWRA",
+    "MUTUALRL_RUN_DIR": "MUTUALRL_TRAINER__OUTPUT_DIR",
+    "MUTUALRL_METRICS_PORT": "MUTUALRL_TRAINER__METRICS__PROMETHEUS_PORT",
 }
 
 
 def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
                         ) -> TrainerConfig:
-    """The `trainer:` section of a run YAML, with the MUTUALRL_* environment overrides applied:
-    ENV_OVERRIDES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
+    """The `trainer:` section of a run YAML; the environment wins over the file: any field as
+    MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
+    of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
     sets it to the GPUs it requests)."""
-    env = os.environ if environ is None else environ
-    cfg = load_section(path, "trainer", TrainerConfig)
-    data = cfg.model_dump()
-    for var, dotted in ENV_OVERRIDES.items():
-        if env.get(var):
-            *parents, leaf = dotted.split(".")
-            node = data
-            for key in parents:
-                node = node[key]
-            node[leaf] = env[var]
+    env = dict(os.environ if environ is None else environ)
+    for short, full in ENV_SHORT_NAMES.items():
+        if env.get(short) and not env.get(full):
+            env[full] = env[short]
+    data = load_section(path, "trainer", TrainerConfig, environ=env).model_dump()
     engine = env.get("MUTUALRL_ROLLOUT_ENGINE")
     if engine:
         for policy in data["policies"]:

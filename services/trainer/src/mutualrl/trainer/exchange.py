@@ -115,7 +115,7 @@ class PeerExchange:
 
         Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
         exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
-        create-run` do), and list this policy (`mutualrl.see.access`); it is waited for up to
+        create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
         `run_wait_s` seconds."""
         import grpc
 
@@ -332,20 +332,29 @@ def round_records(
     correct: Sequence[Sequence[bool]],
     tau: float,
     eos_token_id: int | None = None,
+    success: Sequence[Sequence[float]] | None = None,
+    renderings: Sequence[str | None] | None = None,
 ) -> list[Any]:
     """SEE records of one round: a ROLLOUT per sample, REWARD_STATS per prompt and a
-    VERIFIED_SUCCESS per verified sample (reward >= tau, not truncated). A sample that stopped
-    with `eos_token_id` as its last token finishes with EOS (receivers append their own)."""
+    VERIFIED_SUCCESS per verified sample (its success reward >= tau, not truncated). A sample
+    that stopped with `eos_token_id` as its last token finishes with EOS (receivers append their
+    own). `success`: each sample's success reward (the task's `success_reward`), which a
+    VERIFIED_SUCCESS record and the stats' `max` (SGT's gate) carry; default the rewards.
+    `renderings`: the sender's own rendering of each prompt, for people (the dashboard's
+    record view): receivers never read it, they render the problem their own way."""
     from mutualrl.v1 import experience_pb2 as pb
 
     out: list[Any] = []
-    for p_i, (prompt, row, rs, ok) in enumerate(zip(prompts, samples, rewards, correct,
-                                                    strict=True)):
+    gates = rewards if success is None else success
+    for p_i, (prompt, row, rs, ok, gate) in enumerate(zip(prompts, samples, rewards, correct,
+                                                          gates, strict=True)):
         base = f"{policy}/{round_k}/{p_i}"
         common = dict(run_id=run_id, policy_id=policy, policy_version=version, round=round_k,
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
                       meta={"skill": prompt.skill})
-        for k, (s, r, good) in enumerate(zip(row, rs, ok, strict=True)):
+        # The sender's rendering rides on its rollouts only (for the dashboard's record view).
+        rollout = {**common, "meta": {"skill": prompt.skill, **_rendering(renderings, p_i)}}
+        for k, (s, r, good, g) in enumerate(zip(row, rs, ok, gate, strict=True)):
             reason = s.finish_reason
             if (reason == "stop" and eos_token_id is not None and s.token_ids
                     and s.token_ids[-1] == eos_token_id):
@@ -355,14 +364,25 @@ def round_records(
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
                 record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text, reward=r,
-                verified=good, finish_reason=finish, **common),
+                verified=good, finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
-            if good and r >= tau and s.finish_reason != "length":
+            if good and g >= tau and s.finish_reason != "length":
                 out.append(pb.ExperienceRecord(
                     record_id=f"{base}/{k}/s", kind=pb.VERIFIED_SUCCESS, text=s.text,
-                    reward=r, verified=True, finish_reason=finish, **common))
+                    reward=g, verified=True, finish_reason=finish, **common))
         stats = pb.RewardStats(count=len(rs), sum=float(sum(rs)),
-                               sum_sq=float(sum(r * r for r in rs)), max=float(max(rs)))
+                               sum_sq=float(sum(r * r for r in rs)), max=float(max(gate)))
         out.append(pb.ExperienceRecord(record_id=f"{base}/stats", kind=pb.REWARD_STATS,
                                        stats=stats, **common))
     return out
+
+
+_META_CHARS = 1024  # SEE's default limit on one meta value (see.limits.max_meta_chars)
+
+
+def _rendering(renderings: Sequence[str | None] | None, i: int) -> dict[str, str]:
+    text = renderings[i] if renderings is not None else None
+    if not text:
+        return {}
+    cut = _META_CHARS - 1
+    return {"rendered_prompt": text if len(text) <= _META_CHARS else text[:cut] + "\u2026"}

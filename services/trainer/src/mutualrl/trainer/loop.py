@@ -19,7 +19,9 @@ from collections.abc import Callable
 import torch
 
 from mutualrl.trainer import diagnostics
+from mutualrl.trainer.dataset_task import score_round
 from mutualrl.trainer.distributed import gathered
+from mutualrl.trainer.evaluation import run_benchmark
 from mutualrl.trainer.exchange import round_records
 from mutualrl.trainer.probes import RoundData
 from mutualrl.trainer.session import Session
@@ -47,28 +49,28 @@ def run_round(s: Session, k: int) -> dict[str, float]:
 
     mine = d.block(len(prompts))
     with torch.no_grad(), gathered(s.model):
-        part = s.engine.generate(
-            [prompts[i].text for i in mine], n=g.group_size, max_new_tokens=s.max_new_tokens,
+        part = s.engine.generate(  # each policy samples from its own rendering of the problem
+            s.render([prompts[i] for i in mine]), n=g.group_size, max_new_tokens=s.max_new_tokens,
             temperature=g.temperature, stop=s.task.stop,
             seeds=[prompt_seed(s.cfg.seed, k, i) for i in mine])
     samples = [row for rank_rows in d.all_gather(part) for row in rank_rows]
     # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
     s.engine.release_memory()
     t_rollout = time.perf_counter() - t0
-    rewards = torch.tensor(
-        [[s.task.reward(p, y.text, y.finish_reason) for y in row]
-         for p, row in zip(prompts, samples, strict=True)])
-    correct = [[s.task.is_correct(p, y.text, y.finish_reason) for y in row]
-               for p, row in zip(prompts, samples, strict=True)]
+    scored = score_round(s.task, prompts, samples, s.cfg.probe.tau)
+    rewards, correct = torch.tensor(scored.rewards), scored.correct
 
     published = True
     if s.exchange is not None:  # policy version = optimizer steps taken = k
+        # What crosses is the problem and the completion text; peers render it their own way.
         published = s.exchange.publish(round_records(
             s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
-            rewards.tolist(), correct, s.cfg.probe.tau, s.tokenizer.eos_token_id))
+            scored.rewards, correct, s.cfg.probe.tau, s.tokenizer.eos_token_id,
+            success=scored.success, renderings=s.shown(prompts)))
 
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
-                     correct=correct, peers_now=alloc.round_peers)
+                     correct=correct, peers_now=alloc.round_peers,
+                     success=None if scored.success is None else torch.tensor(scored.success))
     t1 = time.perf_counter()
     plan = d.from_main(lambda: s.probe.plan(data))
     t_probe = time.perf_counter() - t1
@@ -103,6 +105,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
         "publish_failed": float(not published),
+        "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),
+        **scored.stats,
         **plan.stats,
         **update.stats,
         **diag,
@@ -117,20 +121,26 @@ def waited_s(s: Session) -> float:
 
 @torch.no_grad()
 def evaluate(s: Session) -> dict[str, float]:
-    """Greedy held-out reward@1 per skill (the same fixed problems for every run); data
-    parallel: each rank answers its block of the problems."""
+    """Greedy held-out reward@1 per skill (the same fixed problems for every run), then every
+    benchmark's avg@n and pass@k; data parallel: each rank answers its block of the problems."""
+    res: dict[str, float] = {}
     prompts = s.task.prompts("heldout", s.cfg.eval.per_skill * len(s.task.skills))
-    mine = s.dist.block(len(prompts))
-    with gathered(s.model):
-        part = s.engine.generate([prompts[i].text for i in mine], n=1,
-                                 max_new_tokens=s.max_new_tokens, temperature=0.0,
-                                 stop=s.task.stop)
-    out = [row for rows in s.dist.all_gather(part) for row in rows]
-    per: dict[str, list[float]] = {}
-    for p, (y,) in zip(prompts, out, strict=True):
-        per.setdefault(p.skill, []).append(s.task.reward(p, y.text, y.finish_reason))
-    res = {f"heldout/{k}": sum(v) / len(v) for k, v in per.items()}
-    res["heldout/mean"] = sum(res.values()) / len(res)
+    if prompts:
+        mine = s.dist.block(len(prompts))
+        with gathered(s.model):
+            part = s.engine.generate(s.render([prompts[i] for i in mine]), n=1,
+                                     max_new_tokens=s.max_new_tokens, temperature=0.0,
+                                     stop=s.task.stop)
+        out = [row for rows in s.dist.all_gather(part) for row in rows]
+        per: dict[str, list[float]] = {}
+        for p, (y,) in zip(prompts, out, strict=True):
+            per.setdefault(p.skill, []).append(s.task.reward(p, y.text, y.finish_reason))
+        res = {f"heldout/{k}": sum(v) / len(v) for k, v in per.items()}
+        res["heldout/mean"] = sum(res.values()) / len(res)
+    for bench, task in s.benchmarks:
+        with gathered(s.model):
+            res.update(run_benchmark(bench, task, s.renderer, s.engine, s.dist,
+                                     s.max_new_tokens, s.cfg.probe.tau, s.cfg.seed))
     return res
 
 

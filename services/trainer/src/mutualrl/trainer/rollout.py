@@ -29,6 +29,7 @@ Conventions shared by both engines:
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,10 +60,11 @@ class Sample:
 class RolloutEngine(Protocol):
     """What the training loop needs from a sampler."""
 
-    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+    def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
                  seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
-        """`n` samples for each prompt: result[i] holds prompt i's samples, in order.
+        """`n` samples for each prompt: result[i] holds prompt i's samples, in order. A prompt
+        is the policy's rendering as token ids (mutualrl.trainer.chat), or a text to tokenize.
 
         `seeds` (one per prompt) makes each prompt's samples depend on its own seed only, not
         on which other prompts share the call (data-parallel ranks split a round's prompts);
@@ -80,9 +82,12 @@ class RolloutEngine(Protocol):
         ...
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """The prompt's token ids exactly as the engines encode them (trainers must match)."""
-    return list(tokenizer(text)["input_ids"])
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
+    """The prompt's token ids exactly as the engines encode them (trainers must match): a
+    rendered prompt's ids (mutualrl.trainer.chat) as they are, a text through the tokenizer."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    return list(tokenizer(prompt)["input_ids"])
 
 
 def completion_offsets(tokenizer: Any, token_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
@@ -152,7 +157,7 @@ class HFEngine:
             self._stop_cache[stop] = torch.tensor(mask, dtype=torch.bool)
         return self._stop_cache[stop]
 
-    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+    def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
                  seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
@@ -429,7 +434,7 @@ class SGLangEngine:
         test compares them with the trainer's after a sync)."""
         return {n: self.engine.get_weights_by_name(n, truncate_size=rows) for n in names}
 
-    def generate(self, prompts: list[str], n: int, max_new_tokens: int,
+    def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
                  seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt via one batched `Engine.generate` call."""

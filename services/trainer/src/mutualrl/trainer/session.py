@@ -10,7 +10,7 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,12 @@ import torch
 
 from mutualrl.trainer import checkpoint, dist_checkpoint, lora
 from mutualrl.trainer.allocator import AllocatorClient
+from mutualrl.trainer.chat import PromptRenderer, renderer_for
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
+from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
 from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
+from mutualrl.trainer.evaluation import BenchmarkSettings, benchmark_task
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
 from mutualrl.trainer.probes import Probe, make_probe
@@ -67,7 +70,7 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     engine: Any
-    task: Task | JsonlTask
+    task: Task | JsonlTask | DatasetTask
     probe: Probe
     exchange: PeerExchange | None
     allocator: AllocatorClient
@@ -77,9 +80,24 @@ class Session:
     max_new_tokens: int
     base_dir: Path | None = None
     """The directory the policy's weights started from (a LoRA adapter's base)."""
+    renderer: PromptRenderer | None = None
+    """The policy's rendering of problems (its chat template, or plain text)."""
+    benchmarks: list[tuple[BenchmarkSettings, DatasetTask]] = field(default_factory=list)
+    """(settings, problems) of each of `eval.benchmarks`."""
     start_round: int = 0
     dist: Dist = SINGLE
     """This process's rank among the policy's data-parallel ranks (`SINGLE`: one process)."""
+
+    def render(self, prompts: list[Any]) -> list[list[int]]:
+        """The prompts in this policy's own rendering (token ids)."""
+        assert self.renderer is not None
+        return self.renderer.many(prompts)
+
+    def shown(self, prompts: list[Any]) -> list[str | None] | None:
+        """The chat renderings of the prompts as text, for people (None: plain text)."""
+        if self.renderer is None or not self.renderer.chat:
+            return None
+        return [self.renderer.text(p) for p in prompts]
 
     def save(self, rounds_done: int) -> Path:
         extra = {
@@ -88,6 +106,9 @@ class Session:
             if self.exchange else None,
             "policy": self.policy.name,
         }
+        if isinstance(self.task, DatasetTask):  # the epoch position: resume keeps the order
+            extra["data"] = self.task.state_dict(rounds_done, self.cfg.grpo.prompts_per_round,
+                                                 self.cfg.seed)
         if self.dist.active:  # every rank writes its shards
             return dist_checkpoint.save(
                 self.run_dir / "checkpoints", rounds_done, self.model, self.tokenizer,
@@ -193,8 +214,13 @@ def build_session(
         shard(model)
     optimizer = make_optimizer(model)
     scheduler = make_scheduler(optimizer)
-    task = make_task(cfg.task)
+    renderer = renderer_for(tok, policy)
+    task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
+        prepare_dataset_task(cfg, cache)
+    # One rendering now: a chat template that does not render stops the trainer before round 0.
+    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])
     max_new = g.max_new_tokens or task.max_new_tokens
+    benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
     engine_kw: dict[str, Any] = {}
     if policy.rollout_engine == "sglang":
         sg = policy.sglang
@@ -228,7 +254,7 @@ def build_session(
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
         base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
-        dist=dist)
+        renderer=renderer, benchmarks=benchmarks, dist=dist)
     if last is not None:
         if plain_resume is not None:
             named, state = plain_resume
@@ -239,6 +265,8 @@ def build_session(
         else:
             state = checkpoint.load(last, model, optimizer, scheduler)
         session.probe.load_state_dict(state.get("probe") or {})
+        if isinstance(task, DatasetTask) and state.get("data"):
+            task.load_state_dict(state["data"], int(state["round"]), g.prompts_per_round)
         if exchange is not None and state.get("see_consumer"):
             exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
         session.start_round = int(state["round"])
@@ -247,3 +275,26 @@ def build_session(
         session.metrics.truncate_from(session.start_round)
         log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
     return session
+
+
+def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
+    """The run's table with the problems some policy renders longer than its
+    `max_prompt_tokens` dropped (every trainer drops the same ones: each renders with every
+    policy's tokenizer), and its reward functions called once, so that a problem shows before
+    round 0."""
+    from mutualrl.thl.tokenizers import load_tokenizer
+
+    assert isinstance(cfg.task, DatasetTaskConfig)
+    task = DatasetTask(cfg.task)
+    task.check_rewards()
+    checks = []
+    for p in cfg.policies:
+        if p.max_prompt_tokens is None:
+            continue
+        r = renderer_for(load_tokenizer(policy_dir(p, cache, cfg.seed)), p)
+        checks.append(lambda prompt, r=r, limit=p.max_prompt_tokens: len(r.ids(prompt)) > limit)
+    if checks:
+        n = task.drop_overlong(checks)
+        log.info("task.dataset: %d of %d problems dropped as longer than a policy's "
+                 "max_prompt_tokens", n, n + len(task.problems))
+    return task

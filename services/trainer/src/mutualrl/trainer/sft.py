@@ -18,11 +18,12 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config
+from mutualrl.trainer.chat import PromptRenderer
 from mutualrl.trainer.tasks import Prompt, Task, TaskConfig
 
 EVAL_FILE = "sft_eval.json"
@@ -78,6 +79,13 @@ class SFTConfig(Config):
     """Held-out problems per skill in periodic evaluations."""
     progress: bool = True
     """Show a progress bar."""
+    prompt_format: Literal["auto", "chat", "text"] = "auto"
+    """How prompts are rendered, as the RL policy's `prompt_format` (the warm start must see
+    the prompts RL will give it)."""
+    chat_template: Path | None = None
+    """A Jinja chat template file replacing the tokenizer's, as the policy's."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra template variables, as the policy's."""
 
     @model_validator(mode="after")
     def _check(self) -> SFTConfig:
@@ -129,16 +137,24 @@ def completion_ids(tok: Any, target: str, append_eos: bool) -> list[int]:
     return ids
 
 
-def evaluate(model: Any, tok: Any, task: Task, per_skill: int) -> dict[str, float]:
+def renderer(cfg: SFTConfig, tok: Any) -> PromptRenderer:
+    """The prompts' rendering: the same code, and the same settings, as the RL policy's."""
+    return PromptRenderer(tok, "sft", cfg.prompt_format, cfg.chat_template,
+                          cfg.chat_template_kwargs)
+
+
+def evaluate(model: Any, tok: Any, task: Task, per_skill: int,
+             render: PromptRenderer | None = None) -> dict[str, float]:
     """Per-skill held-out accuracy with greedy decoding through HFEngine (+ "mean")."""
     from mutualrl.trainer.rollout import HFEngine
 
     prompts = task.prompts("heldout", per_skill * len(task.skills))
+    render = render or PromptRenderer(tok, "sft")
     engine = HFEngine(model, tok)
     hits: dict[str, list[float]] = {s: [] for s in task.skills}
     for start in range(0, len(prompts), 256):
         chunk = prompts[start : start + 256]
-        out = engine.generate([p.text for p in chunk], n=1, max_new_tokens=task.max_new_tokens,
+        out = engine.generate(render.many(chunk), n=1, max_new_tokens=task.max_new_tokens,
                               temperature=0.0, stop=task.stop)
         for p, (s,) in zip(chunk, out, strict=True):
             hits[p.skill].append(float(task.is_correct(p, s.text, s.finish_reason)))
@@ -151,10 +167,8 @@ class _Data:
     """Seeded stream of (prompt ids, completion ids): strong skills fresh, weak from a pool."""
 
     def __init__(self, cfg: SFTConfig, tok: Any) -> None:
-        from mutualrl.trainer.rollout import encode_prompt
-
         self.cfg, self.tok = cfg, tok
-        self.encode_prompt = encode_prompt
+        self.render = renderer(cfg, tok)
         self.rng = random.Random(f"sft:{cfg.seed}")
         base = cfg.task.model_dump()
         self.strong = Task(TaskConfig.model_validate({**base, "skills": cfg.strong_skills}))
@@ -167,12 +181,11 @@ class _Data:
             for p in weak.prompts("train", cfg.weak_pool, seed=cfg.seed + 7919):
                 target = weak.sft_target(p, pool_rng)
                 self.pool_texts.append((p.text, target))
-                self.pool.append(self._encode(p.text, target))
+                self.pool.append(self._encode(p, target))
         self._step = 0
 
-    def _encode(self, prompt: str, target: str) -> tuple[list[int], list[int]]:
-        return (self.encode_prompt(self.tok, prompt),
-                completion_ids(self.tok, target, self.append_eos))
+    def _encode(self, prompt: Prompt, target: str) -> tuple[list[int], list[int]]:
+        return (self.render.ids(prompt), completion_ids(self.tok, target, self.append_eos))
 
     def batch(self) -> list[tuple[list[int], list[int]]]:
         n = self.cfg.batch
@@ -184,7 +197,7 @@ class _Data:
             if self.pool and self.rng.random() < self.cfg.weak_share:
                 out.append(self.rng.choice(self.pool))
             else:
-                out.append(self._encode(p.text, self.strong.sft_target(p, self.rng)))
+                out.append(self._encode(p, self.strong.sft_target(p, self.rng)))
         return out
 
 
@@ -235,12 +248,12 @@ def run_sft(cfg: SFTConfig) -> Path:
             losses.append(float(out.loss.detach()))
             bar(step, losses[-1])
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                acc = evaluate(model, tok, eval_task, cfg.eval_every_per_skill)
+                acc = evaluate(model, tok, eval_task, cfg.eval_every_per_skill, data.render)
                 curve.append({"step": step, "seconds": round(time.perf_counter() - t0, 1),
                               **acc})
                 model.train()
     train_s = time.perf_counter() - t0
-    acc = evaluate(model, tok, eval_task, cfg.eval_per_skill)
+    acc = evaluate(model, tok, eval_task, cfg.eval_per_skill, data.render)
     out_dir = cfg.resolved_out_dir()
     report = {
         "heldout_accuracy": acc,

@@ -46,7 +46,11 @@ class Prompt:
     id: str
     skill: str
     text: str
+    """The problem as plain text (what crosses between policies; text-mode policies read it)."""
     answer: str
+    messages: tuple[tuple[str, str], ...] = ()
+    """The problem as chat messages, (role, content) each; empty: one user turn of `text`.
+    Each policy renders them with its own chat template (mutualrl.trainer.chat)."""
 
 
 class TaskConfig(Config):

@@ -1,4 +1,4 @@
-"""`mutualrl train` and `mutualrl bench trainer` (registered from mutualrl.trainer.cli)."""
+"""`mutualrl train` and `mutualrl create-run` (registered from mutualrl.trainer.cli)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ log = logging.getLogger(__name__)
 
 
 def _train(args: argparse.Namespace) -> int:
+    import sys
+
     from mutualrl.trainer import distributed
     from mutualrl.trainer.config import load_trainer_config
+    from mutualrl.trainer.dataset_task import ExperimentInputError
 
     if args.dry_run:
         return _dry_run(args)
@@ -36,6 +39,9 @@ def _train(args: argparse.Namespace) -> int:
         return distributed.launch(nproc, argv, f"{cfg.run_id}-{policy.name}")
     try:
         return _train_here(cfg, policy.name, args.resume, dist, device)
+    except ExperimentInputError as err:  # named in the message: no traceback needed
+        print(f"mutualrl train: {err}", file=sys.stderr)
+        return 2
     finally:
         distributed.shutdown()
 
@@ -96,7 +102,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 def _create_run(args: argparse.Namespace) -> int:
     """Create the config's run in SEE with the run's secret (MUTUALRL_AUTH_TOKEN), as
-    trainers holding a policy token may not (`mutualrl.see.access`); idempotent."""
+    trainers holding a policy token may not (`mutualrl.see.grpc.access`); idempotent."""
     import sys
 
     import grpc
@@ -121,20 +127,8 @@ def _create_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from mutualrl.trainer.bench import bench_command
-
-    return bench_command(args.json, args.steps, args.cache_dir)
-
-
-def _bench_memory(args: argparse.Namespace) -> int:
-    from mutualrl.trainer.bench_memory import bench_command
-
-    return bench_command(args)
-
-
 def register_train_commands(commands: Any) -> None:
-    """Add `train`, `bench trainer` and `bench memory` to the command registry."""
+    """Add `train` and `create-run` to the command registry."""
     p = commands.add(("train",), "Train one policy of a run (GRPO + its sharing probe).", _train)
     p.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
     p.add_argument("--policy", default=None,
@@ -156,15 +150,3 @@ def register_train_commands(commands: Any) -> None:
     r = commands.add(("create-run",), "Create a run config's run in SEE with the run's secret "
                      "(trainers holding a policy token may not create it).", _create_run)
     r.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
-    b = commands.add(("bench", "trainer"),
-                     "Steps/s of our GRPO step vs TRL's GRPOTrainer on the same model.", _bench)
-    b.add_argument("--json", default=None, help="Write the result JSON here.")
-    b.add_argument("--steps", type=int, default=8, help="Timed steps per side (+1 warm-up).")
-    b.add_argument("--cache-dir", default=None,
-                   help="Preset cache (default: a temporary directory, built each run).")
-    m = commands.add(("bench", "memory"),
-                     "Peak RSS of one GRPO step at P and 2P prompts, ours vs TRL's GRPOTrainer "
-                     "(Qwen2's vocabulary, random init).", _bench_memory)
-    from mutualrl.trainer.bench_memory import add_arguments
-
-    add_arguments(m)

@@ -21,7 +21,6 @@ from fastapi.security import HTTPBearer
 
 from mutualrl.common.auth import rest_access
 from mutualrl.common.ids import NAME, RECORD_KEY
-from mutualrl.see import transfers
 from mutualrl.see.dashboard import convert, recent
 from mutualrl.see.dashboard.models import (
     AlignmentOut,
@@ -37,9 +36,9 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
 from mutualrl.see.keys import kind_name
-from mutualrl.see.rest_params import STREAM_ID_PATTERN, RunId
-from mutualrl.see.runmetrics import RunMetricsStore
-from mutualrl.see.store import SeeStore
+from mutualrl.see.rest.params import STREAM_ID_PATTERN, RunId
+from mutualrl.see.store import SeeStore, transfers
+from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -138,7 +137,8 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         receivers = [ReceiverOut(policy_id=p, tokenizer_id=None, tokens=[], chunks=[],
                                  residual=None, error=None) for p in others]
         out = AlignmentOut(run_id=run_id, record_id=rec.record_id, kind=kind, round=rec.round,
-                           prompt_id=rec.prompt_id, prompt_text=rec.prompt_text, text=rec.text,
+                           prompt_id=rec.prompt_id, prompt_text=rec.prompt_text,
+                           rendered_prompt=rec.meta.get("rendered_prompt"), text=rec.text,
                            reward=rec.reward, sender=sender, receivers=receivers)
 
         def fail_all(msg: str) -> AlignmentOut:

@@ -109,6 +109,9 @@ class AlignmentOut(BaseModel):
     round: int
     prompt_id: str
     prompt_text: str
+    rendered_prompt: str | None = Field(
+        None, description="The sender's own rendering of the prompt (its chat template), when "
+        "it had one; receivers render the problem their own way.")
     text: str
     reward: float
     sender: SenderOut

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mutualrl.see.entries import Header, redis_op
 from mutualrl.see.store import SeeStore
+from mutualrl.see.store.entries import Header, redis_op
 from mutualrl.v1 import experience_pb2 as pb
 
 _PAGE = 512

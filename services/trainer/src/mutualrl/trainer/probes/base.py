@@ -39,6 +39,9 @@ class RoundData:
     """[P, G] rewards."""
     correct: list[list[bool]] | None = None
     """[P][G] verified successes (reward >= tau and not truncated); None: from the rewards."""
+    success: Tensor | None = None
+    """[P, G] each sample's success reward (the task's `success_reward`; truncated samples 0),
+    which SGT's gate compares with tau; None: the rewards."""
     peers_now: list[str] | None = None
     """Policies training this round alongside this one (MWRA time-share turns); reads of the
     round wait for these only. None: every policy of the run."""
@@ -222,8 +225,9 @@ def rescue_demos(data: RoundData, ex: PeerExchange, texts: dict[str, list[str]],
 
 
 def own_max(data: RoundData) -> dict[str, float]:
-    """Best own reward per prompt id."""
-    return {p.id: float(r.max()) for p, r in zip(data.prompts, data.rewards, strict=True)}
+    """Best own success reward per prompt id (SGT's gate)."""
+    gate = data.rewards if data.success is None else data.success
+    return {p.id: float(r.max()) for p, r in zip(data.prompts, gate, strict=True)}
 
 
 def index_of(prompts: Sequence[Prompt]) -> dict[str, int]:

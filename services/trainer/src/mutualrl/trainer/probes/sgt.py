@@ -110,12 +110,13 @@ class SGTSelfProbe(SGTProbe):
         tau = self.settings.tau
         eos = self.exchange.eos_token_id if self.exchange is not None else None
         found: list[tuple[str, list[int], str, bool, str]] = []
+        gate = data.rewards if data.success is None else data.success  # the success reward
         for p_i, (prompt, row) in enumerate(zip(data.prompts, data.samples, strict=True)):
             for g_i, y in enumerate(row):
                 ok = (data.correct[p_i][g_i] if data.correct is not None
                       else y.finish_reason != "length")
                 ids = getattr(y, "prompt_token_ids", None)
-                if ok and float(data.rewards[p_i, g_i]) >= tau and ids is not None:
+                if ok and float(gate[p_i, g_i]) >= tau and ids is not None:
                     ended = eos is not None and list(y.token_ids[-1:]) == [eos]
                     found.append((prompt.id, list(ids), y.text, ended, prompt.skill))
         self.own[data.round] = found

@@ -1,5 +1,5 @@
 // Live curves per policy: train reward, pass rate, rescued prompts per round, held-out reward
-// (mean and per skill), then the optimisation figures. One line per policy in every panel.
+// (mean and per skill), benchmarks (avg@n, pass@k), then the optimisation figures. One line per policy in every panel.
 
 import { ema, LinePanel } from "../charts.js";
 import { clear, h } from "../dom.js";
@@ -27,6 +27,7 @@ export function curvesView(root, { policies, live }) {
   const mainGrid = h("div", { class: "grid four" });
   const skillGrid = h("div", { class: "grid four" });
   const moreGrid = h("div", { class: "grid small" });
+  const benchGrid = h("div", { class: "grid four" });
   const select = h("select", { id: "smoothing", "aria-label": "smoothing" },
     [["0", "off"], ["0.6", "0.6"], ["0.8", "0.8"], ["0.95", "0.95"]].map(([v, l]) =>
       h("option", { value: v, selected: Number(v) === alpha }, l)));
@@ -40,6 +41,7 @@ export function curvesView(root, { policies, live }) {
       h("span", { class: "muted" }, "Drag across a chart to zoom into rounds, double-click to reset. Held-out points are the trainers' periodic evaluations.")),
     mainGrid,
     h("h2", { class: "section" }, "Held-out reward per skill"), skillGrid,
+    h("h2", { class: "section" }, "Benchmarks"), benchGrid,
     h("h2", { class: "section" }, "Optimisation"), moreGrid);
 
   function panel(spec, grid) {
@@ -56,11 +58,17 @@ export function curvesView(root, { policies, live }) {
   MORE.forEach((s) => panel(s, moreGrid));
   const skillNote = h("p", { class: "muted" }, "No held-out evaluation reported yet (trainers evaluate every eval.every rounds).");
   skillGrid.append(skillNote);
+  const benchNote = h("p", { class: "muted" }, "No benchmark reported yet (eval.benchmarks, every eval.every rounds).");
+  benchGrid.append(benchNote);
 
   function render() {
     const skills = live.keysWith("heldout/").filter((s) => s !== "mean");
     skillNote.hidden = skills.length > 0;
     for (const s of skills) panel({ metric: `heldout/${s}`, title: `Held-out · ${s}`, markers: true, yRange: [0, 1] }, skillGrid);
+    // bench/<name>/avg@n and pass@k (per skill: bench/<name>/<skill>/...), one panel each.
+    const bench = live.keysWith("bench/").filter((k) => k.includes("@"));
+    benchNote.hidden = bench.length > 0;
+    for (const k of bench) panel({ metric: `bench/${k}`, title: `Benchmark · ${k.split("/").join(" · ")}`, markers: true, yRange: [0, 1] }, benchGrid);
     const anyRows = live.maxRound() !== null;
     for (const p of panels.values()) {
       p.update(policies.map((pol) => {

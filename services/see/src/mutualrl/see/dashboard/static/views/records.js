@@ -215,7 +215,9 @@ export function recordsView(root, { runId, policies, live }) {
           h("span", {}, `reward ${fmt(a.reward, 3)}`),
           h("button", { class: "small-btn", id: "same-prompt", title: "every policy's records of this prompt",
             onclick: () => samePrompt(a.prompt_id, a.round) }, "all answers to this prompt"))),
-      h("div", { class: "prompt" }, h("span", { class: "label" }, "prompt"), h("span", { class: "mono" }, a.prompt_text || "–")),
+      h("div", { class: "prompt" }, h("span", { class: "label" }, "problem"), h("span", { class: "mono" }, a.prompt_text || "–")),
+      a.rendered_prompt ? h("div", { class: "prompt rendered" }, h("span", { class: "label" }, `${s.policy_id}'s rendering`),
+        h("span", { class: "mono" }, a.rendered_prompt)) : null,
       h("section", { class: "side" },
         h("h3", {}, "Sender", h("i", { class: "dot", style: { background: colorOf(policies, s.policy_id) } }), s.policy_id,
           h("span", { class: "sub" }, ` tokenizer ${s.tokenizer_id} · ${s.tokens.length} tokens`

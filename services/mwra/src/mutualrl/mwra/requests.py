@@ -1,0 +1,89 @@
+"""Validation of MWRA's requests (pure: no grpc, no redis); the servicer runs these before it
+touches the store. Each rule raises `InvalidArgument` naming the offending field; capacities,
+unit counts, weights and step seconds are bounded by `MwraConfig.max_*`."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from mutualrl.common import ids
+from mutualrl.common.errors import InvalidArgument
+from mutualrl.mwra.config import MwraConfig
+from mutualrl.v1 import allocation_pb2 as pb
+
+ADDRESS_RE = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
+
+
+def check_id(field: str, value: str) -> str:
+    """Worker, policy and trainer ids follow `ids.NAME` (run ids: `ids.RUN_ID`)."""
+    return ids.check_name(value, field)
+
+
+def finite(field: str, value: float, *, positive: bool = False,
+           limit: float | None = None) -> float:
+    if math.isnan(value) or math.isinf(value):
+        raise InvalidArgument(field, f"must be finite, got {value}")
+    if positive and value <= 0:
+        raise InvalidArgument(field, f"must be > 0, got {value}")
+    if value < 0:
+        raise InvalidArgument(field, f"must be >= 0, got {value}")
+    if limit is not None and value > limit:
+        raise InvalidArgument(field, f"must be <= {limit:g}, got {value:g}")
+    return value
+
+
+def nonneg(field: str, value: int, limit: int | None = None) -> int:
+    if value < 0:
+        raise InvalidArgument(field, f"must be >= 0, got {value}")
+    if limit is not None and value > limit:
+        raise InvalidArgument(field, f"must be <= {limit}, got {value}")
+    return value
+
+
+def check_worker(request: pb.RegisterWorkerRequest, cfg: MwraConfig) -> str:
+    """The worker of a RegisterWorker request; returns its id."""
+    if not request.HasField("worker"):
+        raise InvalidArgument("worker", "is required")
+    w = request.worker
+    wid = check_id("worker.worker_id", w.worker_id)
+    cap = w.capacity
+    nonneg("worker.capacity.cpu_slots", cap.cpu_slots, cfg.max_worker_cpu_slots)
+    nonneg("worker.capacity.gpu_count", cap.gpu_count, cfg.max_worker_gpus)
+    if cap.cpu_slots == 0 and cap.gpu_count == 0:
+        raise InvalidArgument("worker.capacity", "zero capacity: cpu_slots or gpu_count "
+                              "must be > 0")
+    if w.rollout_address and not ADDRESS_RE.match(w.rollout_address):
+        raise InvalidArgument("worker.rollout_address",
+                              f"{w.rollout_address[:64]!r} is not host:port")
+    if len(w.labels) > 64 or any(len(k) > 128 or len(v) > 1024 for k, v in w.labels.items()):
+        raise InvalidArgument("worker.labels", "at most 64 labels, keys <= 128 and values "
+                              "<= 1024 characters")
+    if len(cap.gpu_kind) > 128:
+        raise InvalidArgument("worker.capacity.gpu_kind", "at most 128 characters")
+    return wid
+
+
+def check_policy(request: pb.RegisterPolicyRequest, cfg: MwraConfig) -> float:
+    """The fields of a RegisterPolicy request past its ids; returns the weight (0 = 1.0)."""
+    if request.trainer_id:
+        check_id("trainer_id", request.trainer_id)
+    if request.min_units < 0:
+        raise InvalidArgument("min_units", f"must be >= 1 (0 = 1), got {request.min_units}")
+    nonneg("min_units", request.min_units, cfg.max_units)
+    weight = finite("weight", request.weight, limit=cfg.max_weight) or 1.0
+    if request.rollout_budget < 0:
+        raise InvalidArgument("rollout_budget", f"must be >= 0, got {request.rollout_budget}")
+    return weight
+
+
+def check_cost(request: pb.StepCostReport, cfg: MwraConfig) -> float:
+    """The fields of a ReportStepCost request past its ids; returns the step's seconds."""
+    nonneg("round", request.round)
+    seconds = finite("seconds", request.seconds, positive=True, limit=cfg.max_step_seconds)
+    nonneg("tokens", request.tokens)
+    nonneg("samples", request.samples)
+    if request.units < 1:
+        raise InvalidArgument("units", f"must be >= 1, got {request.units}")
+    nonneg("units", request.units, cfg.max_units)
+    return seconds

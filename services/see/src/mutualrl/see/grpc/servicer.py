@@ -1,0 +1,170 @@
+"""gRPC servicer of experience.proto: validates requests, calls the store, maps errors."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
+
+from mutualrl.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ServiceError,
+    grpc_errors,
+)
+from mutualrl.see import metrics as m
+from mutualrl.see.grpc import requests
+from mutualrl.see.store import SeeStore
+from mutualrl.see.store.publish import publish_response
+from mutualrl.see.validate import validate_records
+from mutualrl.v1 import experience_pb2 as pb
+from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+from mutualrl.v1 import runs_pb2 as runs_pb
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
+# Leave this much of the client's deadline to send the answer back.
+_DEADLINE_MARGIN_S = 0.05
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline as a monotonic time, or None when it set none."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return time.monotonic() + max(0.0, remaining - _DEADLINE_MARGIN_S)
+
+
+@contextlib.contextmanager
+def _count_refusals(rpc: str) -> Iterator[None]:
+    try:
+        yield
+    except (InvalidArgument, NotFound):
+        m.INVALID.labels(rpc).inc()
+        raise
+
+
+class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
+    def __init__(self, store: SeeStore) -> None:
+        self.store = store
+
+    @grpc_errors
+    async def CreateRun(self, request: pb.CreateRunRequest,
+                        context: grpc.aio.ServicerContext) -> pb.Run:
+        with _count_refusals("CreateRun"):
+            return await self.store.create_run(request.config, request.exist_ok)
+
+    @grpc_errors
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
+        with _count_refusals("GetRun"):
+            return await self.store.get_run(request.run_id, use_cache=False)
+
+    @grpc_errors
+    async def ListRuns(self, request: pb.ListRunsRequest,
+                       context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
+        return pb.ListRunsResponse(runs=await self.store.list_runs())
+
+    @grpc_errors
+    async def Publish(self, request: bytes, context: grpc.aio.ServicerContext
+                      ) -> pb.PublishResponse:
+        """Registered without a request deserializer (see `add_to_server`): the request's size
+        is held against the in-flight budget before it is parsed."""
+        with _count_refusals("Publish"), self.store.publish_bytes.hold(len(request)):
+            limits = self.store.cfg.limits
+            try:
+                req = pb.PublishRequest.FromString(request)
+            except DecodeError as err:
+                raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
+            requests.check_publish(req, limits.max_batch_records)
+            run = await self.store.get_run(req.run_id)
+            if not req.records:
+                return pb.PublishResponse()
+            batch = validate_records(req.records, run.config, limits, batch_bytes=len(request))
+            rids, flags = await self.store.publisher.publish(run, req.records, batch)
+            return publish_response(rids, flags)
+
+    @grpc_errors
+    async def FetchRollouts(self, request: pb.FetchRolloutsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.FetchRolloutsResponse:
+        with _count_refusals("FetchRollouts"):
+            requests.check_fetch(request, await self.store.get_run(request.run_id))
+            return await self.store.fetch_rollouts(request, _deadline(context))
+
+    @grpc_errors
+    async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext
+                  ) -> pb.AckResponse:
+        with _count_refusals("Ack"):
+            requests.check_ack(request, await self.store.get_run(request.run_id))
+            n = await self.store.ack(request.run_id, request.policy_id, request.delivery_ids)
+        return pb.AckResponse(acked=n)
+
+    @grpc_errors
+    async def GetRoundStats(self, request: pb.RoundStatsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.RoundStatsResponse:
+        with _count_refusals("GetRoundStats"):
+            requests.check_round_stats(request, await self.store.get_run(request.run_id))
+            return await self.store.round_stats(request, _deadline(context))
+
+    @grpc_errors
+    async def GetVerifiedSuccesses(self, request: pb.SuccessesRequest,
+                                   context: grpc.aio.ServicerContext) -> pb.SuccessesResponse:
+        with _count_refusals("GetVerifiedSuccesses"):
+            requests.check_successes(request, await self.store.get_run(request.run_id))
+            return await self.store.successes(request)
+
+    @grpc_errors
+    async def Subscribe(self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.ExperienceEvent]:
+        with _count_refusals("Subscribe"):
+            await self.store.get_run(request.run_id)
+            requests.check_subscribe(request)
+            stream = self.store.subscribe(request)
+            try:
+                async for event in stream:
+                    yield event
+            finally:  # client cancelled (CancelledError) or server stopping: release the read
+                await stream.aclose()
+
+    @grpc_errors
+    async def GetRunStats(self, request: pb.RunStatsRequest,
+                          context: grpc.aio.ServicerContext) -> pb.RunStats:
+        with _count_refusals("GetRunStats"):
+            return await self.store.run_stats(request.run_id)
+
+    @grpc_errors
+    async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
+        with _count_refusals("DeleteRun"):
+            deleted = await self.store.delete_run(request.run_id)
+        return runs_pb.DeleteRunResponse(run_id=request.run_id, deleted=deleted)
+
+
+__all__ = ["SERVICE_NAME", "ExperienceExchangeServicer", "ServiceError"]
+
+
+def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server) -> None:
+    """Register the service like the generated helper does, except Publish, which takes the
+    request as bytes (its size is held against the in-flight budget before it is parsed)."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    sym = pb.DESCRIPTOR.services_by_name["ExperienceExchange"]
+    for method in sym.methods:
+        fn = getattr(servicer, method.name)
+        req = GetMessageClass(method.input_type)
+        resp = GetMessageClass(method.output_type)
+        if method.name == "Publish":
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                fn, response_serializer=resp.SerializeToString)
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                fn, request_deserializer=req.FromString,
+                response_serializer=resp.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=req.FromString,
+                response_serializer=resp.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

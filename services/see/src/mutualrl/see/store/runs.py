@@ -1,0 +1,150 @@
+"""Runs in Redis: create, read (with a short cache of the immutable config), list, delete."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from mutualrl.common import ids
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
+from mutualrl.see.config import SeeConfig
+from mutualrl.see.keys import RunKeys, registry_key
+from mutualrl.see.store.entries import redis_op, s
+from mutualrl.v1 import experience_pb2 as pb
+
+_RUN_CACHE_SECONDS = 5.0
+
+
+@dataclass
+class Retention:
+    """A run's effective retention (its own values, else the server defaults)."""
+
+    max_stream_len: int
+    ttl_seconds: int
+    max_rounds: int
+
+
+class RunRegistry:
+    """Run configs and the registry of run ids; every other part of the store asks it for a
+    run (NotFound when there is none) and for the run's keys."""
+
+    def __init__(self, cfg: SeeConfig, client: Any) -> None:
+        self.cfg = cfg
+        self.r = client
+        # Bounded: at most `max_cached_runs` entries (oldest dropped), each a small config.
+        self._cache: dict[str, tuple[float, pb.Run]] = {}
+
+    def keys(self, run_id: str) -> RunKeys:
+        return RunKeys(self.cfg.key_prefix, run_id)
+
+    def retention(self, run: pb.Run) -> Retention:
+        ret, dflt = run.config.retention, self.cfg.retention
+        return Retention(max_stream_len=ret.max_stream_len or dflt.max_stream_len,
+                         ttl_seconds=ret.ttl_seconds or dflt.ttl_seconds,
+                         max_rounds=ret.max_rounds or dflt.max_rounds)
+
+    def _remember(self, run_id: str, run: pb.Run) -> None:
+        cache = self._cache
+        cache.pop(run_id, None)
+        while len(cache) >= self.cfg.limits.max_cached_runs:
+            cache.pop(next(iter(cache)))
+        cache[run_id] = (time.monotonic(), run)
+
+    def forget(self, run_id: str) -> None:
+        self._cache.pop(run_id, None)
+
+    @property
+    def cached(self) -> int:
+        """Runs held in the config cache (bounded by `limits.max_cached_runs`)."""
+        return len(self._cache)
+
+    async def create(self, config: pb.RunConfig, exist_ok: bool = False) -> pb.Run:
+        """Store a validated config (`validate.validate_run_config`)."""
+        run = pb.Run(created_unix_ms=int(time.time() * 1000))
+        run.config.CopyFrom(config)
+        rk = self.keys(config.run_id)
+        ttl = self.retention(run).ttl_seconds
+        async with redis_op("create_run"):
+            created = await self.r.set(rk.config, run.SerializeToString(), nx=True, ex=ttl)
+            if not created:
+                existing = await self.get(config.run_id, use_cache=False)
+                if exist_ok and existing.config == config:
+                    return existing
+                raise AlreadyExists("config.run_id", f"run {config.run_id!r} exists"
+                                    + ("" if not exist_ok else " with a different config"))
+            async with self.r.pipeline(transaction=False) as pipe:
+                # One consumer group per policy from the stream's start: records published
+                # before a trainer's first fetch are not missed.
+                for policy in config.policies:
+                    pipe.xgroup_create(rk.stream(pb.ROLLOUT), policy, id="0", mkstream=True)
+                pipe.expire(rk.stream(pb.ROLLOUT), ttl)
+                await pipe.execute(raise_on_error=False)
+            # The registry is global (another slot in a cluster): written after the run exists.
+            await self.r.sadd(registry_key(self.cfg.key_prefix), config.run_id)
+        self._remember(config.run_id, run)
+        return run
+
+    async def get(self, run_id: str, *, use_cache: bool = True, field: str = "run_id"
+                  ) -> pb.Run:
+        ids.check_run_id(run_id, field)
+        if use_cache:
+            hit = self._cache.get(run_id)
+            if hit is not None and time.monotonic() - hit[0] < _RUN_CACHE_SECONDS:
+                return hit[1]
+        async with redis_op("get_run"):
+            raw = cast("bytes | None", await self.r.get(self.keys(run_id).config))
+        if raw is None:
+            self.forget(run_id)
+            raise NotFound(field, f"run {run_id!r} not found")
+        run = pb.Run.FromString(raw)
+        self._remember(run_id, run)
+        return run
+
+    async def list_all(self) -> list[pb.Run]:
+        reg = registry_key(self.cfg.key_prefix)
+        async with redis_op("list_runs"):
+            run_ids = sorted(s(x) for x in await self.r.smembers(reg))
+            if not run_ids:
+                return []
+            # One GET per run (their keys lie in different cluster slots: no MGET).
+            async with self.r.pipeline(transaction=False) as pipe:
+                for rid in run_ids:
+                    pipe.get(self.keys(rid).config)
+                raws = await pipe.execute()
+            gone = [rid for rid, raw in zip(run_ids, raws, strict=True) if raw is None]
+            if gone:  # expired runs leave the registry lazily
+                await self.r.srem(reg, *gone)
+        return [pb.Run.FromString(raw) for raw in raws if raw is not None]
+
+    async def delete(self, run_id: str) -> int:
+        """Delete every key of the run and its registry entry; returns the keys deleted.
+        NotFound when nothing of the run exists."""
+        rk = self.keys(ids.check_run_id(run_id))
+        deleted = 0
+        async with redis_op("delete_run"):
+            batch: list[bytes | str] = []
+            async for key in self._scan_run(rk):
+                batch.append(key)
+                if len(batch) >= 512:
+                    deleted += await self._unlink(batch)
+                    batch.clear()
+            if batch:
+                deleted += await self._unlink(batch)
+            registered = int(await self.r.srem(registry_key(self.cfg.key_prefix), run_id))
+        self.forget(run_id)
+        if not deleted and not registered:
+            raise NotFound("run_id", f"run {run_id!r} not found")
+        return deleted
+
+    def _scan_run(self, rk: RunKeys) -> Any:
+        # In a cluster, SCAN runs on every primary; the run's keys all live on one of them.
+        return self.r.scan_iter(match=rk.pattern, count=1000)
+
+    async def _unlink(self, keys: list[bytes | str]) -> int:
+        return int(await self.r.unlink(*keys))
+
+    def check_policy(self, run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
+        if policy_id not in run.config.policies:
+            raise InvalidArgument(field, f"{policy_id!r} is not a policy of run "
+                                         f"{run.config.run_id!r}")

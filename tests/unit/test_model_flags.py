@@ -1,0 +1,89 @@
+"""Command-line flags derived from config models (mutualrl.common.flags): every field a flag
+can express gets one, with its type, choices and docstring; `mutualrl sft` takes SFTConfig's
+fields this way and keeps its earlier short flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from mutualrl.cli import build_parser
+from mutualrl.common.config import Config
+from mutualrl.common.flags import add_model_flags, flag_values
+
+
+class Inner(Config):
+    mode: Literal["a", "b"] = "a"
+    """How."""
+    names: list[str] = Field(default_factory=list)
+    """Which."""
+
+
+class Outer(Config):
+    steps: int = 1
+    """How many steps (100% of them)."""
+    path: Path | None = None
+    """Where."""
+    verbose: bool = True
+    """Talk."""
+    inner: Inner = Inner()
+    """Nested."""
+    table: dict[str, int] = Field(default_factory=dict)
+    """Left to the file."""
+
+
+def _parser(model: type[BaseModel], **kw: object) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_model_flags(parser, model, **kw)  # type: ignore[arg-type]
+    return parser
+
+
+def test_flags_follow_the_fields_and_nest() -> None:
+    p = _parser(Outer, aliases={"inner.mode": ["--mode"]})
+    args = p.parse_args(["--steps", "4", "--path", "x/y", "--no-verbose", "--mode", "b",
+                         "--inner-names", "p, q,,r"])
+    assert flag_values(args, Outer) == {"steps": 4, "path": Path("x/y"), "verbose": False,
+                                        "inner": {"mode": "b", "names": ["p", "q", "r"]}}
+    assert flag_values(p.parse_args([]), Outer) == {}
+    assert "How many steps (100% of them)." in " ".join(p.format_help().split())
+    assert "--table" not in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--inner-mode", "c"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["--steps", "four"])
+
+
+def test_sft_flags_are_sftconfig_fields_and_the_old_names_still_work() -> None:
+    from mutualrl.trainer.sft import SFTConfig
+
+    args = build_parser().parse_args(
+        ["sft", "--preset", "llama-char", "--regime", "worked", "--steps", "25", "--lr", "3e-3",
+         "--out", "o", "--strong", "add,sub", "--no-progress", "--task-heldout-seed", "5",
+         "--warmup", "3"])
+    got = flag_values(args, SFTConfig)
+    assert got == {"preset": "llama-char", "steps": 25, "lr": 3e-3, "out_dir": Path("o"),
+                   "strong_skills": ["add", "sub"], "progress": False, "warmup": 3,
+                   "task": {"regime": "worked", "heldout_seed": 5}}
+    cfg = SFTConfig.model_validate(got)
+    assert cfg.task.regime == "worked" and cfg.task.skills == SFTConfig().task.skills
+    derived = {f"--{n.replace('_', '-')}" for n in SFTConfig.model_fields if n != "task"}
+    sub = build_parser()
+    with pytest.raises(SystemExit):
+        sub.parse_args(["sft", "--no-such-flag", "1"])
+    text = _sft_help()
+    for flag in derived:
+        assert flag in text, flag
+
+
+def _sft_help() -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args(["sft", "--help"])
+    return out.getvalue()

@@ -23,14 +23,14 @@ log() { printf '[containers] %s\n' "$*" >&2; }
 
 # ---- tools ---------------------------------------------------------------------------------------
 need=()
-for tool in podman buildah runc mmdebstrap; do
+for tool in podman buildah runc mmdebstrap curl; do
     command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 if [ "${#need[@]}" -gt 0 ]; then
     log "installing Debian's ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >&2
-    apt-get install -y -qq podman buildah runc mmdebstrap >&2
+    apt-get install -y -qq podman buildah runc mmdebstrap curl >&2
 fi
 
 # ---- runtime: runc without rlimits ---------------------------------------------------------------

@@ -37,20 +37,30 @@ fi
 mkdir -p "$(dirname "$WRAPPER")" /etc/containers/containers.conf.d
 cat >"$WRAPPER" <<'WRAP'
 #!/usr/bin/env python3
-"""runc, with process.rlimits removed from the bundle's config.json (no CAP_SYS_RESOURCE here)."""
+"""runc, with the rlimits removed from the bundle's config.json (create, run) and from the
+process file of an exec: this sandbox lacks CAP_SYS_RESOURCE."""
 import json
 import os
 import sys
 
 args = sys.argv[1:]
-if "--bundle" in args or "-b" in args:
-    flag = "--bundle" if "--bundle" in args else "-b"
-    path = os.path.join(args[args.index(flag) + 1], "config.json")
+
+
+def strip(path, key):
     with open(path) as f:
-        config = json.load(f)
-    if config.get("process", {}).pop("rlimits", None) is not None:
+        spec = json.load(f)
+    section = spec.get("process", {}) if key == "process" else spec
+    if section.pop("rlimits", None) is not None:
         with open(path, "w") as f:
-            json.dump(config, f)
+            json.dump(spec, f)
+
+
+for flags, name, key in ((("--bundle", "-b"), "config.json", "process"),
+                         (("--process", "-p"), "", "")):
+    for flag in flags:
+        if flag in args:
+            value = args[args.index(flag) + 1]
+            strip(os.path.join(value, name) if name else value, key)
 os.execvp("runc", ["runc", *args])
 WRAP
 chmod 755 "$WRAPPER"

@@ -328,7 +328,7 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     and the round is plain GRPO (counted)."""
     import time
 
-    from mutualrl.trainer.algos.grpo import group_advantages
+    from mutualrl.trainer.algos.loss import group_advantages
     from mutualrl.trainer.config import ProbeSettings
     from mutualrl.trainer.exchange import PeerExchange
     from mutualrl.trainer.probes import RoundData, make_probe

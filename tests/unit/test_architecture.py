@@ -1,6 +1,7 @@
 """Dependencies point one way (the import-linter contracts in pyproject.toml):
 proto <- common <- {see, thl, mwra, sdk}; trainer -> sdk (+ THL's engine); launcher -> all;
-nothing imports the CLI from below; the SDK needs no torch, transformers or redis.
+nothing imports the CLI from below; the SDK needs no torch, transformers or redis; the
+trainer's math (`trainer.algos`) imports no network code.
 
 The second test plants violations in a temporary copy of two packages and checks that they
 are reported, so the first cannot pass by checking nothing."""

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mutualrl.trainer.algos.aggregation import PAPER_NAMES
-from mutualrl.trainer.algos.grpo import (
+from mutualrl.trainer.algos.loss import (
     EPS,
     aggregate,
     group_advantages,
@@ -16,6 +15,7 @@ from mutualrl.trainer.algos.grpo import (
     k3_kl,
     nonzero_variance_groups,
 )
+from mutualrl.trainer.algos.modes import PAPER_NAMES
 
 torch.set_num_threads(1)
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_loss import round_loss
 from tiny_round import FakeSample
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
+from mutualrl.trainer.algos.prp import peer_weights
 from mutualrl.trainer.batch import completion_logprobs, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, LossInputs, PeerRows, RoundData
@@ -24,7 +26,6 @@ from mutualrl.trainer.step import (
     round_rows,
 )
 from mutualrl.trainer.tasks import Prompt
-from mutualrl.trainer.update import peer_weights, round_loss
 
 torch.set_num_threads(1)
 PAD = 0
@@ -122,6 +123,30 @@ def test_micro_batched_gradients_equal_one_shot(kind: str, level: str, aggregati
     assert stats["loss_pg"] == pytest.approx(out.stats["loss_pg"], rel=1e-10, abs=1e-14)
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_length"])
+@pytest.mark.parametrize(("kind", "level"), [("none", "sequence"), ("prp", "chunk"),
+                                             ("sgt", "sequence")])
+def test_gspo_and_entropy_bonus_micro_batched_equal_one_shot(kind: str, level: str,
+                                                             aggregation: str) -> None:
+    """The sequence ratio and the entropy bonus's token mean hold across micro-batches too."""
+    probe = ProbeSettings(kind=kind, prp_level=level, prp_weight_mode="truncate", prp_cap=3.0)
+    one = GRPOSettings(aggregation=aggregation, importance_sampling_level="sequence",
+                       entropy_coef=0.1, scale_rewards="none", filter_zero_variance=True)
+    micro = one.model_copy(update={"micro_batch_tokens": 16, "logit_chunk_tokens": 3})
+    model, data, plan = tiny_model(), fixed_round(), plan_for(kind, level)
+    rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
+    prepare(model, None, rows, data, plan, micro, probe, PAD)
+    stats = accumulate(model, rows, list(range(len(rows))), micro, probe, PAD, MAX_LEN)
+    assert stats["entropy"] > 0
+    micro_batched = grads(model)
+    model.zero_grad(set_to_none=True)
+    one_shot = round_loss(model, None, PROMPT_IDS, fixed_round(), plan_for(kind, level), one,
+                          probe, PAD, MAX_LEN)
+    one_shot.total.backward()
+    assert_close(micro_batched, grads(model))
+    assert stats["loss"] == pytest.approx(float(one_shot.total.detach()), rel=1e-10)
+
+
 def test_per_micro_batch_denominators_would_differ() -> None:
     """The equality above is not vacuous: a token mean per micro-batch gives other gradients."""
     micro = GRPOSettings(micro_batch_tokens=16, logit_chunk_tokens=3)
@@ -204,7 +229,7 @@ def test_prp_chunk_weights_by_hand() -> None:
         sender_logp_sum=torch.zeros(2), token_chunk=[[0, 0, 1, 2], [0, 0]],
         chunk_sender_logp=[[-1.0, -0.5, -2.5], [-0.1]]))
     probe = ProbeSettings(kind="prp", prp_level="chunk", prp_weight_mode="truncate", prp_cap=10.0)
-    w, keep, stats = peer_weights(logp, mask, plan, probe)
+    w, keep, stats = peer_weights(logp, mask, plan.peers, probe)
     # chunk log weights: row 0: (-0.75 + 1.0, -1.0 + 0.5, -2.0 + 2.5) = (0.25, -0.5, 0.5);
     # row 1: -0.3 + 0.1 = -0.2
     e = math.exp
@@ -214,7 +239,7 @@ def test_prp_chunk_weights_by_hand() -> None:
     assert torch.equal(keep, mask)
     assert stats["mean_log"] == pytest.approx((0.25 - 0.5 + 0.5 - 0.2) / 4)
     # Drop mode: the chunk at exp(-0.5) < 0.8 leaves the loss, the one above 1 is clamped to 1.
-    w, keep, _ = peer_weights(logp, mask, plan, probe.model_copy(
+    w, keep, _ = peer_weights(logp, mask, plan.peers, probe.model_copy(
         update={"prp_weight_mode": "drop"}))
     assert keep[0].tolist() == [1.0, 1.0, 0.0, 1.0]
     assert w[0].tolist() == pytest.approx([1.0, 1.0, 0.0, 1.0])
@@ -227,7 +252,7 @@ def test_prp_sequence_weight_by_hand() -> None:
         prompt_index=[0], token_ids=[[1, 2, 3, 4]], advantages=torch.zeros(1),
         sender_logp_sum=torch.tensor([-4.75])))
     probe = ProbeSettings(kind="prp", prp_weight_mode="truncate", prp_cap=10.0)
-    w, _, _ = peer_weights(logp, torch.ones_like(logp), plan, probe)
+    w, _, _ = peer_weights(logp, torch.ones_like(logp), plan.peers, probe)
     assert w[0].tolist() == pytest.approx([math.exp((-3.75 + 4.75) / 4)] * 4)
 
 

@@ -14,8 +14,10 @@ from mutualrl.trainer.rollout import (
     HFEngine,
     Sample,
     _inverse_cdf,
+    _truncate,
     completion_offsets,
     make_engine,
+    sglang_sampling_params,
 )
 
 torch.set_num_threads(1)
@@ -201,3 +203,61 @@ def test_inverse_cdf_blocks_agree_with_one_cumulative_sum() -> None:
         u = torch.rand(16, dtype=torch.float64, generator=g)
         want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
         assert torch.equal(_inverse_cdf(probs, u, block), want)
+
+
+def test_truncation_by_hand() -> None:
+    """top_k, then top_p of what top_k left, then min_p of the most likely entry."""
+    probs = torch.tensor([[0.05, 0.4, 0.1, 0.3, 0.15]])
+
+    def kept(top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> list[bool]:
+        return (_truncate(probs, top_k, top_p, min_p) > 0)[0].tolist()
+
+    assert kept() == [True] * 5
+    assert kept(top_k=2) == [False, True, False, True, False]
+    assert kept(top_p=0.7) == [False, True, False, True, False]  # 0.4 < 0.7 <= 0.4 + 0.3
+    assert kept(top_p=0.71) == [False, True, False, True, True]
+    # After top_k = 3 (mass 0.85), top_p 0.5 is 0.425 of it: 0.4 alone falls short.
+    assert kept(top_k=3, top_p=0.5) == [False, True, False, True, False]
+    assert kept(min_p=0.3) == [False, True, False, True, True]  # >= 0.12
+    assert kept(min_p=1.0) == [False, True, False, False, False]
+    assert kept(top_k=5) == kept() and kept(top_k=50) == kept()
+    assert torch.equal(_truncate(probs, 0, 1.0, 0.0), probs)  # off: the same tensor values
+
+
+def test_top_k_and_min_p_sample_inside_and_keep_untruncated_logprobs(cache: Path) -> None:
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    eng = HFEngine(model, tok)
+    greedy = [s.token_ids for g in eng.generate(PROMPTS, 2, 6, temperature=0.0) for s in g]
+    for kw in ({"top_k": 1}, {"min_p": 1.0}):
+        assert [s.token_ids for g in eng.generate(PROMPTS, 2, 6, seed=3, **kw)
+                for s in g] == greedy, kw
+    out = eng.generate(PROMPTS, 4, 6, seed=0, top_k=3, top_p=0.9, min_p=0.05)
+    for s in (s for g in out for s in g):
+        ref = _teacher_forced(model, s, 1.0)  # the untruncated distribution's log-probs
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4)
+        ids = torch.tensor([s.prompt_token_ids + s.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1 : -1]
+        rank = (logits > logits.gather(-1, torch.tensor(s.token_ids)[:, None])).sum(-1)
+        assert int(rank.max()) < 3  # every token among the 3 most likely
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+                                           ({"top_k": -1}, "top_k"), ({"min_p": -0.1}, "min_p"),
+                                           ({"min_p": 1.5}, "min_p")])
+def test_truncation_knobs_are_checked_by_every_engine(cache: Path, kw: dict[str, Any],
+                                                      field: str) -> None:
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    with pytest.raises(ValueError, match=field):
+        HFEngine(model, tok).generate(PROMPTS, 1, 2, **kw)
+    args = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, **kw}
+    with pytest.raises(ValueError, match=field):
+        sglang_sampling_params(4, 1.0, args["top_p"], args["top_k"], args["min_p"], None)
+
+
+def test_sglang_gets_the_truncation_knobs() -> None:
+    params = sglang_sampling_params(16, 0.7, 0.9, 20, 0.05, ["\n"])
+    assert (params["temperature"], params["top_p"], params["top_k"], params["min_p"]) == (
+        0.7, 0.9, 20, 0.05)
+    assert params["max_new_tokens"] == 16 and params["stop"] == ["\n"]
+    assert sglang_sampling_params(16, 1.0, 1.0, 0, 0.0, None)["top_k"] == -1  # SGLang's off

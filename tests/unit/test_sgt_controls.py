@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from reference_loss import round_loss
 
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, RoundData, make_probe
@@ -16,7 +17,6 @@ from mutualrl.trainer.probes.prp import group_peer_rollouts
 from mutualrl.trainer.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe, draw_own
 from mutualrl.trainer.rollout import Sample
 from mutualrl.trainer.tasks import Prompt
-from mutualrl.trainer.update import round_loss
 
 torch.set_num_threads(1)
 PAD = 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference_loss import round_loss
 from tiny_round import PAD, fixed_round, tiny_model
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.probes import Demos, make_probe
-from mutualrl.trainer.update import round_loss
 
 torch.set_num_threads(1)
 
@@ -24,7 +24,7 @@ def loss_of(model: torch.nn.Module, plan_kind: str = "none", grpo: GRPOSettings 
 
 
 def test_step_changes_weights_and_lowers_loss() -> None:
-    from mutualrl.trainer.algos.grpo import grpo_loss
+    from mutualrl.trainer.algos.loss import grpo_loss
     from mutualrl.trainer.batch import completion_logprobs, pack
 
     model = tiny_model()

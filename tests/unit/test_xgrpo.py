@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mutualrl.trainer.algos.grpo import EPS, group_advantages
+from mutualrl.trainer.algos.loss import EPS, group_advantages
 from mutualrl.trainer.algos.xgrpo import (
     RewardStats,
     baseline_shift,

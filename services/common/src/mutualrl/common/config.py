@@ -149,7 +149,7 @@ def load_section(path: str | Path | None, section: str, model: type[M], *,
             raise ValueError(f"{path}: section '{section}' must be a mapping")
         data.update(raw)
     data = deep_merge(data, env_values(section, model, environ))
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    data = deep_merge(data, {k: v for k, v in overrides.items() if v is not None})
     return model.model_validate(data)
 
 

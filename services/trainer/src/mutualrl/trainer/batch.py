@@ -75,15 +75,33 @@ def completion_logprobs(
     linear map of the body's last hidden state (logit soft-capping, a logit scale) fall back to
     the full logits.
     """
+    return _completion_values(model, batch, temperature, chunk_tokens, entropy=False)[..., 0]
+
+
+def completion_logprobs_and_entropy(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`completion_logprobs` and, from the same log-softmax, ``[B, T]`` the entropy of the
+    temperature-scaled next-token distribution at each completion position (0 at padding)."""
+    both = _completion_values(model, batch, temperature, chunk_tokens, entropy=True)
+    return both[..., 0], both[..., 1]
+
+
+def _completion_values(model: torch.nn.Module, batch: Batch, temperature: float,
+                       chunk_tokens: int | None, entropy: bool) -> Tensor:
+    """``[B, T, 1]`` log-probs, or ``[B, T, 2]`` log-probs and entropies (`entropy`)."""
     t = batch.completion_ids.shape[1]
     picked_ids = batch.completion_ids
     real = batch.completion_mask.bool()
+    width = 2 if entropy else 1
     head = _plain_head(model)
     if head is None:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids, use_cache=False)
         logits = out.logits[:, batch.prompt_len - 1 : batch.prompt_len - 1 + t]
-        return torch.where(real, _token_logp(logits, picked_ids, temperature),
+        return torch.where(real.unsqueeze(-1),
+                           _token_values(logits, picked_ids, temperature, entropy),
                            logits.new_zeros(()).to(_wide(logits.dtype)))
     body, lm_head = head
     if _sharded(model):
@@ -98,16 +116,17 @@ def completion_logprobs(
     parts = []
     for i in range(0, h.shape[0], step):
         if torch.is_grad_enabled() and h.requires_grad:
-            part = checkpoint(_chunk_logp, h[i : i + step], ids[i : i + step], lm_head,
-                              temperature, use_reentrant=False)
+            part = checkpoint(_chunk_values, h[i : i + step], ids[i : i + step], lm_head,
+                              temperature, entropy, use_reentrant=False)
         else:
-            part = _chunk_logp(h[i : i + step], ids[i : i + step], lm_head, temperature)
+            part = _chunk_values(h[i : i + step], ids[i : i + step], lm_head, temperature,
+                                 entropy)
         parts.append(part)
     dtype = parts[0].dtype if parts else _wide(hidden.dtype)
-    out_logp = hidden.new_zeros(real.shape, dtype=dtype)
+    out_values = hidden.new_zeros((*real.shape, width), dtype=dtype)
     if parts:
-        out_logp = out_logp.masked_scatter(real, torch.cat(parts))
-    return out_logp
+        out_values = out_values.masked_scatter(real.unsqueeze(-1), torch.cat(parts))
+    return out_values
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -138,18 +157,24 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _token_logp(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+def _token_values(logits: Tensor, ids: Tensor, temperature: float, entropy: bool) -> Tensor:
+    """``[..., 1]`` log-probs of `ids`, or ``[..., 2]`` with the distribution's entropy."""
     logits = logits.to(_wide(logits.dtype))
     if temperature != 1.0:
         logits = logits / temperature
     # One fused log_softmax then a gather: about a third cheaper, forward and backward, than
     # gather - logsumexp on CPU (logsumexp takes several passes over the vocabulary, each with
     # its own temporary), and no more memory: logsumexp's exp(logits - max) is as large.
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(logits, dim=-1)
+    picked = logp.gather(-1, ids.unsqueeze(-1))
+    if not entropy:
+        return picked
+    return torch.cat([picked, -(logp.exp() * logp).sum(-1, keepdim=True)], dim=-1)
 
 
-def _chunk_logp(h: Tensor, ids: Tensor, lm_head: torch.nn.Module, temperature: float) -> Tensor:
-    return _token_logp(lm_head(h), ids, temperature)
+def _chunk_values(h: Tensor, ids: Tensor, lm_head: torch.nn.Module, temperature: float,
+                  entropy: bool) -> Tensor:
+    return _token_values(lm_head(h), ids, temperature, entropy)
 
 
 def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
 from mutualrl.common.config import Config, Name, RunId, load_section
-from mutualrl.trainer.algos.aggregation import Aggregation, aggregation_mode
+from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
 from mutualrl.trainer.dataset_task import DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTaskConfig
 from mutualrl.trainer.evaluation import BenchmarkSettings
@@ -55,12 +55,38 @@ class GRPOSettings(Config):
     `sequence_mean` (mean per sequence, then over sequences) or `constant_length` (sum over
     sequences x max_new_tokens). The paper names `dapo`, `grpo` and `dr_grpo` are accepted
     for them."""
+    scale_rewards: ScaleRewards = "group"
+    """What a group's centred rewards are divided by (docs/algorithms.md): `group` its std
+    (GRPO), `batch` the std of the round's own rewards, `none` nothing (Dr. GRPO). Pooled
+    advantages (XGRPO, PRP) centre on the pooled mean and divide by the pooled std (`group`),
+    the round's own std (`batch`) or nothing (`none`). TRL's `scale_rewards`."""
+    importance_sampling_level: RatioLevel = "token"
+    """The importance ratio rho: per token (GRPO, DAPO), or `sequence`, one per completion,
+    exp of the mean of its tokens' log ratios, clipped as a whole (GSPO). TRL's
+    `importance_sampling_level`."""
+    entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Weight of the entropy bonus: the loss subtracts entropy_coef x the mean entropy of the
+    (temperature-scaled, untruncated) policy over the policy-gradient rows' tokens, a token
+    mean whatever `aggregation` is (TRL's `entropy_coef`). 0 computes no entropy."""
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm (torch.nn.utils.clip_grad_norm_)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; training log-probs use the same temperature-scaled logits."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling in rollouts: keep the smallest set of most likely tokens whose mass
+    reaches top_p (1: off). Behaviour and training log-probs stay those of the untruncated
+    temperature-scaled distribution, so below 1 the samples are not drawn from the policy
+    the loss scores: the ratio and its clip do not see the truncation, and PRP's weights
+    overstate a peer's sample by 1 / the mass its sampler kept, per token
+    (docs/algorithms.md)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens only (0: off); applied before top_p. Like
+    top_p, it changes what is sampled, not the log-probs the loss uses."""
+    min_p: float = Field(0.0, ge=0, le=1)
+    """Drop tokens less likely than min_p times the most likely one (0: off); applied after
+    top_k and top_p. Like top_p, it changes what is sampled, not the log-probs."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Token budget per completion; None takes the task's default (short 6, worked 26)."""
     ratio_to_behaviour: bool = False

@@ -51,8 +51,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     with torch.no_grad(), gathered(s.model):
         part = s.engine.generate(  # each policy samples from its own rendering of the problem
             s.render([prompts[i] for i in mine]), n=g.group_size, max_new_tokens=s.max_new_tokens,
-            temperature=g.temperature, stop=s.task.stop,
-            seeds=[prompt_seed(s.cfg.seed, k, i) for i in mine])
+            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, min_p=g.min_p,
+            stop=s.task.stop, seeds=[prompt_seed(s.cfg.seed, k, i) for i in mine])
     samples = [row for rank_rows in d.all_gather(part) for row in rank_rows]
     # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
     s.engine.release_memory()

@@ -15,9 +15,10 @@ Conventions shared by both engines:
   (with the tokenizer's default special tokens) and the completion is whatever tokens were
   sampled after it, so a BPE merge never crosses the prompt/completion boundary (`=`).
 - `Sample.logprobs[t]` is `log_softmax(logits_t / T)[token_t]`: the temperature-scaled
-  distribution *before* top-p truncation. With `top_p=1` (what GRPO uses) this is exactly the
-  sampling distribution; it is also what a trainer computes from a teacher-forced forward pass
-  at the same temperature, so the two agree to float precision. `temperature=0` means greedy
+  distribution *before* top-k / top-p / min-p truncation. With none of them (the default) this
+  is exactly the sampling distribution; it is also what a trainer computes from a teacher-forced
+  forward pass at the same temperature, so the two agree to float precision (with truncation,
+  docs/algorithms.md says what the ratio and PRP's weights then miss). `temperature=0` means greedy
   decoding, with log-probs of the untempered (T=1) distribution.
 - `Sample.text` is the decoded completion without special tokens and *includes* the stop
   string that ended it (the tokens that produced it were sampled and are trained on); if the
@@ -50,7 +51,8 @@ class Sample:
     """(start, end) character span in `text` of each completion token; zero-width for
     special tokens and for bytes that only complete a character in a later token."""
     logprobs: list[float]
-    """Behaviour log-prob of each token: log_softmax(logits / T) before top-p truncation."""
+    """Behaviour log-prob of each token: log_softmax(logits / T) before top-k / top-p / min-p
+    truncation."""
     finish_reason: str
     """"stop" (stop string or EOS) or "length" (token budget exhausted)."""
     prompt_token_ids: list[int] = field(default_factory=list)
@@ -62,13 +64,16 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
+                 seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
+                 min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples for each prompt: result[i] holds prompt i's samples, in order. A prompt
         is the policy's rendering as token ids (mutualrl.trainer.chat), or a text to tokenize.
 
-        `seeds` (one per prompt) makes each prompt's samples depend on its own seed only, not
-        on which other prompts share the call (data-parallel ranks split a round's prompts);
-        it replaces `seed`."""
+        `top_k` (0: off), `top_p` (1: off) and `min_p` (0: off) truncate the
+        temperature-scaled distribution, in that order, before each draw; the samples'
+        `logprobs` stay those of the untruncated one. `seeds` (one per prompt) makes each
+        prompt's samples depend on its own seed only, not on which other prompts share the call
+        (data-parallel ranks split a round's prompts); it replaces `seed`."""
         ...
 
     def sync_weights(self, model: Any) -> None:
@@ -159,14 +164,14 @@ class HFEngine:
 
     def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
+                 seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
+                 min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
         import torch
 
         if n < 1 or max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be >= 1")
-        if not 0 < top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
+        check_truncation(top_p, top_k, min_p)
         if not prompts:
             return []
         model, tok = self.model, self.tokenizer
@@ -231,7 +236,8 @@ class HFEngine:
                 alive = torch.ones(b, dtype=torch.bool, device=device)
                 next_pos = positions[:, -1]
                 for t in range(max_new_tokens):
-                    nxt, lp = _sample(logits.float(), temperature, top_p, gen, rows // n)
+                    nxt, lp = _sample(logits.float(), temperature, (top_k, top_p, min_p), gen,
+                                      rows // n)
                     live = alive.nonzero().flatten()
                     tokens[rows[live], t], logps[rows[live], t] = nxt[live], lp[live]
                     fin = torch.zeros_like(alive)
@@ -302,10 +308,21 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-def _sample(logits: Any, temperature: float, top_p: float, gen: Any,
+def check_truncation(top_p: float, top_k: int, min_p: float) -> None:
+    """ValueError naming the first sampling truncation knob out of range."""
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0: off), got {min_p}")
+
+
+def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float], gen: Any,
             owner: Any = None) -> tuple[Any, Any]:
-    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy. `gen` is one
-    generator, or a list of them indexed by `owner[row]` (the row's prompt)."""
+    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy.
+    `truncation` is (top_k, top_p, min_p); `gen` is one generator, or a list of them indexed
+    by `owner[row]` (the row's prompt)."""
     import torch
 
     if temperature <= 0:
@@ -313,13 +330,7 @@ def _sample(logits: Any, temperature: float, top_p: float, gen: Any,
         tok = logp.argmax(dim=-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p.
-        sp, idx = probs.sort(dim=-1, descending=True)
-        keep = (sp.cumsum(-1) - sp) < top_p
-        sp = sp * keep
-        probs = torch.zeros_like(probs).scatter(-1, idx, sp)
+    probs = _truncate(logp.exp(), *truncation)
     # Inverse-CDF draw: one uniform per row against the row's cumulative distribution.
     # torch.multinomial draws one exponential per vocabulary entry (151,936 logs per row and
     # token on a Qwen-size vocabulary), which made sampling most of a CPU rollout's time.
@@ -333,6 +344,26 @@ def _sample(logits: Any, temperature: float, top_p: float, gen: Any,
         u = torch.rand(probs.shape[0], dtype=torch.float64, generator=gen, device=probs.device)
     tok = _inverse_cdf(probs, u)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
+    """`probs` with the entries top_k, then top_p, then min_p leave out set to 0 (not
+    renormalised: the draw scales by the row's total). Ties with the k-th entry stay."""
+    import torch
+
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[:, -1:]
+        probs = probs * (probs >= kth)
+    if top_p < 1.0:
+        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p
+        # of what top_k left.
+        sp, idx = probs.sort(dim=-1, descending=True)
+        mass = top_p if top_k == 0 else top_p * sp.sum(-1, keepdim=True)
+        sp = sp * ((sp.cumsum(-1) - sp) < mass)
+        probs = torch.zeros_like(probs).scatter(-1, idx, sp)
+    if min_p > 0.0:
+        probs = probs * (probs >= min_p * probs.max(dim=-1, keepdim=True).values)
+    return probs
 
 
 def _inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
@@ -385,8 +416,9 @@ class SGLangEngine:
     current parameters with `update_weights_from_tensor`. Prompts are passed as token ids
     encoded by our tokenizer so both sides agree on the prompt tokens. Log-probs are the
     engine's `output_token_logprobs`; SGLang computes them from the sampling-processed
-    distribution unless configured otherwise, so check `ratio_to_behaviour` runs against
-    an HF teacher-forced pass before trusting them.
+    distribution unless configured otherwise (with top_k / top_p / min_p on, possibly the
+    truncated one, unlike the HF engine's), so check `ratio_to_behaviour` runs against an HF
+    teacher-forced pass before trusting them.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, mem_fraction_static: float = 0.5,
@@ -436,14 +468,12 @@ class SGLangEngine:
 
     def generate(self, prompts: Sequence[str | Sequence[int]], n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None, seeds: list[int] | None = None) -> list[list[Sample]]:
+                 seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
+                 min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples per prompt via one batched `Engine.generate` call."""
         tok = self.tokenizer
         prompt_ids = [encode_prompt(tok, p) for p in prompts]
-        params: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-            "stop": list(stop or []), "no_stop_trim": True, "skip_special_tokens": True,
-        }
+        params = sglang_sampling_params(max_new_tokens, temperature, top_p, top_k, min_p, stop)
         if seed is not None:
             params["sampling_seed"] = seed
         per_prompt = [params if seeds is None else {**params, "sampling_seed": seeds[i]}
@@ -465,6 +495,16 @@ class SGLangEngine:
                                          offsets=offsets, logprobs=[float(x[0]) for x in lps],
                                          finish_reason=reason, prompt_token_ids=batch[i]))
         return result
+
+
+def sglang_sampling_params(max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                           min_p: float, stop: list[str] | None) -> dict[str, Any]:
+    """SGLang's `sampling_params` for one call (its top_k -1 is off, ours 0); the knobs are
+    checked here, so a bad one fails before the engine sees it."""
+    check_truncation(top_p, top_k, min_p)
+    return {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+            "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "stop": list(stop or []),
+            "no_stop_trim": True, "skip_special_tokens": True}
 
 
 def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,

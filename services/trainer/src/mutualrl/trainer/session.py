@@ -249,7 +249,8 @@ def build_session(
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
-        probe=make_probe(cfg.probe, policy.name, exchange, task=task), exchange=exchange,
+        probe=make_probe(cfg.probe, policy.name, exchange, task=task,
+                         scale=cfg.grpo.scale_rewards), exchange=exchange,
         allocator=allocator,
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,

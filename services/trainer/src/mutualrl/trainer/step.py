@@ -1,11 +1,12 @@
-"""The round's optimisation, memory-bounded: the loss of `update.round_loss` (docs/design.md
+"""The round's optimisation, memory-bounded: the loss of `algos/loss.py` (docs/design.md
 (8)) taken over micro-batches with gradient accumulation, in mini-batches and epochs.
 
 Every loss the trainer optimises is a sum over rows of per-token values times a per-row
-coefficient that depends on the whole mini-batch (the aggregation's denominator, SGT's
-per-prompt averaging). The coefficients are fixed before any forward pass, so summing the
-micro-batches' losses gives the mini-batch's loss exactly, whatever the split: token-mean
-denominators are global, never per micro-batch.
+coefficient that depends on the whole mini-batch (`loss.row_coefficients`: the aggregation's
+denominator, SGT's per-prompt averaging; the entropy bonus's token count). The coefficients are
+fixed before any forward pass, so summing the micro-batches' losses gives the mini-batch's loss
+exactly, whatever the split: token-mean denominators are global, never per micro-batch. A row
+is never split, so GSPO's sequence ratio sees all of its tokens.
 
 Rows are own samples and PRP's peer rows (the policy-gradient rows) and SGT's demonstrations.
 `logp_old`, the ratio's denominator, is the pre-update log-prob of each row (or the sampler's
@@ -28,13 +29,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.aggregation import aggregation_mode
-from mutualrl.trainer.algos.grpo import nonzero_variance_groups, token_loss
-from mutualrl.trainer.batch import completion_logprobs, pack
+from mutualrl.trainer.algos.loss import nonzero_variance_groups, row_coefficients, token_loss
+from mutualrl.trainer.algos.prp import peer_weights
+from mutualrl.trainer.batch import completion_logprobs, completion_logprobs_and_entropy, pack
 from mutualrl.trainer.config import GRPOSettings, ProbeSettings
 from mutualrl.trainer.distributed import SINGLE, Dist, block
 from mutualrl.trainer.probes.base import LossInputs, RoundData
-from mutualrl.trainer.update import peer_weights
 
 
 @dataclass
@@ -156,35 +156,6 @@ def mini_batches(rows: Rows, n: int) -> list[list[int]]:
     return [p for p in parts if p]
 
 
-def coefficients(rows: Rows, index: Sequence[int], aggregation: str, max_len: int,
-                 sgt_lambda: float) -> Tensor:
-    """[len(index)] per-row factor c_i so that sum_i c_i sum_t v_it m_it is the mini-batch's
-    loss: the aggregation (docs/design.md (4)) over its policy-gradient rows and SGT's
-    -lambda mean over prompts of mean over demonstrations of the mean token log-prob (7)."""
-    idx = torch.tensor(list(index), dtype=torch.long)
-    m = rows.mask[idx]
-    lengths = m.sum(-1)
-    demo = rows.demo[idx]
-    pg = ~demo
-    live = pg & (lengths > 0)
-    n_live = float(live.sum().clamp(min=1))
-    mode = aggregation_mode(aggregation)
-    c = torch.zeros(len(idx), dtype=torch.float64)
-    if mode == "token_mean":
-        c[pg] = 1.0 / float(lengths[pg].sum().clamp(min=1.0))
-    elif mode == "sequence_mean":
-        c[pg] = 1.0 / (lengths[pg].clamp(min=1.0) * n_live)
-    else:  # constant_length
-        c[pg] = 1.0 / (n_live * max_len)
-    if bool(demo.any()):
-        labels = rows.group[idx][demo]
-        _, g = torch.unique(labels, return_inverse=True)
-        per_prompt = torch.bincount(g).to(torch.float64)
-        c[demo] = -sgt_lambda / (len(per_prompt) * per_prompt[g]
-                                 * lengths[demo].clamp(min=1.0))
-    return c
-
-
 def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], temperature: float,
           grpo: GRPOSettings, pad_id: int, device: torch.device, dist: Dist = SINGLE) -> Tensor:
     """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched (data
@@ -227,7 +198,8 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
         old = score(model, rows, pg if several else peer, grpo.temperature, grpo, pad_id,
                     device, dist)
         if peer:
-            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan, probe)
+            assert plan.peers is not None
+            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan.peers, probe)
             rows.weights[peer] = w.to(rows.weights)
             rows.mask[peer] = keep.to(rows.mask)
             stats.update({f"prp_w_{k}": float(v) for k, v in wstats.items()})
@@ -247,20 +219,31 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
     """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
     up in .grad); returns its loss parts and the ratio statistics."""
     device = next(model.parameters()).device
-    coef = dict(zip(index, coefficients(rows, index, grpo.aggregation, max_len,
-                                        probe.sgt_lambda).tolist(), strict=True))
+    idx = torch.tensor(list(index), dtype=torch.long)
+    coef = dict(zip(index, row_coefficients(
+        rows.mask[idx], rows.demo[idx], rows.group[idx], grpo.aggregation, max_len,
+        probe.sgt_lambda).tolist(), strict=True))
     acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
-                         "clip_high", "approx_kl_sum"), 0.0)
+                         "clip_high", "approx_kl_sum", "entropy_sum"), 0.0)
     pg = [i for i in index if not rows.demo[i]]
     demo = [i for i in index if rows.demo[i]]
+    with_entropy = grpo.entropy_coef != 0.0
+    # The bonus is a token mean over the mini-batch's policy-gradient tokens (TRL's).
+    entropy_c = grpo.entropy_coef / max(float(rows.mask[pg].sum()), 1.0) if pg else 0.0
     for kind, temperature in ((pg, grpo.temperature), (demo, 1.0)):
         if not kind:  # the same on every rank: all know the mini-batch
             continue
         for mb, real in _lockstep(rows, kind, grpo.micro_batch_tokens, dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
                          pad_id, device)
+            entropy = None
             with _autocast(grpo, device):
-                logp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
+                if with_entropy and kind is pg:
+                    logp, entropy = completion_logprobs_and_entropy(
+                        model, batch, temperature, grpo.logit_chunk_tokens)
+                else:
+                    logp = completion_logprobs(model, batch, temperature,
+                                               grpo.logit_chunk_tokens)
             t = logp.shape[1]
             m = rows.mask[mb, :t].to(logp)
             c = torch.tensor([coef[i] * real for i in mb],
@@ -274,8 +257,12 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
                        else logp.detach())
                 ref = rows.ref_logp[mb, :t].to(logp) if rows.ref_logp is not None else None
                 parts = token_loss(logp, old, rows.advantages[mb].to(logp), grpo.eps_lo,
-                                   grpo.eps_hi, grpo.beta, ref, rows.weights[mb, :t].to(logp))
+                                   grpo.eps_hi, grpo.beta, ref, rows.weights[mb, :t].to(logp),
+                                   grpo.importance_sampling_level, m)
                 loss = (parts.total * m * c).sum()
+                if entropy is not None:
+                    loss = loss - entropy_c * (entropy * m).sum()
+                    acc["entropy_sum"] += float((entropy.detach() * m).sum())
                 with torch.no_grad():
                     log_rho = logp.detach() - old
                     acc["loss_pg"] += float((parts.pg * m * c).sum())
@@ -294,7 +281,8 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
             "kl": acc["kl_sum"] / n, "tokens": acc["tokens"],
             "clip_frac": (acc["clip_low"] + acc["clip_high"]) / n,
             "clip_frac_low": acc["clip_low"] / n, "clip_frac_high": acc["clip_high"] / n,
-            "approx_kl": acc["approx_kl_sum"] / n}
+            "approx_kl": acc["approx_kl_sum"] / n,
+            **({"entropy": acc["entropy_sum"] / n} if with_entropy else {})}
 
 
 def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
@@ -328,8 +316,10 @@ def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
         return {"updates": 0.0}
     n = len(updates)
     tokens = sum(u["tokens"] for u in updates)
-    per_token = {k: sum(u[k] * u["tokens"] for u in updates) / max(tokens, 1.0)
-                 for k in ("kl", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl")}
+    per_token: dict[str, float] = {
+        k: sum(u[k] * u["tokens"] for u in updates) / max(tokens, 1.0)
+        for k in ("kl", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy")
+        if k in updates[0]}
     means = {k: sum(u[k] for u in updates) / n
              for k in ("loss", "loss_pg", "loss_sgt", "grad_norm")}
     return {**means, **per_token, "tokens": updates[0]["tokens"] if n == 1 else tokens / n,

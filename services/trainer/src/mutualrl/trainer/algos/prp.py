@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.grpo import EPS, group_advantages
+from mutualrl.trainer.algos.loss import EPS, group_advantages
+from mutualrl.trainer.algos.modes import ScaleRewards
 
 WeightMode = Literal["drop", "truncate", "none"]
 
@@ -127,22 +128,87 @@ def log_weight_histogram(w: Weights, valid: Tensor | None = None) -> dict[int, i
 
 
 def pooled_advantages(
-    own: Tensor, peers: Sequence[Tensor], eps: float = EPS
+    own: Tensor, peers: Sequence[Tensor], eps: float = EPS, scale: ScaleRewards = "group"
 ) -> tuple[Tensor, list[Tensor]]:
-    """Advantages over own ``[P, G]`` + each prompt's peer rewards (``peers[p]``: ``[M_p]``).
+    """Advantages over own ``[P, G]`` + each prompt's peer rewards (``peers[p]``: ``[M_p]``),
+    scaled as `scale` says (`batch`: by the std of the round's own rewards).
 
     Prompts without peer rewards keep exactly GRPO's values (same batched call), so PRP with no
     peer data is GRPO. Returns (own advantages ``[P, G]``, peer advantages per prompt).
     """
     if len(peers) != own.shape[0]:
         raise ValueError(f"peers has {len(peers)} rows, own rewards {own.shape[0]}")
-    own_adv = group_advantages(own, eps)
+    own_adv = group_advantages(own, eps, scale)
     peer_adv: list[Tensor] = []
     for i, peer in enumerate(peers):
         if peer.numel() == 0:
             peer_adv.append(peer.new_zeros(0))
             continue
-        union = group_advantages(torch.cat([own[i], peer.to(own.dtype)]), eps)
+        union = group_advantages(torch.cat([own[i], peer.to(own.dtype)]), eps, scale, own)
         own_adv[i] = union[: own.shape[1]]
         peer_adv.append(union[own.shape[1] :])
     return own_adv, peer_adv
+
+
+class PeerLogps(Protocol):
+    """What the weights need of the peer rows (`probes.PeerRows` has it)."""
+
+    sender_logp_sum: Tensor
+    """[M] sender's sequence log-prob (sequence level)."""
+    token_chunk: list[list[int]] | None
+    """Chunk level: chunk index of each receiver token."""
+    chunk_sender_logp: list[list[float]] | None
+    """Chunk level: sender log-prob of each chunk."""
+
+
+class WeightSettings(Protocol):
+    """The weight knobs (`config.ProbeSettings` has them)."""
+
+    prp_level: Literal["sequence", "chunk"]
+    prp_weight_mode: WeightMode
+    prp_delta: float
+    prp_cap: float
+
+
+def _receiver_chunk_logp(logp: Tensor, token_chunk: Tensor, n_chunks: int) -> Tensor:
+    """[M, C] sum of receiver token log-probs per chunk (padding chunk index -1 adds nothing)."""
+    idx = token_chunk.clamp(min=0)
+    vals = torch.where(token_chunk >= 0, logp, torch.zeros_like(logp))
+    return logp.new_zeros(logp.shape[0], n_chunks).scatter_add(-1, idx, vals)
+
+
+def peer_weights(logp: Tensor, mask: Tensor, peers: PeerLogps, s: WeightSettings
+                 ) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """[M, T] importance weights and [M, T] mask of peer rows after the weight mode, with
+    statistics and the log-weight histogram (`loghist/<edge>`); `logp` holds the receiver's
+    pre-step log-probs of the peer tokens (detached here: the weights are constants of the
+    step, as the estimator requires)."""
+    lp = logp.detach()
+    if s.prp_level == "sequence":
+        send = peers.sender_logp_sum.to(lp).unsqueeze(-1)
+        log_w = sequence_log_weight(lp, mask, send, torch.ones_like(send))
+        w = apply_weight_mode(log_w, s.prp_weight_mode, s.prp_delta, s.prp_cap)
+        stats = weight_stats(w)
+        hist = log_weight_histogram(w)
+        weights = w.weights.unsqueeze(-1).expand_as(lp)
+        keep = w.kept.unsqueeze(-1).expand_as(mask)
+    else:
+        assert peers.token_chunk is not None and peers.chunk_sender_logp is not None
+        t = lp.shape[1]
+        n_chunks = max(max((len(c) for c in peers.chunk_sender_logp), default=1), 1)
+        token_chunk = torch.full((lp.shape[0], t), -1, dtype=torch.long, device=lp.device)
+        send = lp.new_zeros(lp.shape[0], n_chunks)
+        chunk_valid = torch.zeros(lp.shape[0], n_chunks, dtype=torch.bool, device=lp.device)
+        for i, (tc, sc) in enumerate(zip(peers.token_chunk, peers.chunk_sender_logp, strict=True)):
+            token_chunk[i, : len(tc)] = torch.tensor(tc, dtype=torch.long)
+            send[i, : len(sc)] = torch.tensor(sc, dtype=torch.float64)
+            chunk_valid[i, : len(sc)] = True
+        recv = _receiver_chunk_logp(lp, token_chunk, n_chunks)
+        w = apply_weight_mode(chunk_log_weight(recv, send), s.prp_weight_mode, s.prp_delta,
+                              s.prp_cap)
+        stats = weight_stats(w, chunk_valid)
+        hist = log_weight_histogram(w, chunk_valid)
+        weights = chunk_to_tokens(w.weights, token_chunk)
+        keep = chunk_to_tokens(w.kept.to(lp.dtype), token_chunk) > 0
+    stats.update({f"loghist/{edge}": float(n) for edge, n in hist.items()})
+    return weights, mask * keep.to(mask.dtype), stats

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.grpo import EPS, group_advantages
+from mutualrl.trainer.algos.loss import EPS, group_advantages
+from mutualrl.trainer.algos.modes import ScaleRewards
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,12 @@ def group_stats(rewards: Tensor) -> list[RewardStats]:
 
 
 def xgrpo_advantages(
-    rewards: Tensor, peer_stats: Sequence[RewardStats | None], eps: float = EPS
+    rewards: Tensor, peer_stats: Sequence[RewardStats | None], eps: float = EPS,
+    scale: ScaleRewards = "group",
 ) -> Tensor:
     """Pooled advantages for own rewards ``[P, G]`` given the pooled peer stats of each prompt
-    (docs/design.md (6)).
+    (docs/design.md (6)), divided by the pooled std (`scale` group), the std of the round's own
+    rewards (batch) or nothing (none).
 
     Rows with no peer rewards (None or count 0) take exactly GRPO's values from
     ``group_advantages`` (same code path), so XGRPO with one policy is bitwise GRPO.
@@ -77,14 +80,17 @@ def xgrpo_advantages(
     """
     if len(peer_stats) != rewards.shape[0]:
         raise ValueError(f"peer_stats has {len(peer_stats)} rows, rewards {rewards.shape[0]}")
-    out = group_advantages(rewards, eps)
+    out = group_advantages(rewards, eps, scale)
     own = group_stats(rewards)
+    batch_std = float(rewards.to(torch.float64).std(correction=0))
     for i, peer in enumerate(peer_stats):
         if peer is None or peer.count == 0:
             continue
         union = own[i].merge(peer)
         row = rewards[i].to(torch.float64)
-        out[i] = ((row - union.mean) / (union.std + eps)).to(rewards.dtype)
+        std = {"group": union.std, "batch": batch_std}.get(scale)
+        centred = row - union.mean
+        out[i] = (centred if std is None else centred / (std + eps)).to(rewards.dtype)
     return out
 
 

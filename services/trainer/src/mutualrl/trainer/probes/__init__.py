@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
@@ -19,9 +20,10 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-               task: Any = None) -> Probe:
-    """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control)."""
-    return PROBES[settings.kind](settings, policy, exchange, task)
+               task: Any = None, scale: ScaleRewards = "group") -> Probe:
+    """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control),
+    `scale` what advantages are divided by (`grpo.scale_rewards`)."""
+    return PROBES[settings.kind](settings, policy, exchange, task, scale)
 
 
 __all__ = ["PROBES", "Demos", "LossInputs", "PeerRows", "Probe", "RoundData", "make_probe"]

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.grpo import group_advantages
+from mutualrl.trainer.algos.loss import group_advantages
+from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.config import ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
@@ -81,7 +82,7 @@ class Demos:
 
 @dataclass
 class LossInputs:
-    """What `update.py` needs besides the samples to build a round's loss."""
+    """What `step.py` needs besides the samples to build a round's loss."""
 
     advantages: Tensor
     """[P, G] advantages of own samples."""
@@ -93,8 +94,10 @@ class LossInputs:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def grpo_inputs(data: RoundData, **stats: float) -> LossInputs:
-    return LossInputs(advantages=group_advantages(data.rewards), stats=dict(stats))
+def grpo_inputs(data: RoundData, scale: ScaleRewards = "group", **stats: float) -> LossInputs:
+    """Plain GRPO's inputs: group advantages of own rewards, divided as `scale` says."""
+    return LossInputs(advantages=group_advantages(data.rewards, scale=scale),
+                      stats=dict(stats))
 
 
 class Probe:
@@ -104,9 +107,11 @@ class Probe:
 
     def __init__(
         self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-        task: Any = None,
+        task: Any = None, scale: ScaleRewards = "group",
     ) -> None:
         self.settings = settings
+        self.scale: ScaleRewards = scale
+        """What advantages are divided by (`grpo.scale_rewards`), pooled or not."""
         self.policy = policy
         self.exchange = exchange
         self.task = task
@@ -118,7 +123,7 @@ class Probe:
     def plan(self, data: RoundData) -> LossInputs:
         """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO."""
         if self.exchange is None or self.kind == "none":
-            return grpo_inputs(data, fallback=0.0)
+            return grpo_inputs(data, self.scale, fallback=0.0)
         deadline = time.monotonic() + self.settings.deadline_seconds
         try:
             plan = self.gather(data, self.exchange, deadline)
@@ -126,14 +131,14 @@ class Probe:
             if not _is_transient(err):
                 raise
             log.warning("round %d: %s probe fell back to GRPO: %s", data.round, self.kind, err)
-            plan = grpo_inputs(data, fallback=1.0)
+            plan = grpo_inputs(data, self.scale, fallback=1.0)
         plan.stats.setdefault("fallback", 0.0)
         self.fallbacks += int(plan.stats["fallback"] > 0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
         return plan
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
-        return grpo_inputs(data)
+        return grpo_inputs(data, self.scale)
 
     def state_dict(self) -> dict[str, Any]:
         return {"fallbacks": self.fallbacks}

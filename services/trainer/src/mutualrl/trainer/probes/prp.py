@@ -38,7 +38,7 @@ class PRPProbe(Probe):
             torch.tensor([r.reward for r in per_prompt.get(i, [])], dtype=data.rewards.dtype)
             for i in range(len(data.prompts))
         ]
-        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards)
+        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards, scale=self.scale)
         stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
                  "peer_fetched": float(len(fetched)),
                  "fallback": float(not complete and not chosen)}

@@ -31,7 +31,7 @@ class SGTProbe(Probe):
     kind = "sgt"
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
-        plan = grpo_inputs(data)
+        plan = grpo_inputs(data, self.scale)
         plan.stats = {"rescued_prompts": 0.0, "rescue_demos": 0.0, "candidates": 0.0}
         rescue = read_rescue(data, ex, self.settings, self.policy, deadline)
         plan.stats["candidates"] = float(rescue.candidates)

@@ -17,7 +17,7 @@ class XGRPOProbe(Probe):
         peer = [pooled.get(p.id) for p in data.prompts]
         used = sum(s is not None for s in peer)
         return LossInputs(
-            advantages=xgrpo_advantages(data.rewards, peer),
+            advantages=xgrpo_advantages(data.rewards, peer, scale=self.scale),
             stats={
                 "peer_prompts": float(used),
                 "baseline_shift": baseline_shift(data.rewards, peer),

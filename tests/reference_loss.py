@@ -1,0 +1,109 @@
+"""The round's loss by its definition (docs/design.md (8)), in one forward pass over every row:
+the reference the memory-bounded step (`trainer.step`) is tested against. It holds the logits of
+the whole batch, so it is for tests and tiny models only.
+
+GRPO (3)-(5) over own (+ PRP peer) rows, weighted by PRP's importance weights (9), plus SGT's
+rescue term (7). PRP's importance weights use the receiver's pre-step log-probs of the peer
+tokens, detached, so they are constants of the step as the estimator requires. Sequences are
+given as token-id lists; prompts in the receiver's tokens are shared by own rows, peer rows and
+demonstrations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mutualrl.trainer.algos.loss import grpo_loss, nonzero_variance_groups
+from mutualrl.trainer.algos.prp import peer_weights
+from mutualrl.trainer.algos.sgt import sgt_loss
+from mutualrl.trainer.batch import completion_logprobs, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.config import GRPOSettings, ProbeSettings
+from mutualrl.trainer.probes.base import LossInputs, RoundData
+
+
+@dataclass
+class Loss:
+    total: Tensor
+    stats: dict[str, float]
+
+
+def round_loss(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    prompt_ids: Sequence[Sequence[int]],
+    data: RoundData,
+    plan: LossInputs,
+    grpo: GRPOSettings,
+    probe: ProbeSettings,
+    pad_id: int,
+    max_new_tokens: int,
+) -> Loss:
+    """Scalar loss of one round and its statistics (loss parts, KL, clip fraction, weights)."""
+    device = next(model.parameters()).device
+    p_n, g_n = data.rewards.shape
+    own_prompts = [prompt_ids[p] for p in range(p_n) for _ in range(g_n)]
+    own_completions = [s.token_ids for row in data.samples for s in row]
+    peers = plan.peers
+    prompts = own_prompts + ([prompt_ids[i] for i in peers.prompt_index] if peers else [])
+    completions = own_completions + (peers.token_ids if peers else [])
+    batch = pack(prompts, completions, pad_id, device)
+    entropy = None
+    if grpo.entropy_coef != 0.0:
+        logp, entropy = completion_logprobs_and_entropy(model, batch, grpo.temperature)
+    else:
+        logp = completion_logprobs(model, batch, grpo.temperature)
+    mask = batch.completion_mask.to(logp.dtype)
+    n_own = len(own_completions)
+    stats: dict[str, float] = {}
+
+    if grpo.filter_zero_variance:
+        keep = nonzero_variance_groups(data.rewards).reshape(-1, 1).to(mask.dtype)
+        mask = torch.cat([mask[:n_own] * keep, mask[n_own:]])
+        stats["filtered_groups"] = float(p_n - int(keep.reshape(p_n, g_n)[:, 0].sum()))
+
+    logp_old = logp.detach()
+    if grpo.ratio_to_behaviour:
+        behaviour = torch.zeros_like(logp_old[:n_own])
+        for i, s in enumerate(c for row in data.samples for c in row):
+            behaviour[i, : len(s.logprobs)] = torch.tensor(s.logprobs, dtype=logp.dtype)
+        logp_old = torch.cat([behaviour, logp_old[n_own:]])
+
+    advantages = plan.advantages.reshape(-1).to(logp)
+    weights = None
+    if peers is not None and len(peers.token_ids):
+        peer_w, peer_mask, wstats = peer_weights(logp[n_own:], mask[n_own:], peers, probe)
+        weights = torch.cat([torch.ones_like(logp[:n_own]), peer_w])
+        mask = torch.cat([mask[:n_own], peer_mask])
+        advantages = torch.cat([advantages, peers.advantages.to(logp)])
+        stats.update({f"prp_w_{k}": float(v) for k, v in wstats.items()})
+
+    ref_logp = None
+    if ref_model is not None and grpo.beta > 0:
+        with torch.no_grad():
+            ref_logp = completion_logprobs(ref_model, batch, grpo.temperature)
+
+    out = grpo_loss(
+        logp, logp_old, advantages, mask, grpo.eps_lo, grpo.eps_hi, grpo.beta, ref_logp,
+        grpo.aggregation, max_new_tokens, weights, grpo.importance_sampling_level, entropy,
+        grpo.entropy_coef)
+    total = out.loss
+    stats.update(loss_pg=out.pg_loss, kl=out.kl, clip_frac=out.clip_frac,
+                 clip_frac_low=out.clip_frac_low, clip_frac_high=out.clip_frac_high,
+                 tokens=float(mask.sum()))
+
+    demos = plan.demos
+    if demos is not None and demos.token_ids:
+        d_prompts: Sequence[Sequence[int]] = (demos.prompt_token_ids
+                                              or [prompt_ids[i] for i in demos.prompt_index])
+        d_batch = pack(d_prompts, demos.token_ids, pad_id, device)
+        d_logp = completion_logprobs(model, d_batch, 1.0)
+        sgt = sgt_loss(d_logp, d_batch.completion_mask,
+                       torch.tensor(demos.prompt_index, device=device), probe.sgt_lambda)
+        total = total + sgt
+        stats["loss_sgt"] = float(sgt.detach())
+    stats["loss"] = float(total.detach())
+    return Loss(total=total, stats=stats)

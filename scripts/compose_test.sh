@@ -9,7 +9,7 @@
 #      container; the killed trainer resumed from its checkpoint;
 #   3. `down -v` leaves no container, volume or network of the project;
 #   4. `--profile cpu --profile redis-cluster up` on a shorter run: the services use the Redis
-#      Cluster, SEE holds the run's records and the cluster nodes hold its keys; `down -v`.
+#      Cluster, SEE holds the run's records and the cluster holds its keys; `down -v`.
 #
 # environment (all optional; .ci/containers.sh sets them on a machine with no registry):
 #   PODMAN_COMPOSE              podman-compose command (default .venv-deploy/bin/podman-compose)
@@ -235,12 +235,12 @@ total="$(json "sum(p['total'] for p in d['policies'])" <<<"$stats")"
 [ "$total" -gt 0 ] || fail "SEE holds no records on the Redis Cluster: $stats"
 keys=0
 for node in redis-cluster-1 redis-cluster-2 redis-cluster-3; do
-    n="$(podman exec "$(container "$node")" redis-cli dbsize)"
-    [ "$n" -gt 0 ] || fail "$node holds no keys: the run did not spread over the cluster"
-    keys=$((keys + n))
+    keys=$((keys + $(podman exec "$(container "$node")" redis-cli dbsize)))
 done
+# A run's keys share one hash tag, so they live on one node of the cluster.
+[ "$keys" -gt 0 ] || fail "the cluster's nodes hold no keys"
 single="$(podman exec "$(container redis)" redis-cli dbsize)"
 [ "$single" = 0 ] || fail "the single Redis holds $single keys: a service did not use the cluster"
-log "ok: SEE holds $total records on the Redis Cluster ($keys keys over 3 nodes, none in redis)"
+log "ok: SEE holds $total records on the Redis Cluster ($keys keys in its nodes, none in redis)"
 check_down
 log "passed in $((SECONDS - START))s"

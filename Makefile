@@ -30,7 +30,8 @@ PACKAGES := proto services/common clients/python services/see services/thl servi
 EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/trainer[wandb]"
 
 .PHONY: setup setup-vllm constraints constraints-vllm run test test-unit test-integration test-e2e \
-	test-browser test-vllm lint typecheck fmt proto docs docs-check validate-deploy clean
+	test-browser test-vllm lint typecheck fmt proto docs docs-check validate-deploy deploy-tools \
+	compose-test clean
 
 setup: $(STAMP) $(VLLM_STAMP)
 
@@ -125,9 +126,22 @@ proto: setup
 	$(PY) -m grpc_tools.protoc -Iproto/src --python_out=proto/src --grpc_python_out=proto/src \
 		--pyi_out=proto/src proto/src/mutualrl/v1/*.proto
 
-validate-deploy: setup
+validate-deploy: setup deploy-tools
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/validate_deploy.sh
 
+# hadolint, checkov and podman-compose, in a virtual environment of their own (deploy/tools.txt).
+DEPLOY_VENV := .venv-deploy
+deploy-tools: $(DEPLOY_VENV)/.installed
+
+$(DEPLOY_VENV)/.installed: deploy/tools.txt
+	test -d $(DEPLOY_VENV) || $(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q -r deploy/tools.txt
+	touch $@
+
+# Builds the images and runs docker-compose.yml for real with podman (scripts/compose_test.sh).
+compose-test: deploy-tools
+	PODMAN_COMPOSE="$(abspath $(DEPLOY_VENV))/bin/podman-compose" bash scripts/compose_test.sh
+
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis \
-		.mypy_cache
+	rm -rf $(VENV) $(VENV_VLLM) $(DEPLOY_VENV) build dist site *.egg-info .pytest_cache .ruff_cache \
+		.hypothesis .mypy_cache

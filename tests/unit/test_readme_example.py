@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mutualrl.trainer.config import TrainerConfig
-from mutualrl.trainer.datasets import JsonlTaskConfig
+from mutualrl.trainer.dataset_task import DatasetTaskConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,10 @@ def test_the_two_checkpoint_example_is_a_valid_run_file(page: str) -> None:
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "model_path" in b]
     assert len(blocks) == 1, f"{page} should show one run file with checkpoints"
     cfg = TrainerConfig.model_validate(yaml.safe_load(blocks[0])["trainer"])
-    assert isinstance(cfg.task, JsonlTaskConfig)
+    assert isinstance(cfg.task, DatasetTaskConfig)
+    assert [r.fn for r in cfg.task.rewards][0] == "math_verify"
+    assert cfg.task.success_reward == "math_verify"
+    assert len(cfg.eval.benchmarks) == 1 and cfg.eval.benchmarks[0].n == 8
     assert len(cfg.policies) == 2
     assert all(p.model_path is not None and p.preset is None for p in cfg.policies)
     assert cfg.probe.kind == "sgt"

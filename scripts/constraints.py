@@ -38,9 +38,12 @@ GPU_HEADER = """\
 # The `gpu` extra's sglang pins its own torch (a CUDA build), transformers, tokenizers and numba.
 """
 # sglang 0.5.23's exact requirements (its wheel's Requires-Dist) where they differ from the CPU
-# set, and python-dateutil, which it caps below 3. A new sglang: update these from its metadata.
+# set, python-dateutil, which it caps below 3, and huggingface-hub, which its tokenizers 0.23.2
+# caps below 2 (transformers 5.19 and datasets 5.2 want >= 1.31). A new sglang: update these
+# from its metadata.
 GPU_PINS = {
     "sglang": "0.5.23",
+    "huggingface-hub": "1.33.0",
     "torch": "2.14.1",
     "transformers": "5.19.0",
     "tokenizers": "0.23.2",

@@ -21,7 +21,7 @@ PACKAGES := proto services/common clients/python services/see services/thl servi
 EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/trainer[wandb]"
 
 .PHONY: setup constraints run test test-unit test-integration test-e2e test-browser lint typecheck \
-	fmt proto \
+	fmt proto docs docs-check \
 	validate-deploy clean
 
 setup: $(STAMP)
@@ -66,9 +66,18 @@ test-browser: setup
 	bash scripts/ensure_chromium.sh
 	$(PY) -m pytest tests/browser -q $(PYTEST_ARGS)
 
-lint: setup typecheck
+lint: setup typecheck docs-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --config pyproject.toml
+
+# The site must build with no broken link or anchor; its hook (scripts/reference_pages.py)
+# fails the build while a generated page (configuration reference, package table) is stale.
+docs-check: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs: setup
+	$(PY) scripts/reference_pages.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -84,4 +93,4 @@ validate-deploy: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/validate_deploy.sh
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "probe-comparison.yaml"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # What each probe must take from its peer (SEE counts a record as taken when it is delivered).
-TAKES = {"sgt": "VERIFIED_SUCCESS", "sgt-self": "VERIFIED_SUCCESS", "oracle": "VERIFIED_SUCCESS",
-         "prp-chunk": "ROLLOUT"}
-SHORT = ["none", "sgt", "sgt-self", "oracle"]
+TAKES = {"xgrpo": "REWARD_STATS", "sgt": "VERIFIED_SUCCESS", "sgt-self": "VERIFIED_SUCCESS",
+         "oracle": "VERIFIED_SUCCESS", "prp-chunk": "ROLLOUT"}
+SHORT = ["none", "xgrpo", "sgt", "sgt-self", "oracle"]
 THREE = ["gpt2-bpe", "llama-char", "qwen2-unigram"]
 
 

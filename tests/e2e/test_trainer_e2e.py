@@ -21,39 +21,19 @@ from typing import Any
 
 import pytest
 import torch
+from warm_start import TASK, WARM, start_training, warm_checkpoints
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-TASK = {"skills": ["add", "rev"], "digits": {"add": 1, "rev": 2}, "heldout_per_skill": 8}
-# A merges across digits (byte-level BPE, no pre-split), B is character level: their token
-# boundaries differ, so PRP goes through real THL chunks.
-WARM = {"A": ("gpt2-bpe-nosplit", "add"), "B": ("llama-char", "rev"),
-        "C": ("qwen2-unigram", "add")}
 ROUNDS = 4
 
 
 @pytest.fixture(scope="module")
 def warm_policies(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """SFT checkpoints, cached across sessions in pytest's cache (they take ~30 s each);
-    bump the cache name when TASK, WARM or the SFT settings change."""
-    from mutualrl.trainer.sft import SFTConfig, run_sft
-
-    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v3")) if pytest_cache is not None
-             else tmp_path_factory.mktemp("warm"))
-    out: dict[str, Path] = {}
-    for name, (preset, strong) in WARM.items():
-        ckpt = cache / f"sft-{name}"
-        if not (ckpt / "config.json").exists():
-            run_sft(SFTConfig(
-                preset=preset, task=TASK, strong_skills=[strong], steps=150, batch=32,
-                warmup=20, lr=3e-3, weak_pool=0, weak_share=0.0, eval_per_skill=8,
-                cache_dir=cache / "presets", out_dir=ckpt, progress=False))
-        out[name] = ckpt
-    return out
+    return warm_checkpoints(request, tmp_path_factory)
 
 
 class _Services:
@@ -142,7 +122,6 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     from mutualrl.client.mwra import MwraClient
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
-    from mutualrl.trainer.loop import train
     from mutualrl.trainer.session import build_session
 
     run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
@@ -153,12 +132,6 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     cfg = _config(services, warm, probe, tmp, run_id, names, **extra)
     errors: list[BaseException] = []
 
-    def work(s: Any) -> None:
-        try:
-            train(s)
-        except BaseException as e:  # surfaced below; a thread cannot fail the test itself
-            errors.append(e)
-
     sessions: list[Any] = []
     threads: list[threading.Thread] = []
     if not stagger:
@@ -168,8 +141,7 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
             if i:
                 time.sleep(stagger)
             sessions.append(build_session(cfg, n, cache_dir=tmp / "presets"))
-        threads.append(threading.Thread(target=work, args=(sessions[i],)))
-        threads[-1].start()
+        threads.append(start_training(sessions[i], errors))
     for t in threads:
         t.join(timeout=300)
     for s in sessions:
@@ -215,7 +187,7 @@ def test_sgt_rescues_both_ways(services: _Services, warm_policies: dict[str, Pat
 
 def test_a_policy_that_starts_late_trains_round_zero_with_its_peer(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
-    """Issue 13, no stall on start: B loads (and registers with MWRA) 2 s after A is ready for
+    """No stall on start: B loads (and registers with MWRA) 2 s after A is ready for
     round 0. A waits for B to register (`services.peers_wait_s`), so round 0 is planned for
     both: each trains it on half the pool, not A on all of it, and A's SGT read of round 0
     finds B's records instead of waiting out the deadline (`_run_pair` asserts no round fell

@@ -1,5 +1,5 @@
 """`mutualrl bench see` end to end on a small load: a real SEE server process, real writer
-processes on both sides, the real Redis; the figures are the ones the README row reports."""
+processes on both sides, the real Redis; the figures are the ones docs/benchmarks.md reports."""
 
 from __future__ import annotations
 

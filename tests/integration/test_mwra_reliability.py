@@ -1,7 +1,6 @@
-"""MWRA under hostile and careless clients, against the real Redis and a real server on port 0
-(issue 14 items 5 and 6, issue 13 point 6): bounded capacities and costs, allocation of a huge
-pool at once, nothing kept for unknown or idle runs, and late registrants taken into the round.
-"""
+"""MWRA under hostile and careless clients, against the real Redis and a real server on port 0:
+bounded capacities and costs, allocation of a huge pool at once, nothing kept for unknown or
+idle runs, and late registrants taken into the round."""
 
 from __future__ import annotations
 

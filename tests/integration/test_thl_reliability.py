@@ -1,8 +1,8 @@
 """THL under odd and hostile input, over real gRPC (port 0) with registrations in the real Redis:
 registration confined to `tokenizer_roots` with one answer whatever lies outside them, odd paths
 refused as INVALID_ARGUMENT, Retokenize and AlignTrace batches too large to answer refused before
-the work, and BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole
-(issue 14, items 4, 8, 9 and 12)."""
+the work, and BERT-family tokenizers whose tokenizer.json truncates and pads encoded
+whole."""
 
 from __future__ import annotations
 

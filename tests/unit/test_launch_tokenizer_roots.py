@@ -1,5 +1,5 @@
-"""`mutualrl up` lets THL read exactly the tokenizers its trainers register (issue 14, item 4):
-the run's output_dir (presets, warm starts) and every policy's model_path / sft_checkpoint."""
+"""`mutualrl up` lets THL read exactly the tokenizers its trainers register: the
+run's output_dir (presets, warm starts) and every policy's model_path / sft_checkpoint."""
 
 from __future__ import annotations
 

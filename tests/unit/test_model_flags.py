@@ -33,7 +33,7 @@ class Outer(Config):
     inner: Inner = Inner()
     """Nested."""
     table: dict[str, int] = Field(default_factory=dict)
-    """Left to the file."""
+    """As JSON."""
 
 
 def _parser(model: type[BaseModel], **kw: object) -> argparse.ArgumentParser:
@@ -45,12 +45,14 @@ def _parser(model: type[BaseModel], **kw: object) -> argparse.ArgumentParser:
 def test_flags_follow_the_fields_and_nest() -> None:
     p = _parser(Outer, aliases={"inner.mode": ["--mode"]})
     args = p.parse_args(["--steps", "4", "--path", "x/y", "--no-verbose", "--mode", "b",
-                         "--inner-names", "p, q,,r"])
+                         "--inner-names", "p, q,,r", "--table", '{"a": 1}'])
     assert flag_values(args, Outer) == {"steps": 4, "path": Path("x/y"), "verbose": False,
-                                        "inner": {"mode": "b", "names": ["p", "q", "r"]}}
+                                        "inner": {"mode": "b", "names": ["p", "q", "r"]},
+                                        "table": {"a": 1}}
     assert flag_values(p.parse_args([]), Outer) == {}
     assert "How many steps (100% of them)." in " ".join(p.format_help().split())
-    assert "--table" not in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--table", "{a: 1"])
     with pytest.raises(SystemExit):
         p.parse_args(["--inner-mode", "c"])
     with pytest.raises(SystemExit):
@@ -87,3 +89,19 @@ def _sft_help() -> str:
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         build_parser().parse_args(["sft", "--help"])
     return out.getvalue()
+
+
+def test_serve_flags_are_the_service_config_fields() -> None:
+    from mutualrl.common.config import load_section
+    from mutualrl.mwra.config import MwraConfig
+    from mutualrl.see.config import SeeConfig
+
+    args = build_parser().parse_args(["mwra", "serve", "--strategy", "time-share", "--port", "0",
+                                      "--tick-seconds", "0.1", "--replica-id", "r1"])
+    got = flag_values(args, MwraConfig)
+    assert got == {"strategy": "time-share", "port": 0, "tick_seconds": 0.1, "replica_id": "r1"}
+    assert load_section(None, "mwra", MwraConfig, environ={}, **got).tick_seconds == 0.1
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mwra", "serve", "--strategy", "fastest"])
+    see = build_parser().parse_args(["see", "serve", "--workers", "2", "--rest-port", "0"])
+    assert flag_values(see, SeeConfig) == {"workers": 2, "rest_port": 0}

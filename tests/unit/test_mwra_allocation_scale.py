@@ -1,6 +1,6 @@
-"""MWRA's allocation does no work proportional to the pool's size (issue 14, item 5): a pool is a
-number clients send. `min_makespan` and `apportion` are checked against the one-value-at-a-time
-reference rules they replace (kept here), and their work is counted, not timed."""
+"""MWRA's allocation does no work proportional to the pool's size: a pool is a number clients
+send. `min_makespan` and `apportion` are checked against the one-value-at-a-time reference
+rules they replace (kept here), and their work is counted, not timed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""THL properties over real tokenizers of every family (trained offline once per session) and
+"""THL properties over real tokenizers of every family (trained offline once per test process) and
 random Unicode text: CJK, emoji, combining marks, whitespace runs, the empty string.
 
 Runs the in-process `AlignmentEngine` (the same code path the gRPC servicer uses)."""
@@ -27,7 +27,7 @@ _ENGINE: AlignmentEngine | None = None
 
 
 def engine() -> AlignmentEngine:
-    """One engine with every family registered (tokenizers trained once per session)."""
+    """One engine with every family registered (tokenizers trained once per test process)."""
     global _ENGINE
     if _ENGINE is None:
         eng = AlignmentEngine()
@@ -151,7 +151,7 @@ ascii_texts = st.text(string.ascii_lowercase + string.digits + string.punctuatio
 
 @SETTINGS
 @given(text=ascii_texts, family=st.sampled_from(FAMILIES[:-1]))
-@example(text=" ", family="unigram_first").via("issue 14: a lone space")
+@example(text=" ", family="unigram_first").via("a lone space")
 @example(text=" a", family="unigram_first").via("a leading space")
 @example(text=" ", family="unigram").via("a lone space, prepend never")
 def test_ascii_text_round_trips_with_zero_residual(text: str, family: str) -> None:

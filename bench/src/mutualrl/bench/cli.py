@@ -151,10 +151,16 @@ def _memory(commands: Commands) -> None:
 
 
 def _rounds_bench(args: argparse.Namespace) -> int:
+    from mutualrl.bench.probes import bench_probes
     from mutualrl.bench.rounds import bench_rounds
 
-    res = bench_rounds([int(n) for n in args.n.split(",")], args.rounds, args.slots,
-                       Path(args.out) if args.out else None, short_pool=args.short_pool)
+    out = Path(args.out) if args.out else None
+    if args.probes:
+        res = bench_probes(args.probes.split(","), args.modes.split(","), int(args.n),
+                           args.rounds, args.slots, args.staleness, args.repeats, out)
+    else:
+        res = bench_rounds([int(n) for n in args.n.split(",")], args.rounds, args.slots, out,
+                           short_pool=args.short_pool)
     print(_emit(res, args.json))
     return 0
 
@@ -170,6 +176,12 @@ def _rounds(commands: Commands) -> None:
                    choices=["auto", "shared", "time-share", "share"],
                    help="MWRA's mwra.short_pool (time-share: the turns MWRA used to take; "
                         "share: the earlier name of shared).")
+    b.add_argument("--probes", default=None, help="Comma-separated probes (e.g. none,sgt,prp): "
+                   "their round times against GRPO's, same policies and seed (--n: one count).")
+    b.add_argument("--modes", default="deterministic,asynchronous",
+                   help="With --probes: the exchange modes to run.")
+    b.add_argument("--staleness", type=int, default=1, help="With --probes: exchange.staleness.")
+    b.add_argument("--repeats", type=int, default=1, help="With --probes: interleaved repeats.")
     b.add_argument("--out", default=None, help="Keep the runs here (default: a temp dir).")
     b.add_argument("--json", default=None, help="Write the result JSON here.")
 

@@ -29,12 +29,14 @@ PRESETS = ("gpt2-bpe", "llama-char", "qwen2-unigram", "qwen2-wordpiece")
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
 
-def _trainer(run_id: str, out: Path, n: int, rounds: int, local: bool) -> dict[str, Any]:
+def _trainer(run_id: str, out: Path, n: int, rounds: int, local: bool, probe: str = "sgt",
+             exchange: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "run_id": run_id, "seed": 0, "output_dir": str(out),
         "task": {"regime": "short", "skills": ["add", "sub", "rev", "sort"]},
         "grpo": {"group_size": 8, "prompts_per_round": 16, "rounds": rounds, "lr": 3e-4},
-        "probe": {"kind": "sgt", "deadline_seconds": 5.0},
+        "probe": {"kind": probe, "deadline_seconds": 5.0},
+        "exchange": exchange or {},
         "eval": {"every": 0}, "checkpoint": {"every": 0, "keep": 1},
         "metrics": {"tensorboard": False, "progress": False},
         "services": {"local": local},
@@ -75,12 +77,14 @@ def solo_step_s(preset_n: int, out: Path, rounds: int, skip: int) -> float:
 
 
 def together(n: int, out: Path, rounds: int, skip: int, slots: int,
-             short_pool: str = "auto") -> dict[str, Any]:
+             short_pool: str = "auto", probe: str = "sgt",
+             exchange: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
     """N policies through `mutualrl up` on `slots` CPU units: barrier round time, fallbacks."""
-    run_id = f"bench-rounds-n{n}-{short_pool}"
+    run_id = f"bench-rounds-n{n}-{short_pool}{tag}"
     cfg = {"up": {"worker_slots": slots, "stop_grace": 30},
            "mwra": {"short_pool": short_pool},
-           "trainer": _trainer(run_id, out, n, rounds, local=False)}
+           "trainer": _trainer(run_id, out, n, rounds, local=False, probe=probe,
+                               exchange=exchange)}
     path = out / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with (out / f"{run_id}.log").open("wb") as log:

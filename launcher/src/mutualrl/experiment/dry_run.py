@@ -1,5 +1,6 @@
-"""`mutualrl experiment --dry-run`: the memory plan of every policy of every regime (the
-trainer's `mutualrl train --dry-run`, on the trainer section each run of the regime gets)."""
+"""`mutualrl experiment --dry-run`: the grid and its ETA, then the memory plan of every policy
+of every regime (the trainer's `mutualrl train --dry-run`, on the trainer section each run of
+the regime gets)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mutualrl.experiment.config import ExperimentConfig
-from mutualrl.experiment.plan import run_trainer_section
+from mutualrl.experiment.plan import build_plan, fmt_duration, run_trainer_section
 
 
 def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | None,
@@ -18,6 +19,12 @@ def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | N
     from mutualrl.trainer.config import TrainerConfig
     from mutualrl.trainer.dry_run import memory_plans
 
+    plan = build_plan(cfg, out)
+    grid = "; ".join(f"{r}: {', '.join(cfg.regime_probes(r))}" for r in cfg.active_regimes())
+    print(f"{cfg.name}: {grid} x seeds {cfg.seeds} = {len(plan.runs)} runs, "
+          f"{cfg.parallel_runs} at a time; ETA of the runs {fmt_duration(plan.eta_s)} "
+          f"(+ {len(plan.warm_starts)} warm starts); time budget of the runs "
+          f"{fmt_duration(cfg.time_budget_s) if cfg.time_budget_s else 'none'}")
     failed = False
     for regime, spec in cfg.active_regimes().items():
         probe = cfg.regime_probes(regime)[0]

@@ -3,7 +3,7 @@
 `trained_tokenizers()` returns {name: directory} for every family THL must handle:
 byte-level BPE, lower-casing WordPiece, Unigram/Metaspace with NFKC (prepend "never" and
 "first"), character level, and a byte-level BPE whose post-processor adds BOS/EOS (special
-tokens at offsets (0, 0)). Cached per process so a test session trains them once.
+tokens at offsets (0, 0)). Cached per process so a test process trains them once.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class ServiceConfig(Config):
     key_prefix: str = Field(default=keys.DEFAULT_PREFIX, pattern=keys.PREFIX_PATTERN)
     """First segment of every Redis key the service writes: `<prefix>:<service>:{<run_id>}:...`
     for a run's keys, `<prefix>:<service>:<name>` for indexes (`mutualrl.common.keys`).
-    Deployments (or test sessions) sharing one Redis keep apart with different prefixes."""
+    Deployments (or test runs) sharing one Redis keep apart with different prefixes."""
 
     def resolved_token(self) -> str | None:
         """The configured token, else MUTUALRL_AUTH_TOKEN, else None (auth off)."""
@@ -149,7 +149,7 @@ def load_section(path: str | Path | None, section: str, model: type[M], *,
             raise ValueError(f"{path}: section '{section}' must be a mapping")
         data.update(raw)
     data = deep_merge(data, env_values(section, model, environ))
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    data = deep_merge(data, {k: v for k, v in overrides.items() if v is not None})
     return model.model_validate(data)
 
 

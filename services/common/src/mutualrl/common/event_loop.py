@@ -3,7 +3,7 @@
 uvloop (libuv, in C) where it is installed, else asyncio's own loop. A service's hot path is
 socket I/O driven by the loop: gRPC's completions handed to the loop, redis-py's reads and
 writes. Under SEE's Publish benchmark the server process spent about 15 % less CPU per record on
-uvloop than on asyncio's selector loop (`mutualrl bench see`, README).
+uvloop than on asyncio's selector loop (`mutualrl bench see`, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -2,21 +2,25 @@
 field's type, choices and docstring, so a command's flags never drift from its model.
 
 `add_model_flags(parser, Model)` adds `--<field>` for every field (nested models as
-`--<field>-<subfield>`; `bool` fields as `--x/--no-x`; lists of scalars comma-separated), each
-with default None; `flag_values(args, Model)` returns the nested mapping of the flags given,
-to update a config file's values with. Mappings are left to the config file.
+`--<field>-<subfield>`; `bool` fields as `--x/--no-x`; lists of scalars comma-separated;
+mappings and anything else as JSON), each with default None; `flag_values(args, Model)` returns
+the nested mapping of the flags given, to update a config file's values with.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # pydantic stays out of `mutualrl --help`, which imports this module
+    from pydantic import BaseModel
+
+M = typing.TypeVar("M", bound="BaseModel")
 
 _SCALARS: tuple[type, ...] = (str, int, float, Path)
 
@@ -38,8 +42,18 @@ def _comma_list(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
-def _argument(annotation: Any) -> dict[str, Any] | None:
-    """argparse keywords for a field of this type; None when no flag can express it."""
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+
+
+_json.__name__ = "JSON"
+
+
+def _argument(annotation: Any) -> dict[str, Any]:
+    """argparse keywords for a field of this type (JSON for what has no plainer spelling)."""
     annotation = _unwrap_optional(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
@@ -54,12 +68,14 @@ def _argument(annotation: Any) -> dict[str, Any] | None:
         item = _unwrap_optional(item)
         if item in _SCALARS:
             return {"type": _comma_list(item), "metavar": "A,B,..."}
-    return None
+    return {"type": _json, "metavar": "JSON"}
 
 
 def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
             ) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
-    """(path, argparse keywords, help) for every field a flag can set, nested models flattened."""
+    """(path, argparse keywords, help) for every field, nested models flattened."""
+    from pydantic import BaseModel
+
     out = []
     for name, info in model.model_fields.items():
         path = (*prefix, name)
@@ -67,9 +83,7 @@ def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             out.extend(_fields(annotation, path))
             continue
-        kwargs = _argument(info.annotation)
-        if kwargs is not None:
-            out.append((path, kwargs, (info.description or "").replace("%", "%%")))
+        out.append((path, _argument(info.annotation), (info.description or "").replace("%", "%%")))
     return out
 
 
@@ -80,7 +94,7 @@ def _dest(path: tuple[str, ...]) -> str:
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                     aliases: Mapping[str, Sequence[str]] | None = None,
                     skip: Sequence[str] = ()) -> None:
-    """Add a flag for every field of `model` that a flag can express (see the module).
+    """Add a flag for every field of `model` (see the module).
 
     `aliases` maps a dotted field path ("task.regime") to more option strings for it ("--regime");
     `skip` names dotted paths that get no flag."""
@@ -90,7 +104,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
         if dotted in skip:
             continue
         options = [f"--{'-'.join(path).replace('_', '-')}", *aliases.get(dotted, ())]
-        kwargs.setdefault("metavar", path[-1].upper())
+        if "choices" not in kwargs:  # argparse lists the choices itself
+            kwargs.setdefault("metavar", path[-1].upper())
         parser.add_argument(*options, dest=_dest(path), default=None, help=help_text, **kwargs)
 
 
@@ -106,3 +121,43 @@ def flag_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, A
             node = node.setdefault(key, {})
         node[path[-1]] = value
     return out
+
+
+def deferred_flags(module: str, model: str, *,
+                   aliases: Mapping[str, Sequence[str]] | None = None
+                   ) -> Callable[[argparse.ArgumentParser], None]:
+    """`add_model_flags` for the model `module.model`, imported only when the command is parsed
+    (`Commands.add(..., deferred=...)`: `mutualrl --help` imports no config model)."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        import importlib
+
+        add_model_flags(parser, getattr(importlib.import_module(module), model), aliases=aliases)
+
+    return add
+
+
+def load_flagged(args: argparse.Namespace, section: str, model: type[M]) -> M:
+    """The `section` of `args.config` (None: defaults) as `model`: the environment over the
+    file, the flags of `add_model_flags` over both (`mutualrl.common.config.load_section`)."""
+    from mutualrl.common.config import load_section
+
+    return load_section(args.config, section, model, **flag_values(args, model))
+
+
+def serve_handler(section: str, module: str, model: str,
+                  server: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of `mutualrl <section> serve`: the section as `module.model` (file,
+    environment, flags), then `server.serve(config)` on the config's event loop (both modules
+    imported when the command runs)."""
+
+    def handle(args: argparse.Namespace) -> int:
+        import importlib
+
+        from mutualrl.common import event_loop
+
+        cfg = load_flagged(args, section, getattr(importlib.import_module(module), model))
+        event_loop.run(importlib.import_module(server).serve(cfg), cfg.event_loop)
+        return 0
+
+    return handle

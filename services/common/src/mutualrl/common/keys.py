@@ -5,7 +5,7 @@
                                            tokenizer registry)
 
 `prefix` is each service's `key_prefix` setting (default "mrl"), so several deployments or test
-sessions share one Redis without seeing each other's keys; `service` is "see", "thl" or "mwra".
+runs share one Redis without seeing each other's keys; `service` is "see", "thl" or "mwra".
 The run id sits in braces, a Redis Cluster hash tag: every key of a run lives in one slot, so a
 Lua script or a MULTI may touch all of them, and one `SCAN MATCH <run base>*` finds exactly
 them (a run id's alphabet, `ids.RUN_ID`, holds no glob or brace character).

@@ -6,15 +6,15 @@ import argparse
 import os
 
 from mutualrl.common.commands import Commands
+from mutualrl.common.flags import deferred_flags
 
 
 def _serve(args: argparse.Namespace) -> int:
     from mutualrl.common import event_loop
-    from mutualrl.common.config import load_section
+    from mutualrl.common.flags import load_flagged
     from mutualrl.see.config import SeeConfig
 
-    cfg = load_section(args.config, "see", SeeConfig, port=args.port, rest_port=args.rest_port,
-                       redis_url=args.redis_url, host=args.host, workers=args.workers)
+    cfg = load_flagged(args, "see", SeeConfig)
     made_dir = None
     if cfg.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         import tempfile
@@ -44,12 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
 def register(commands: Commands) -> None:
     commands.group(["see"], "Shared Experience Exchange (SEE).")
     p = commands.add(["see", "serve"], "Serve SEE: gRPC (experience.proto) plus the REST "
-                     "inspection API, backed by Redis.", _serve)
+                     "inspection API, backed by Redis; every `see:` field is a flag, over the "
+                     "config file and the environment.", _serve,
+                     deferred=deferred_flags("mutualrl.see.config", "SeeConfig"))
     p.add_argument("--config", default=None, help="Run YAML; its `see:` section configures SEE.")
-    p.add_argument("--port", type=int, default=None, help="gRPC port (default 50051).")
-    p.add_argument("--rest-port", type=int, default=None, help="REST port (default 8080).")
-    p.add_argument("--redis-url", default=None,
-                   help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0).")
-    p.add_argument("--host", default=None, help="Bind address (default from config, 127.0.0.1).")
-    p.add_argument("--workers", type=int, default=None,
-                   help="gRPC worker processes sharing the port (default from config, 1).")

@@ -55,7 +55,7 @@ class AllocatorClient:
     def __init__(self, address: str | None, run_id: str, policy: str, threads: int,
                  rollout_budget: int, token: str | None = None, timeout: float = 30.0,
                  active_wait_s: float = 60.0, peers: Sequence[str] = (),
-                 peers_wait_s: float = 0.0) -> None:
+                 peers_wait_s: float = 0.0, fixed_compute: bool = False) -> None:
         self.run_id, self.policy = run_id, policy
         self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
         self.current = self.fixed
@@ -64,6 +64,10 @@ class AllocatorClient:
         """The run's other policies still to wait for (up to `peers_wait_s`) before round 0;
         emptied by the first allocation asked for."""
         self.peers_wait_s = peers_wait_s
+        self.fixed_compute = fixed_compute
+        """Keep the configured threads and the full rollout budget whatever MWRA grants (the
+        deterministic mode: MWRA's grants follow measured step times, and a step on other
+        threads rounds differently); MWRA's turns and cost reports still apply."""
         self.waited_s = 0.0
         """Seconds spent waiting for a time-share turn or for peers to register so far (not
         part of a step's cost)."""
@@ -110,9 +114,10 @@ class AllocatorClient:
         if a.strategy == "time-share" and a.active:
             table = self.client.list_allocations(self.run_id)
             peers = sorted({x.policy_id for x in table.allocations if x.active} | {self.policy})
+        granted = (self.fixed.threads, 0) if self.fixed_compute else (a.threads, a.rollout_budget)
         self.current = RoundAllocation(
-            threads=max(int(a.threads), 1),
-            rollout_budget=int(a.rollout_budget) or self.fixed.rollout_budget,
+            threads=max(int(granted[0]), 1),
+            rollout_budget=int(granted[1]) or self.fixed.rollout_budget,
             units=max(int(a.units), 1), epoch=int(a.epoch), round_peers=peers)
         return self.current
 

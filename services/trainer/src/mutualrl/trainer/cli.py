@@ -11,17 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.common.commands import Commands
+from mutualrl.common.flags import deferred_flags
 
 # Flags that SFTConfig's derived names (`--out-dir`, `--task-regime`, ...) also answer to.
 SFT_FLAG_ALIASES = {"out_dir": ["--out"], "strong_skills": ["--strong"],
                     "task.regime": ["--regime"], "task.skills": ["--skills"]}
-
-
-def _sft_flags(parser: argparse.ArgumentParser) -> None:
-    from mutualrl.common.flags import add_model_flags
-    from mutualrl.trainer.sft import SFTConfig
-
-    add_model_flags(parser, SFTConfig, aliases=SFT_FLAG_ALIASES)
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -64,7 +58,8 @@ def register(commands: Commands) -> None:
     """Add the trainer's commands to the `mutualrl` CLI."""
     p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool); "
                      "every SFTConfig field is a flag, over the config file's value.", _sft,
-                     deferred=_sft_flags)
+                     deferred=deferred_flags("mutualrl.trainer.sft", "SFTConfig",
+                                             aliases=SFT_FLAG_ALIASES))
     p.add_argument("-c", "--config", help="YAML: SFTConfig fields, or a run YAML's `sft:`.")
 
     e = commands.add(("export",), "Write a trained policy as a save_pretrained directory "

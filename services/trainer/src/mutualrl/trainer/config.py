@@ -171,6 +171,25 @@ class ProbeSettings(Config):
     its demonstrations are drawn from."""
 
 
+class ExchangeSettings(Config):
+    """How a round reads its peers' records (docs/determinism.md)."""
+
+    mode: Literal["deterministic", "asynchronous"] = "asynchronous"
+    """deterministic: round r reads exactly the peers' records of round r - `staleness` (and
+    the earlier rounds its probe looks back on), waits for them however long that takes (up to
+    `liveness_timeout_s`, then the run fails), and fixes threads and the rollout budget, so a
+    seed replays the run bit for bit on CPU. asynchronous (the fast mode): a round reads what
+    its peers have published by `probe.deadline_seconds`, then falls back to plain GRPO."""
+    staleness: int = Field(1, ge=0)
+    """s of the deterministic mode: round r uses the peers' round r - s. 0 is a barrier on the
+    peers' round r; s >= 1 lets the peer reads of round r - s (SEE, THL retokenization, PRP's
+    alignment) run while round r's own rollouts generate. XGRPO pools the same round's
+    statistics and always waits for round r."""
+    liveness_timeout_s: float = Field(600.0, gt=0)
+    """deterministic: the longest a round waits for a peer's records before the run fails
+    with an error naming the peers and the round (never a silent fallback)."""
+
+
 class DiagnosticsSettings(Config):
     """Per-round measurements of the stability-support trade-off; they never change training
     (no gradient, no randomness drawn), only add compute. 0 turns one off."""
@@ -250,8 +269,8 @@ class MetricsSettings(Config):
 
 
 class LoraSettings(Config):
-    """LoRA adapters through peft (README, "LoRA"): only they train and are checkpointed; the
-    reference policy is the base with the adapters disabled."""
+    """LoRA adapters through peft (docs/training.md, "LoRA"): only they train and are
+    checkpointed; the reference policy is the base with the adapters disabled."""
 
     rank: int = Field(16, ge=1)
     """r: the rank of each adapter's B @ A."""
@@ -388,6 +407,8 @@ class TrainerConfig(Config):
     """Service addresses."""
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     """Stability-support measurements (off by default)."""
+    exchange: ExchangeSettings = Field(default_factory=ExchangeSettings)
+    """How rounds read peers: deterministic (a seed replays the run) or asynchronous."""
     policies: list[PolicySettings] = Field(min_length=1)
     """Every policy of the run (peers need each other's names and tokenizers)."""
 
@@ -409,6 +430,11 @@ class TrainerConfig(Config):
             if "tau" in p.probe:
                 raise ValueError(f"policies[{i}].probe.tau: tau is run-wide (SEE keeps one "
                                  "success threshold per run); set trainer.probe.tau")
+            if self.exchange.mode == "deterministic" and "prompts_per_round" in p.grpo:
+                raise ValueError(f"policies[{i}].grpo.prompts_per_round: exchange.mode "
+                                 "deterministic waits for every peer's stats of the round's "
+                                 "prompts, so every policy answers the same prompts; set "
+                                 "trainer.grpo.prompts_per_round")
             for section, model in (("grpo", GRPOSettings), ("probe", ProbeSettings)):
                 base = getattr(self, section).model_dump()
                 try:

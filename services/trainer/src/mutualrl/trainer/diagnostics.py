@@ -62,15 +62,21 @@ def support(s: Any, data: RoundData, plan: LossInputs, prompt_ids: Sequence[Sequ
             ) -> dict[str, float]:
     """Support metrics of the round: `support_logp` (mean per-token log-prob of peer successes
     on failed prompts), `support_tokens`, `support_prompts`. Uses the texts the probe read when
-    it read them (SGT family), else reads them from SEE within the probe's deadline; {} when the
+    it read them (SGT family), else reads them from SEE within the probe's deadline (the
+    deterministic mode: waits for the peers' round, then reads exactly it); {} when the
     services are off or did not answer."""
     demos = plan.support
     if demos is None:
         if s.exchange is None:
             return {}
         deadline = time.monotonic() + s.cfg.probe.deadline_seconds
+        exact = s.probe.deterministic
         try:
-            rescue = read_rescue(data, s.exchange, s.cfg.probe, s.policy.name, deadline)
+            if exact:  # the peers' round itself, as the deterministic mode reads it
+                s.exchange.await_round(data.round, [p.id for p in data.prompts],
+                                       s.cfg.exchange.liveness_timeout_s, data.peers_now)
+            rescue = read_rescue(data, s.exchange, s.cfg.probe, s.policy.name, deadline,
+                                 exact=exact)
             demos = (rescue_demos(data, s.exchange, rescue.texts, rescue.ends)
                      if rescue.texts else None)
         except Exception as err:

@@ -6,15 +6,21 @@ service, or the same engine in-process) to move peer text and token traces into 
 tokens. Every SEE read takes an absolute deadline (time.monotonic) and passes what is left of it
 as the gRPC timeout, so a slow or dead peer or service turns into DEADLINE_EXCEEDED, which the
 probe answers with plain GRPO. THL calls are local computation and use the client's timeout.
+
+The deterministic mode (`exchange.mode`, docs/determinism.md) waits instead: `await_round`
+blocks until every peer has published a round, up to a liveness bound past which the run
+fails, and its publishes and peer reads can run in the background (`publish_soon`,
+`submit`), each kind on its own thread, in order.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mutualrl.common import token_arrays as ta
 from mutualrl.trainer.algos.sgt import PeerSuccess
@@ -22,6 +28,13 @@ from mutualrl.trainer.algos.xgrpo import RewardStats
 
 log = logging.getLogger(__name__)
 _MARGIN_S = 0.05  # leave the client this much to receive the answer of a server-side wait
+_POLL_S = 30.0  # one server-side wait of `await_round` (SEE caps a wait at its max_wait_ms)
+T = TypeVar("T")
+_RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+
+
+class PeerTimeout(RuntimeError):
+    """Deterministic mode: peers did not publish a round within the liveness bound."""
 
 
 @dataclass
@@ -41,6 +54,9 @@ class PeerRollout:
     stopped_by_eos: bool = False
     """The sender's generation ended with its EOS token (the last of `token_ids`; the text,
     decoded without special tokens, does not show it)."""
+    record_id: str = ""
+    """SEE record id (`<policy>/<round>/<prompt>/<sample>/r`): a fixed order of the peer's
+    samples, unlike the stream's delivery ids."""
 
 
 @dataclass
@@ -101,6 +117,8 @@ class PeerExchange:
         self.publish_failures = 0
         self.waited_s = 0.0
         """Seconds spent in bounded waits for peers to publish a round (up to a deadline)."""
+        self._background: dict[str, ThreadPoolExecutor] = {}
+        self._published: list[Future[Any]] = []
         self.consumer = f"{policy}-trainer"
         self.last_delivery_id = ""
         """Stream id of the last peer rollout acknowledged (saved with checkpoints)."""
@@ -152,6 +170,8 @@ class PeerExchange:
                                f" (it lists {', '.join(run.config.policies)})")
 
     def close(self) -> None:
+        for pool in self._background.values():
+            pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
         if hasattr(self.thl, "close"):
             self.thl.close()
@@ -170,6 +190,63 @@ class PeerExchange:
             self.publish_failures += 1
             log.warning("publish of %d records failed: %s", len(records), err)
             return False
+
+    # ---- the background (deterministic mode) ------------------------------------------------
+    def submit(self, fn: Callable[[], T], lane: str = "read") -> Future[T]:
+        """Run `fn` in the background after what was submitted to the same `lane` before: one
+        thread for peer reads, one for publishes, so neither waits for the other."""
+        if lane not in self._background:
+            self._background[lane] = ThreadPoolExecutor(
+                1, thread_name_prefix=f"{self.policy}-{lane}")
+        return self._background[lane].submit(fn)
+
+    def publish_soon(self, records: list[Any]) -> None:
+        """Publish in the background, in order; a failure (after the client's retries) raises
+        from the next `flush`: peers wait for these records, so they must not be dropped."""
+        self._published.append(
+            self.submit(lambda: self.client.publish(self.run_id, records), lane="publish"))
+
+    def flush(self) -> None:
+        """Wait for the background publishes; raise the first that failed."""
+        done, self._published = self._published, []
+        for f in done:
+            f.result()
+
+    def await_round(self, round_k: int, prompt_ids: Sequence[str], timeout_s: float,
+                    expect: Sequence[str] | None = None) -> float:
+        """Block until every expected policy (None: every policy of the run) has published its
+        REWARD_STATS of `round_k` for `prompt_ids` (a round's stats are its last records), or
+        raise PeerTimeout after `timeout_s`. SEE being unreachable counts against the same
+        bound: the wait retries. Returns the seconds waited."""
+        import grpc
+
+        t0 = time.monotonic()
+        give_up = t0 + timeout_s
+        missing: list[str] = []
+        error = ""
+        while True:
+            left = give_up - time.monotonic()
+            wait = max(min(left, _POLL_S), 0.0)
+            try:
+                resp = self.client.round_stats(  # no policy_id: a poll takes nothing
+                    self.run_id, round_k, list(prompt_ids),
+                    wait_ms=int(max(wait - _MARGIN_S, 0.0) * 1000),
+                    expect_policies=list(expect or []), timeout=wait + 5.0)
+                if resp.complete:
+                    return time.monotonic() - t0
+                missing, error = list(resp.missing_policies), ""
+            except grpc.RpcError as err:
+                if err.code().name not in _RETRIED:
+                    raise
+                error = f"; last SEE error: {err.code().name}: {err.details()}"
+                time.sleep(min(1.0, max(left, 0.0)))
+            if time.monotonic() >= give_up:
+                who = ", ".join(missing) if missing else "some peers"
+                raise PeerTimeout(
+                    f"round {round_k}: {who} did not publish their records of round "
+                    f"{round_k} within exchange.liveness_timeout_s={timeout_s:g} s "
+                    f"(exchange.mode deterministic waits for every peer; a dead peer "
+                    f"fails the run: restart it with --resume){error}")
 
     # ---- reads for the probes -------------------------------------------------------------
     def peer_stats(
@@ -201,9 +278,12 @@ class PeerExchange:
         return pooled, best, bool(resp.complete)
 
     def peer_successes(
-        self, prompt_ids: Sequence[str], min_round: int, max_per_prompt: int, deadline: float
+        self, prompt_ids: Sequence[str], min_round: int, max_per_prompt: int, deadline: float,
+        max_round: int | None = None,
     ) -> list[PeerSuccess]:
-        """Peers' verified successes for these prompts (SEE never returns own ones)."""
+        """Peers' verified successes for these prompts (SEE never returns own ones), of rounds
+        min_round .. max_round (None: any later one too). SEE orders them by round, policy and
+        record id before it caps them, so the bound on later rounds keeps the same set."""
         from mutualrl.v1 import experience_pb2 as pb
 
         if not prompt_ids:
@@ -218,6 +298,7 @@ class PeerExchange:
                 stopped_by_eos=r.finish_reason == pb.FINISH_REASON_EOS)
             for prompt_id, records in by_prompt.items()
             for r in records
+            if max_round is None or r.round <= max_round
         ]
 
     def peer_rollouts(
@@ -238,7 +319,8 @@ class PeerExchange:
                 offsets=list(zip(ta.offset_starts(d.record).tolist(),
                                  ta.offset_ends(d.record).tolist(), strict=True)),
                 logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
-                stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS)
+                stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
+                record_id=d.record.record_id)
             for d in resp.deliveries
         ]
         if out:

@@ -6,6 +6,10 @@ optimizer steps.
     micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost without waits (MWRA)
     -> metrics -> checkpoint
 
+In the deterministic mode with staleness s >= 1, the probe's read of the peers' round k - s
+starts before round k's rollouts and runs beside them, and publishing runs in the background
+(docs/determinism.md).
+
 Data parallel (`distributed.py`): each rank samples its block of the prompts, the samples are
 gathered on every rank, rank 0 alone talks to MWRA/SEE/THL and broadcasts what it learns
 (allocation, the probe's plan), and each rank scores its share of every mini-batch's rows.
@@ -41,6 +45,9 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     g = s.cfg.grpo
     d = s.dist
 
+    if s.exchange is not None:
+        s.exchange.flush()  # the last round's records are out (a failed publish raises)
+        s.probe.prefetch(k)  # deterministic, s >= 1: read peers' round k - s meanwhile
     alloc = d.from_main(lambda: s.allocator.allocation(k))
     # MWRA's threads are the policy's: its ranks share them.
     torch.set_num_threads(max(1, alloc.threads // d.world))
@@ -63,10 +70,14 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     published = True
     if s.exchange is not None:  # policy version = optimizer steps taken = k
         # What crosses is the problem and the completion text; peers render it their own way.
-        published = s.exchange.publish(round_records(
+        records = round_records(
             s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
             scored.rewards, correct, s.cfg.probe.tau, s.tokenizer.eos_token_id,
-            success=scored.success, renderings=s.shown(prompts)))
+            success=scored.success, renderings=s.shown(prompts))
+        if s.probe.deterministic:
+            s.exchange.publish_soon(records)
+        else:
+            published = s.exchange.publish(records)
 
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
                      correct=correct, peers_now=alloc.round_peers,
@@ -75,7 +86,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     plan = d.from_main(lambda: s.probe.plan(data))
     t_probe = time.perf_counter() - t1
 
-    prompt_ids = [row[0].prompt_token_ids for row in samples]  # as the engine conditioned
+    # as the engine conditioned; then an earlier round's whose peer rows join this one
+    prompt_ids = [row[0].prompt_token_ids for row in samples] + plan.extra_prompts
     t2 = time.perf_counter()
     with gathered(s.model):  # rank 0 measures alone: its forwards must not wait for others
         # before the step; no gradient
@@ -165,4 +177,6 @@ def train(s: Session, rounds: int | None = None,
             s.save(done)
         if stopping:
             break
+    if s.exchange is not None:
+        s.exchange.flush()
     return metrics

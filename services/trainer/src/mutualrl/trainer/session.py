@@ -22,6 +22,7 @@ from mutualrl.trainer.chat import PromptRenderer, renderer_for
 from mutualrl.trainer.config import PolicySettings, TrainerConfig
 from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
 from mutualrl.trainer.datasets import JsonlTask, make_task
+from mutualrl.trainer.determinism import fix_kernels
 from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.evaluation import BenchmarkSettings, benchmark_task
 from mutualrl.trainer.exchange import PeerExchange
@@ -168,6 +169,9 @@ def build_session(
     policy = cfg.policy(policy_name)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    deterministic = cfg.exchange.mode == "deterministic"
+    if deterministic:
+        fix_kernels(policy.device if device is None else device)
     torch.set_num_threads(policy.threads)
     run_dir = cfg.run_dir(policy.name)
     cache = cache_dir or cfg.output_dir / "presets"
@@ -245,12 +249,14 @@ def build_session(
     allocator = AllocatorClient(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout,
-        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s)
+        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
+        fixed_compute=deterministic)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
         probe=make_probe(cfg.probe, policy.name, exchange, task=task,
-                         scale=cfg.grpo.scale_rewards), exchange=exchange,
+                         scale=cfg.grpo.scale_rewards, sharing=cfg.exchange),
+        exchange=exchange,
         allocator=allocator,
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,

@@ -12,7 +12,8 @@ from mutualrl.v1 import experience_pb2 as pb
 class Successes(StorePart):
     async def successes(self, req: pb.SuccessesRequest) -> pb.SuccessesResponse:
         """Peer VERIFIED_SUCCESS records per prompt, deduplicated by normalised text (the
-        earliest round wins among equal texts), own successes excluded."""
+        earliest round wins among equal texts, then the policy and record id), own successes
+        excluded."""
         cap = req.max_per_prompt or 16
         prompts = list(dict.fromkeys(req.prompt_ids))
         rk = self.runs.keys(req.run_id)
@@ -39,7 +40,8 @@ class Successes(StorePart):
                 if rec.round < req.min_round:
                     continue
                 cands.append(rec)
-            cands.sort(key=lambda r: (r.round, r.created_unix_ms, r.policy_id, r.record_id))
+            # A fixed order, not arrival: a trainer replaying a seed reads the same texts.
+            cands.sort(key=lambda r: (r.round, r.policy_id, r.record_id))
             seen: set[str] = set()
             ps = resp.prompts.add(prompt_id=p)
             for rec in cands:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mutualrl.trainer.algos.modes import ScaleRewards
-from mutualrl.trainer.config import ProbeSettings
+from mutualrl.trainer.config import ExchangeSettings, ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
 from mutualrl.trainer.probes.none import NoneProbe
@@ -20,10 +20,12 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-               task: Any = None, scale: ScaleRewards = "group") -> Probe:
+               task: Any = None, scale: ScaleRewards = "group",
+               sharing: ExchangeSettings | None = None) -> Probe:
     """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control),
-    `scale` what advantages are divided by (`grpo.scale_rewards`)."""
-    return PROBES[settings.kind](settings, policy, exchange, task, scale)
+    `scale` what advantages are divided by (`grpo.scale_rewards`), `sharing` how rounds read
+    peers (None: asynchronous)."""
+    return PROBES[settings.kind](settings, policy, exchange, task, scale, sharing)
 
 
 __all__ = ["PROBES", "Demos", "LossInputs", "PeerRows", "Probe", "RoundData", "make_probe"]

@@ -4,6 +4,12 @@ A probe turns the round's own rewards (and whatever it reads from peers) into `L
 advantages of own samples, optionally peer rows to add to the policy-gradient batch (PRP) and
 demonstrations for an extra NLL term (SGT). With no exchange (local runs), no peer data, a
 missed deadline or a service error, the inputs are exactly plain GRPO's.
+
+In the deterministic mode (`exchange.mode`) a probe never falls back: round r waits for the
+peers' round q = r - s and reads exactly it. With s >= 1, the probe's own read of round q
+(`gather` on its own round-q data, exactly what s = 0 ran in round q) is started in the
+background when round r begins (`prefetch`) and its peer-derived parts, PRP's peer rows and
+SGT's demonstrations on round q's prompts, join round r's loss (`delayed`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,11 +28,12 @@ from torch import Tensor
 from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.algos.sgt import rescue_set
-from mutualrl.trainer.config import ProbeSettings
+from mutualrl.trainer.config import ExchangeSettings, ProbeSettings
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.tasks import Prompt
 
 log = logging.getLogger(__name__)
+_READ_S = 30.0  # the time the reads of a complete round get, as a gRPC deadline
 
 
 @dataclass
@@ -92,6 +100,9 @@ class LossInputs:
     """Peers' verified successes on prompts this policy failed, in its tokens, when the probe
     read them anyway (the SGT family): the support diagnostic reuses them."""
     stats: dict[str, float] = field(default_factory=dict)
+    extra_prompts: list[list[int]] = field(default_factory=list)
+    """Prompt tokens of an earlier round whose peer rows join this one (deterministic mode,
+    staleness >= 1): `peers.prompt_index` P + j is extra_prompts[j], P the round's prompts."""
 
 
 def grpo_inputs(data: RoundData, scale: ScaleRewards = "group", **stats: float) -> LossInputs:
@@ -104,14 +115,26 @@ class Probe:
     """Plain GRPO (probe `none`); subclasses override `gather`."""
 
     kind = "none"
+    same_round = False
+    """Its loss needs the peers' data of the round itself (XGRPO's pooled baseline of the
+    round's own samples): the deterministic mode waits for round r whatever the staleness."""
 
     def __init__(
         self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
         task: Any = None, scale: ScaleRewards = "group",
+        sharing: ExchangeSettings | None = None,
     ) -> None:
         self.settings = settings
         self.scale: ScaleRewards = scale
         """What advantages are divided by (`grpo.scale_rewards`), pooled or not."""
+        self.sharing = sharing or ExchangeSettings()
+        self.deterministic = self.sharing.mode == "deterministic"
+        self.lag = 0 if self.same_round else self.sharing.staleness
+        """Deterministic mode: round r reads the peers' round r - lag."""
+        self.history: dict[int, RoundData] = {}
+        """Own rounds whose peer read is still to come (the last `lag`)."""
+        self.reads: dict[int, Future[LossInputs]] = {}
+        """Round -> its peer read of round - lag, started by `prefetch`."""
         self.policy = policy
         self.exchange = exchange
         self.task = task
@@ -121,9 +144,12 @@ class Probe:
         data at all."""
 
     def plan(self, data: RoundData) -> LossInputs:
-        """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO."""
+        """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO
+        (asynchronous mode), or exactly the peers' round r - s (deterministic mode)."""
         if self.exchange is None or self.kind == "none":
             return grpo_inputs(data, self.scale, fallback=0.0)
+        if self.deterministic:
+            return self.plan_in_step(data, self.exchange)
         deadline = time.monotonic() + self.settings.deadline_seconds
         try:
             plan = self.gather(data, self.exchange, deadline)
@@ -140,11 +166,83 @@ class Probe:
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         return grpo_inputs(data, self.scale)
 
+    # ---- the deterministic mode -----------------------------------------------------------
+    def prefetch(self, round_k: int) -> None:
+        """Start round `round_k`'s read of the peers' round `round_k - lag` in the background
+        (lag >= 1: this policy's own round of it is done); `plan` collects it."""
+        own = self.history.get(round_k - self.lag)
+        if (self.deterministic and self.lag and own is not None and self.exchange is not None
+                and self.kind != "none"):
+            self.reads[round_k] = self.exchange.submit(lambda: self.read_round(own))
+
+    def read_round(self, own: RoundData) -> LossInputs:
+        """Wait for every peer's round `own.round`, then read it as a plan of that round."""
+        assert self.exchange is not None
+        lag0 = self.lag == 0
+        waited = self.exchange.await_round(own.round, [p.id for p in own.prompts],
+                                           self.sharing.liveness_timeout_s,
+                                           own.peers_now if lag0 else None)
+        if lag0:  # the round blocked on it (with a lag, only the wait for the result counts)
+            self.exchange.waited_s += waited
+        # Every peer's round is in SEE now: the reads wait for nothing (SEE caps a wait).
+        return self.gather(own, self.exchange, time.monotonic() + _READ_S)
+
+    def plan_in_step(self, data: RoundData, ex: PeerExchange) -> LossInputs:
+        """Deterministic mode: the plan from exactly the peers' round r - lag (plain GRPO for
+        r < lag, the rounds before any peer round exists)."""
+        if not self.lag:
+            plan = self.read_round(data)
+        else:
+            self.history[data.round] = data
+            q = data.round - self.lag
+            read = self.reads.pop(data.round, None)
+            t0 = time.monotonic()
+            if read is not None:
+                earlier = read.result()
+            elif q in self.history:  # a caller that did not prefetch
+                earlier = self.read_round(self.history[q])
+            else:
+                earlier = None
+            ex.waited_s += time.monotonic() - t0  # what the round blocked on, not the read
+            own_q = self.history.pop(q, None)
+            plan = (grpo_inputs(data, self.scale) if earlier is None or own_q is None
+                    else delayed(data, earlier, own_q, self.scale))
+        plan.stats.setdefault("fallback", 0.0)
+        plan.stats["fallbacks_total"] = float(self.fallbacks)
+        return plan
+
     def state_dict(self) -> dict[str, Any]:
         return {"fallbacks": self.fallbacks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fallbacks = int(state.get("fallbacks", 0))
+
+
+def delayed(data: RoundData, earlier: LossInputs, own_q: RoundData,
+            scale: ScaleRewards = "group") -> LossInputs:
+    """Round r's loss inputs when the peers' data is of round q < r: own samples take plain
+    GRPO advantages (peers' round-r rewards do not exist yet); `earlier`, the plan s = 0 gave
+    round q, brings its peer rows (with the advantages it pooled over round q's own and peer
+    rewards) and its demonstrations (and the support diagnostic's peer successes), all
+    conditioned on this policy's round-q prompts."""
+    n = len(data.prompts)
+    q_prompts = [list(row[0].prompt_token_ids) for row in own_q.samples]
+    plan = grpo_inputs(data, scale)
+    plan.stats = {**earlier.stats, "peer_round": float(own_q.round)}
+    if earlier.peers is not None:
+        plan.peers = replace(earlier.peers,
+                             prompt_index=[n + i for i in earlier.peers.prompt_index])
+        plan.extra_prompts = q_prompts
+    plan.demos, plan.support = (on_prompts(d, q_prompts) for d in (earlier.demos,
+                                                                    earlier.support))
+    return plan
+
+
+def on_prompts(demos: Demos | None, prompts: list[list[int]]) -> Demos | None:
+    """Demonstrations indexed into `prompts` conditioned on them explicitly."""
+    if demos is None or demos.prompt_token_ids is not None:
+        return demos
+    return replace(demos, prompt_token_ids=[prompts[i] for i in demos.prompt_index])
 
 
 def _is_transient(err: BaseException) -> bool:
@@ -195,10 +293,11 @@ def count_taught(demos: Iterable[tuple[str, str]]) -> dict[str, float]:
 
 
 def read_rescue(data: RoundData, ex: PeerExchange, s: ProbeSettings, policy: str,
-                deadline: float) -> Rescue:
+                deadline: float, exact: bool = False) -> Rescue:
     """SGT's read: the prompts this policy failed (best own reward < tau) that some peer solved,
     with the peers' verified success texts. One bounded wait for the peers' round stats, then
-    successes are fetched only for prompts some peer solved."""
+    successes are fetched only for prompts some peer solved; `exact`: none of rounds after
+    this one (the deterministic mode reads exactly the rounds it waited for)."""
     mine = own_max(data)
     failed = [pid for pid, r in mine.items() if r < s.tau]
     if not failed:
@@ -206,7 +305,8 @@ def read_rescue(data: RoundData, ex: PeerExchange, s: ProbeSettings, policy: str
     _, peer_best, complete = ex.peer_stats(data.round, failed, deadline, data.peers_now)
     solved = [pid for pid in failed if peer_best.get(pid, float("-inf")) >= s.tau]
     candidates = ex.peer_successes(
-        solved, data.round - s.max_staleness_rounds, s.sgt_max_per_prompt, deadline)
+        solved, data.round - s.max_staleness_rounds, s.sgt_max_per_prompt, deadline,
+        max_round=data.round if exact else None)
     texts = rescue_set(mine, candidates, policy, s.tau, s.sgt_max_per_prompt)
     donors: dict[tuple[str, str], str] = {}
     ends: set[tuple[str, str]] = set()

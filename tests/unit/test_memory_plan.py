@@ -143,7 +143,21 @@ def test_dry_run_command(tmp_path: Path, llama_dir: Path,
         assert main(["train", "-c", str(gpu), "--dry-run"]) == 2
         assert "--device-memory-gb" in capsys.readouterr().err
     assert main(["train", "-c", str(gpu), "--dry-run", "--device-memory-gb", "80"]) == 0
-    assert "SGLang static pool" in capsys.readouterr().out
+    assert "SGLang pool" in capsys.readouterr().out
+
+    # vLLM on a CUDA device: its share of the GPU; on a CPU: the explicit KV size plus its
+    # copy of the weights (bf16 under mixed precision).
+    vgpu = _run_yaml(tmp_path, llama_dir, device="cuda:0", rollout_engine="vllm",
+                     compute_dtype="bfloat16", vllm={"gpu_memory_utilization": 0.4})
+    assert main(["train", "-c", str(vgpu), "--dry-run", "--device-memory-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM pool" in out and "gpu_memory_utilization 0.4" in out
+    assert "its weights in 16-bit" in out and "x 4 B (float32 master)" in out
+    vcpu = _run_yaml(tmp_path, llama_dir, rollout_engine="vllm", vllm={"kv_cache_gib": 0.5})
+    assert main(["train", "-c", str(vcpu), "--dry-run", "--device-memory-gb", "4"]) == 0
+    out = capsys.readouterr().out
+    pool_gib = (0.5 * GIB + PARAMS * 4) / GIB
+    assert f"{pool_gib:.2f} GiB  explicit KV size" in out
 
 
 def test_dry_run_points_experiment_files_to_experiment(capsys: pytest.CaptureFixture[str]
@@ -178,7 +192,11 @@ def test_experiment_dry_run_sizes_the_gpu_config_for_80gb(
     assert main([*argv, "--device-memory-gb", "80"]) == 0
     out = capsys.readouterr().out
     assert out.count("  fits") == 4  # two policies in each of the two regimes
-    assert "1,720,574,976 x 2 B" in out  # Qwen3-1.7B's parameters, counted on the meta device
+    # Qwen3-1.7B's parameters, counted on the meta device, as float32 master weights with
+    # float32 moments (mixed precision), beside a bf16 engine copy.
+    assert "1,720,574,976 x 4 B (float32 master)" in out
+    assert "AdamW, 2 moments, float32 master" in out
+    assert out.count("  fits: one device") == 4
     assert main([*argv, "--device-memory-gb", "40"]) == 2
     assert "policies[].sglang.mem_fraction_static" in capsys.readouterr().out
 

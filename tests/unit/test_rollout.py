@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from sample_checks import assert_text_and_offsets
 
 from mutualrl.trainer.presets import ensure_preset, load_policy
 from mutualrl.trainer.rollout import (
@@ -64,12 +65,7 @@ def test_offsets_tile_text(policy: Any) -> None:
     model, tok = policy
     for group in HFEngine(model, tok).generate(PROMPTS, n=4, max_new_tokens=12, seed=1):
         for s in group:
-            assert s.text == tok.decode(s.token_ids, skip_special_tokens=True)
-            pos = 0
-            for a, b in s.offsets:
-                assert a == pos and b >= a
-                pos = b
-            assert pos == len(s.text)
+            assert_text_and_offsets(s, tok)
             # Each non-special token's span holds exactly its own decoding (ASCII output).
             for t, (a, b) in zip(s.token_ids, s.offsets, strict=True):
                 if t not in tok.all_special_ids and s.text.isascii():
@@ -170,7 +166,7 @@ def test_factory_and_sglang_boundary(cache: Path) -> None:
     model, tok = load_policy(ensure_preset("llama-char", cache))
     assert isinstance(make_engine("hf", model, tok), HFEngine)
     with pytest.raises(ValueError, match="unknown rollout engine"):
-        make_engine("vllm", model, tok)
+        make_engine("tgi", model, tok)
     try:
         import sglang  # noqa: F401
     except ImportError:

@@ -186,7 +186,24 @@ def _rounds(commands: Commands) -> None:
     b.add_argument("--json", default=None, help="Write the result JSON here.")
 
 
-BENCHES: tuple[Callable[[Commands], None], ...] = (_see, _thl, _mwra, _trainer, _memory, _rounds)
+def _rollout_bench(args: argparse.Namespace) -> int:
+    from mutualrl.bench.rollout import run_bench
+
+    print(_emit(run_bench(args.prompts, args.group, args.new_tokens, args.repeats, args.threads,
+                          args.cache_dir), args.json))
+    return 0
+
+
+def _rollout(commands: Commands) -> None:
+    r = commands.add(("bench", "rollout"), "Rollout tokens/s of vLLM against the HF engine on "
+                     "a ~100M Llama with Qwen2's vocabulary (64 x 128 tokens).", _rollout_bench)
+    from mutualrl.bench.rollout import add_arguments
+
+    add_arguments(r)
+
+
+BENCHES: tuple[Callable[[Commands], None], ...] = (_see, _thl, _mwra, _trainer, _memory, _rounds,
+                                                   _rollout)
 
 
 def register(commands: Commands) -> None:

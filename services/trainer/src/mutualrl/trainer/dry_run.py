@@ -35,14 +35,25 @@ def plan_inputs(cfg: TrainerConfig, policy: PolicySettings, prompt_tokens: int) 
     b = DTYPE_BYTES[policy.dtype]
     on_cuda = policy.device.startswith("cuda")
     max_new = g.max_new_tokens or getattr(cfg.task, "max_new_tokens", None) or 256
+    compute = DTYPE_BYTES[policy.compute]
+    if g.autocast_bf16 and on_cuda:
+        compute = 2
+    share, release, pool = policy.sglang.mem_fraction_static, policy.sglang.release_memory, None
+    served = DTYPE_BYTES[policy.compute]  # engines serve in the compute dtype
+    if policy.rollout_engine == "vllm":
+        v = policy.vllm
+        share, release = v.gpu_memory_utilization, v.release_memory and on_cuda
+        served = DTYPE_BYTES[v.dtype or policy.compute]
+        if not on_cuda:  # an explicit KV size (GiB) beside the engine's copy of the weights
+            pool = int(v.kv_cache_gib * GIB)
     return PlanInputs(
-        dtype_bytes=b, act_bytes=2 if (g.autocast_bf16 and on_cuda) else b,
+        dtype_bytes=b, act_bytes=compute,
         micro_batch_tokens=g.micro_batch_tokens, logit_chunk_tokens=g.logit_chunk_tokens,
         activation_checkpointing=g.activation_checkpointing,
         reference_copy=policy.lora is None and (g.beta > 0 or cfg.diagnostics.kl_every > 0),
         rows=g.prompts_per_round * g.group_size, seq_tokens=prompt_tokens + max_new,
-        engine=policy.rollout_engine, mem_fraction_static=policy.sglang.mem_fraction_static,
-        release_memory=policy.sglang.release_memory, nproc=policy.nproc)
+        engine=policy.rollout_engine, mem_fraction_static=share, release_memory=release,
+        nproc=policy.nproc, engine_bytes=served, engine_pool_bytes=pool)
 
 
 def device_bytes(policy: PolicySettings, device_memory_gb: float | None) -> int:

@@ -8,6 +8,8 @@ One small interface (`RolloutEngine`) with two engines:
   temperature-scaled distribution, character offsets of each completion token, and stop-string
   checks that do not decode every row at every step.
 - `SGLangEngine` — `sglang.Engine` (GPU), imported only when selected.
+- `VLLMEngine` (vllm_engine.py) — `vllm.LLM` in the trainer's process (CPU or GPU), imported
+  only when selected.
 
 Conventions shared by both engines:
 
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-ENGINES: tuple[str, ...] = ("hf", "sglang")
+ENGINES: tuple[str, ...] = ("hf", "sglang", "vllm")
 
 
 @dataclass
@@ -509,12 +511,17 @@ def sglang_sampling_params(max_new_tokens: int, temperature: float, top_p: float
 
 def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,
                 **kwargs: Any) -> RolloutEngine:
-    """Engine `name` ("hf" or "sglang") over `model`; sglang also needs the model directory."""
+    """Engine `name` ("hf", "sglang" or "vllm") over `model`; sglang and vllm also need the
+    model directory (they load it once, then take weight syncs)."""
     if name == "hf":
         return HFEngine(model, tokenizer)
+    path = model_path or getattr(getattr(model, "config", None), "_name_or_path", None)
+    if name in ("sglang", "vllm") and not path:
+        raise ValueError(f"the {name} engine needs model_path (a saved model directory)")
     if name == "sglang":
-        path = model_path or getattr(getattr(model, "config", None), "_name_or_path", None)
-        if not path:
-            raise ValueError("the sglang engine needs model_path (a saved model directory)")
-        return SGLangEngine(path, tokenizer, **kwargs)
+        return SGLangEngine(str(path), tokenizer, **kwargs)
+    if name == "vllm":
+        from mutualrl.trainer.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(path), tokenizer, **kwargs)
     raise ValueError(f"unknown rollout engine {name!r}; expected one of {ENGINES}")

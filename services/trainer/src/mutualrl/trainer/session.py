@@ -47,6 +47,25 @@ def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
     return ensure_preset(policy.preset, cache_dir, seed)
 
 
+def compute_dtype(policy: PolicySettings) -> torch.dtype | None:
+    """The lower-precision compute dtype of mixed precision (`compute_dtype` below `dtype`),
+    or None when forward passes run in the parameters' dtype."""
+    if policy.compute != policy.dtype:
+        return getattr(torch, policy.compute)
+    return None
+
+
+def vllm_engine_kwargs(policy: PolicySettings, device: str, seed: int) -> dict[str, Any]:
+    """`VLLMEngine`'s arguments from the policy's `vllm` settings: bf16 served from a float32
+    master under mixed precision; each data-parallel rank seeds its own engine."""
+    v = policy.vllm
+    return {"policy": policy.name, "device": device, "dtype": v.dtype or policy.compute,
+            "seed": seed, "max_model_len": v.max_model_len,
+            "kv_cache_gib": v.kv_cache_gib, "gpu_memory_utilization": v.gpu_memory_utilization,
+            "release_memory": v.release_memory, "enforce_eager": v.enforce_eager,
+            **v.engine_args}
+
+
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
     """Multiplier of the peak lr at optimizer step s (warm-up, then constant/linear/cosine)."""
 
@@ -88,6 +107,9 @@ class Session:
     start_round: int = 0
     dist: Dist = SINGLE
     """This process's rank among the policy's data-parallel ranks (`SINGLE`: one process)."""
+    compute: torch.dtype | None = None
+    """The dtype forward passes autocast to (mixed precision in one process); None: the
+    parameters' own (also under FSDP2, whose MixedPrecisionPolicy casts instead)."""
 
     def render(self, prompts: list[Any]) -> list[list[int]]:
         """The prompts in this policy's own rendering (token ids)."""
@@ -215,7 +237,7 @@ def build_session(
             # A one-process checkpoint: load it whole, then shard it with the model.
             plain_resume = dist_checkpoint.plain_optimizer_state(
                 last, model, make_optimizer, make_scheduler)
-        shard(model)
+        shard(model, compute_dtype(policy))
     optimizer = make_optimizer(model)
     scheduler = make_scheduler(optimizer)
     renderer = renderer_for(tok, policy)
@@ -229,10 +251,12 @@ def build_session(
     if policy.rollout_engine == "sglang":
         sg = policy.sglang
         engine_kw = {"mem_fraction_static": sg.mem_fraction_static,
-                     "release_memory": sg.release_memory, "dtype": policy.dtype,
+                     "release_memory": sg.release_memory, "dtype": policy.compute,
                      **sg.engine_args}
         if dist.active:  # each rank's engine on the rank's own GPU
             engine_kw.setdefault("base_gpu_id", torch.device(dev).index or 0)
+    elif policy.rollout_engine == "vllm":
+        engine_kw = vllm_engine_kwargs(policy, dev, cfg.seed + dist.rank)
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None
@@ -261,7 +285,8 @@ def build_session(
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
         base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
-        renderer=renderer, benchmarks=benchmarks, dist=dist)
+        renderer=renderer, benchmarks=benchmarks, dist=dist,
+        compute=None if dist.active else compute_dtype(policy))
     if last is not None:
         if plain_resume is not None:
             named, state = plain_resume

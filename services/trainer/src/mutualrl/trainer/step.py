@@ -157,11 +157,14 @@ def mini_batches(rows: Rows, n: int) -> list[list[int]]:
 
 
 def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], temperature: float,
-          grpo: GRPOSettings, pad_id: int, device: torch.device, dist: Dist = SINGLE) -> Tensor:
+          grpo: GRPOSettings, pad_id: int, device: torch.device, dist: Dist = SINGLE,
+          compute: torch.dtype | None = None) -> Tensor:
     """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched (data
     parallel: each rank scores its block, every rank gets all)."""
     out = torch.zeros_like(rows.mask)
-    with torch.no_grad(), _autocast(grpo, device):
+    if not index:  # e.g. the sampler's ratio alone, no peer rows: nothing to score
+        return out
+    with torch.no_grad(), _autocast(grpo, device, compute):
         for mb, real in _lockstep(rows, index, grpo.micro_batch_tokens, dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
                          pad_id, device)
@@ -185,7 +188,8 @@ def _lockstep(rows: Rows, index: Sequence[int], budget: int, dist: Dist
 
 def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Rows,
             data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-            pad_id: int, dist: Dist = SINGLE) -> dict[str, float]:
+            pad_id: int, dist: Dist = SINGLE, compute: torch.dtype | None = None
+            ) -> dict[str, float]:
     """Everything fixed before the first update: logp_old (when more than one update or a
     sampler ratio needs it), reference log-probs, PRP weights; returns the weights' stats."""
     device = next(model.parameters()).device
@@ -196,7 +200,7 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     if several or peer or grpo.ratio_to_behaviour:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
         old = score(model, rows, pg if several else peer, grpo.temperature, grpo, pad_id,
-                    device, dist)
+                    device, dist, compute)
         if peer:
             assert plan.peers is not None
             w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan.peers, probe)
@@ -209,13 +213,14 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
                 old[i, : len(s.logprobs)] = torch.tensor(s.logprobs, dtype=old.dtype)
         rows.logp_old = old if several or grpo.ratio_to_behaviour else None
     if ref_model is not None and grpo.beta > 0:
-        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device, dist)
+        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device, dist,
+                              compute)
     return stats
 
 
 def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: GRPOSettings,
-               probe: ProbeSettings, pad_id: int, max_len: int, dist: Dist = SINGLE
-               ) -> dict[str, float]:
+               probe: ProbeSettings, pad_id: int, max_len: int, dist: Dist = SINGLE,
+               compute: torch.dtype | None = None) -> dict[str, float]:
     """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
     up in .grad); returns its loss parts and the ratio statistics."""
     device = next(model.parameters()).device
@@ -237,7 +242,7 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
                          pad_id, device)
             entropy = None
-            with _autocast(grpo, device):
+            with _autocast(grpo, device, compute):
                 if with_entropy and kind is pg:
                     logp, entropy = completion_logprobs_and_entropy(
                         model, batch, temperature, grpo.logit_chunk_tokens)
@@ -288,17 +293,20 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
 def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
              optimizer: torch.optim.Optimizer, prompt_ids: Sequence[Sequence[int]],
              data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-             pad_id: int, max_len: int, dist: Dist = SINGLE) -> StepResult:
+             pad_id: int, max_len: int, dist: Dist = SINGLE,
+             compute: torch.dtype | None = None) -> StepResult:
     """The round's updates: `epochs` passes over `mini_batches` mini-batches, one clipped
     AdamW step each (the caller steps the lr schedule once per round). With `dist` active,
-    this rank's part of them (every rank calls it with the same round)."""
+    this rank's part of them (every rank calls it with the same round). `compute`: the dtype
+    forward passes autocast to (mixed precision: the parameters, their gradients and AdamW's
+    moments stay in the parameters' dtype); None runs in the parameters' dtype."""
     rows, stats = round_rows(prompt_ids, data, plan, grpo)
-    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id, dist))
+    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id, dist, compute))
     updates: list[dict[str, float]] = []
     for _ in range(grpo.epochs):
         for index in mini_batches(rows, grpo.mini_batches):
             optimizer.zero_grad(set_to_none=True)
-            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len, dist)
+            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len, dist, compute)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.grad_clip)
             # A sharded model's norm is a DTensor (replicated after clipping's reduction).
             u["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor")
@@ -337,8 +345,10 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
 
 
-def _autocast(grpo: GRPOSettings, device: torch.device) -> contextlib.AbstractContextManager[
-        object]:
+def _autocast(grpo: GRPOSettings, device: torch.device, compute: torch.dtype | None = None
+              ) -> contextlib.AbstractContextManager[object]:
+    if compute is not None and compute != torch.float32:
+        return torch.autocast(device.type, dtype=compute)
     if grpo.autocast_bf16 and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -200,6 +200,10 @@ def _check_record(page: Page, run: LiveRun, policy: str) -> None:
     # Every token is drawn: a box, or a mark where it covers no text of its own (special).
     assert pg.locator("#detail .tokens.sender .tok, #detail .tokens.sender .mark").count() == \
         rec["num_tokens"]
+    # Beside the sender's rendering of the problem, each other policy's own rendering.
+    shown = pg.eval_on_selector_all("#detail .prompt[data-rendering]",
+                                    "els => els.map(e => e.dataset.rendering)")
+    assert sorted(shown) == sorted(others)
     align = run.get(f"/v1/runs/{run.run_id}/alignment", record_id=record_id)
     for recv in align["receivers"]:
         sel = f'#detail .chunks[data-receiver="{recv["policy_id"]}"]'

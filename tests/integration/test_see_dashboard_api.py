@@ -280,6 +280,44 @@ async def test_alignment_shows_every_receiver_with_thl_chunks(see: Any, run_id: 
                             params={"record_id": "x"})).status_code == 404
 
 
+def _rendered(policy: str, round_: int, prompt: str, rendering: str | None
+              ) -> pb.ExperienceRecord:
+    rec = rollout(policy, round_, prompt, 0)
+    if rendering is not None:
+        rec.meta["rendered_prompt"] = rendering
+    return rec
+
+
+async def test_record_view_shows_every_policys_rendering_of_the_prompt(see: Any,
+                                                                       run_id: str) -> None:
+    chatml = "<|im_start|>user\nQuestion p0?<|im_end|>\n<|im_start|>assistant\n"
+    llama = "<|start_header_id|>user<|end_header_id|>\n\nQuestion p0?<|eot_id|>"
+    async with _client(see) as c:
+        await c.create_run(run_id, ["a", "b", "c", "d"])
+        # Each policy publishes its own records, each with its own rendering; b's round 2 is
+        # the nearest to a's round 2, its round 0 and its other prompt are not.
+        await c.publish(run_id, [_rendered("b", 0, "p0", "old " + llama),
+                                 _rendered("c", 0, "p0", None)])
+        await c.publish(run_id, [_rendered("a", 2, "p0", chatml),
+                                 _rendered("b", 2, "p1", "other prompt")])
+        await c.publish(run_id, [_rendered("b", 2, "p0", llama),
+                                 _rendered("b", 5, "p0", "later " + llama)])
+    async with httpx.AsyncClient(base_url=see.rest_url, headers=AUTH) as h:
+        url = f"/v1/runs/{run_id}/alignment"
+        a = (await h.get(url, params={"record_id": "a/2/p0/0"})).json()
+        assert (a["prompt_text"], a["rendered_prompt"]) == ("Question p0?", chatml)
+        assert a["peer_renderings"] == [
+            {"policy_id": "b", "record_id": "b/2/p0/0", "round": 2, "rendered_prompt": llama},
+            # c renders plain text (no meta); d has no rollout of the prompt.
+            {"policy_id": "c", "record_id": "c/0/p0/0", "round": 0, "rendered_prompt": None},
+            {"policy_id": "d", "record_id": None, "round": None, "rendered_prompt": None}]
+        # Seen from b's record, a's rendering is the peer one: the view is symmetric.
+        b = (await h.get(url, params={"record_id": "b/5/p0/0"})).json()
+        assert b["rendered_prompt"] == "later " + llama
+        assert b["peer_renderings"][0] == {"policy_id": "a", "record_id": "a/2/p0/0",
+                                           "round": 2, "rendered_prompt": chatml}
+
+
 async def test_residual_matrix_over_recent_records(see: Any, run_id: str,
                                                    tokenizers: dict[str, str]) -> None:
     texts = ["7+8=15c1,3+5+1=9>95;", "1.7.8.3>1783;", "17,83>1783; done"]

@@ -6,7 +6,7 @@
 | `GET /v1/runs/{run}/metrics` | trainers' per-round metric rows after a cursor (live curves) |
 | `GET /v1/runs/{run}/transfers` | the transfer matrix, run totals or over a round window |
 | `GET /v1/runs/{run}/alignment` | one record's text under the sender's and each receiver's
-  tokenizer, with THL's chunks |
+  tokenizer, with THL's chunks, and each policy's rendering of its prompt |
 | `GET /v1/runs/{run}/residual` | THL residual of each sender -> receiver pair over recent records |
 
 Runs, policies, records and run stats come from the routes in `rest.py`.
@@ -28,6 +28,7 @@ from mutualrl.see.dashboard.models import (
     MetricsOut,
     PairResidualOut,
     ReceiverOut,
+    RenderingOut,
     ResidualMatrixOut,
     SenderOut,
     SessionOut,
@@ -128,7 +129,7 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         record_id: Annotated[str, Query(pattern=RECORD_KEY.pattern,
                                         description="The record to show.")],
     ) -> AlignmentOut:
-        _, rec = await store.get_record(run_id, record_id)
+        sid, rec = await store.get_record(run_id, record_id)
         run = await store.get_run(run_id)
         kind = kind_name(rec.kind)
         others = [p for p in run.config.policies if p != rec.policy_id]
@@ -139,7 +140,8 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         out = AlignmentOut(run_id=run_id, record_id=rec.record_id, kind=kind, round=rec.round,
                            prompt_id=rec.prompt_id, prompt_text=rec.prompt_text,
                            rendered_prompt=rec.meta.get("rendered_prompt"), text=rec.text,
-                           reward=rec.reward, sender=sender, receivers=receivers)
+                           reward=rec.reward, sender=sender, receivers=receivers,
+                           peer_renderings=await _renderings(store, run_id, sid, rec, others))
 
         def fail_all(msg: str) -> AlignmentOut:
             for r in receivers:
@@ -224,6 +226,19 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         return out
 
     return router
+
+
+async def _renderings(store: SeeStore, run_id: str, sid: str, rec: pb.ExperienceRecord,
+                      others: list[str]) -> list[RenderingOut]:
+    """Each other policy's rendering of the record's prompt, from its nearest-round ROLLOUT."""
+    ids = await recent.nearest_on_prompt(store, run_id, sid, rec.prompt_id, rec.round, others)
+    found = {r.policy_id: r for r in
+             await recent.load_records(store, run_id, [ids[p] for p in others if p in ids])}
+    return [RenderingOut(policy_id=p, record_id=found[p].record_id, round=found[p].round,
+                         rendered_prompt=found[p].meta.get("rendered_prompt"))
+            if p in found else
+            RenderingOut(policy_id=p, record_id=None, round=None, rendered_prompt=None)
+            for p in others]
 
 
 async def _pair(link: ThlSession, source: str, target: str,

@@ -102,6 +102,17 @@ class ReceiverOut(BaseModel):
     error: str | None = Field(description="Why this receiver has no alignment, if so.")
 
 
+class RenderingOut(BaseModel):
+    policy_id: str
+    record_id: str | None = Field(description="The policy's ROLLOUT record on the same prompt "
+                                              "whose round is nearest the shown record's; null "
+                                              "while it has none (in the scanned window).")
+    round: int | None = Field(description="That record's round.")
+    rendered_prompt: str | None = Field(
+        description="The policy's own rendering of the prompt (its chat template), from that "
+                    "record; null when it renders plain text or has no such record.")
+
+
 class AlignmentOut(BaseModel):
     run_id: str
     record_id: str
@@ -111,11 +122,14 @@ class AlignmentOut(BaseModel):
     prompt_text: str
     rendered_prompt: str | None = Field(
         None, description="The sender's own rendering of the prompt (its chat template), when "
-        "it had one; receivers render the problem their own way.")
+        "it had one; receivers render the problem their own way (`peer_renderings`).")
     text: str
     reward: float
     sender: SenderOut
     receivers: list[ReceiverOut] = Field(description="Every other policy of the run.")
+    peer_renderings: list[RenderingOut] = Field(
+        default_factory=list, description="Every other policy's own rendering of the same "
+        "prompt, read from its ROLLOUT records (the problem crosses, not the sender's rendering).")
 
 
 class PairResidualOut(BaseModel):

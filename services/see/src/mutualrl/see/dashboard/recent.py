@@ -73,3 +73,39 @@ class TokenizerIds:
                     self._known[(run_id, rec.policy_id)] = rec.tokenizer_id
             missing = [p for p in missing if (run_id, p) not in self._known]
         return {p: self._known[(run_id, p)] for p in policies if (run_id, p) in self._known}
+
+
+async def nearest_on_prompt(store: SeeStore, run_id: str, sid: str, prompt_id: str,
+                            round_: int, policies: Sequence[str], budget: int = 4096
+                            ) -> dict[str, str]:
+    """For each policy, the id of its ROLLOUT record on `prompt_id` whose round is nearest
+    `round_`. Records of one round lie close together in the stream, so the scan walks out
+    from the stream id `sid` (ids are unique across a run's streams), back then forward, at
+    most `budget` entries each way, and stops once every policy has a record of that round."""
+    stream = store.keys(run_id).stream(pb.ROLLOUT)
+    best: dict[str, tuple[int, str]] = {}
+
+    def done() -> bool:
+        return all(p in best and best[p][0] == 0 for p in policies)
+
+    for forward in (False, True):
+        pos = "(" + sid if forward else sid
+        scanned = 0
+        while not done() and scanned < budget:
+            async with redis_op("dashboard_prompt"):
+                entries: Any = await (store.r.xrange(stream, min=pos, max="+", count=_PAGE)
+                                      if forward else
+                                      store.r.xrevrange(stream, max=pos, min="-", count=_PAGE))
+            if not entries:
+                break
+            for _, fields in entries:
+                scanned += 1
+                h = Header.of(fields)
+                if h.prompt_id != prompt_id or h.policy_id not in policies:
+                    continue
+                gap = abs(h.round - round_)
+                if h.policy_id not in best or gap < best[h.policy_id][0]:
+                    best[h.policy_id] = (gap, h.record_id)
+            last = entries[-1][0]
+            pos = "(" + (last.decode() if isinstance(last, bytes) else last)
+    return {p: rid for p, (_, rid) in best.items()}

@@ -218,6 +218,10 @@ export function recordsView(root, { runId, policies, live }) {
       h("div", { class: "prompt" }, h("span", { class: "label" }, "problem"), h("span", { class: "mono" }, a.prompt_text || "–")),
       a.rendered_prompt ? h("div", { class: "prompt rendered" }, h("span", { class: "label" }, `${s.policy_id}'s rendering`),
         h("span", { class: "mono" }, a.rendered_prompt)) : null,
+      a.peer_renderings.map((r) => h("div", { class: "prompt rendered", dataset: { rendering: r.policy_id } },
+        h("span", { class: "label" }, `${r.policy_id}'s rendering` + (r.record_id && r.round !== a.round ? ` (round ${r.round})` : "")),
+        r.rendered_prompt ? h("span", { class: "mono" }, r.rendered_prompt)
+          : h("span", { class: "muted" }, r.record_id ? "plain text (no chat template)" : "no rollout of this prompt yet"))),
       h("section", { class: "side" },
         h("h3", {}, "Sender", h("i", { class: "dot", style: { background: colorOf(policies, s.policy_id) } }), s.policy_id,
           h("span", { class: "sub" }, ` tokenizer ${s.tokenizer_id} · ${s.tokens.length} tokens`

@@ -61,8 +61,7 @@ def _json(path: Path) -> Any:
 
 
 def test_outputs_have_the_schema(quick_run: tuple[Path, str, float]) -> None:
-    out, prefix, wall = quick_run
-    assert wall < 180, f"--quick took {wall:.0f}s"
+    out, prefix, _ = quick_run
     res = _json(out / "results.json")
     assert res["quick"] is True and res["meta"]["seeds"] == [0]
     assert res["meta"]["regime_probes"] == {"short": SHORT, "short3": ["prp-chunk"]}

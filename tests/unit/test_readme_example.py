@@ -22,7 +22,7 @@ def test_the_two_checkpoint_example_is_a_valid_run_file(page: str) -> None:
     assert len(blocks) == 1, f"{page} should show one run file with checkpoints"
     cfg = TrainerConfig.model_validate(yaml.safe_load(blocks[0])["trainer"])
     assert isinstance(cfg.task, DatasetTaskConfig)
-    assert [r.fn for r in cfg.task.rewards][0] == "math_verify"
+    assert [r.fn for r in cfg.task.rewards] == ["math_verify", "my_rewards.py:concise"]
     assert cfg.task.success_reward == "math_verify"
     assert len(cfg.eval.benchmarks) == 1 and cfg.eval.benchmarks[0].n == 8
     assert len(cfg.policies) == 2

@@ -44,3 +44,40 @@ def test_settings() -> None:
         BenchmarkSettings(name="b", path="x.parquet", n=4, k=[8])
     with pytest.raises(ValueError):
         pass_at_k(4, 5, 1)
+
+
+def test_a_benchmark_samples_with_its_own_truncation(tmp_path) -> None:
+    """`top_k: 1` reaches the engine: every one of a problem's n samples is the same
+    completion, although the temperature is 1 and each sample has its own seed."""
+    from chat_policies import write_problems
+
+    from mutualrl.trainer.chat import PromptRenderer
+    from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
+    from mutualrl.trainer.distributed import SINGLE
+    from mutualrl.trainer.evaluation import run_benchmark
+    from mutualrl.trainer.presets import ensure_preset, load_policy
+    from mutualrl.trainer.rollout import HFEngine
+
+    class Kept(HFEngine):
+        """The real engine, keeping what it sampled."""
+
+        def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.kept = super().generate(*args, **kwargs)
+            return self.kept
+
+    model, tok = load_policy(ensure_preset("llama-char", tmp_path / "presets"))
+    path = write_problems(tmp_path / "b.parquet", 3)
+    task = DatasetTask(DatasetTaskConfig.model_validate(
+        {"dataset": {"path": str(path), "prompt_key": "query", "answer_key": "gold"}}))
+    engine = Kept(model, tok)
+    for top_k, distinct in ((1, {1}), (0, None)):
+        bench = BenchmarkSettings(name="b", path=path, n=4, temperature=1.0, top_k=top_k)
+        got = run_benchmark(bench, task, PromptRenderer(tok, "p"), engine, SINGLE, 12, 1.0, 0)
+        assert "bench/b/avg@4" in got
+        sizes = {len({tuple(s.token_ids) for s in row}) for row in engine.kept}
+        if distinct is not None:
+            assert sizes == distinct
+        else:  # untruncated sampling at T = 1 from a random model spreads
+            assert max(sizes) > 1
+    with pytest.raises(ValueError, match="top_p"):
+        BenchmarkSettings(name="b", path="x.parquet", top_p=0.0)

@@ -64,6 +64,12 @@ class BenchmarkSettings(Config):
     """The k of pass@k (each <= n); default 1, 2, 4, ... and n."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature (0: greedy, meaningful with n = 1 only)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens with this much probability (1: off)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens only (0: off)."""
+    min_p: float = Field(0.0, ge=0, le=1)
+    """Drop tokens below this share of the most likely one's probability (0: off)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Token budget per completion (default: the run's)."""
     limit: int | None = Field(None, ge=1)
@@ -126,6 +132,7 @@ def run_benchmark(bench: BenchmarkSettings, task: Any, renderer: Any, engine: An
     part = engine.generate(
         renderer.many([problems[i] for i in mine]), n=bench.n,
         max_new_tokens=bench.max_new_tokens or max_new_tokens, temperature=bench.temperature,
+        top_p=bench.top_p, top_k=bench.top_k, min_p=bench.min_p,
         stop=task.stop, seeds=[prompt_seed(seed, -1, i) for i in mine])
     samples = [row for rows in dist.all_gather(part) for row in rows]
     correct = score_round(task, problems, samples, tau).correct

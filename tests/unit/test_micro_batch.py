@@ -164,6 +164,36 @@ def test_per_micro_batch_denominators_would_differ() -> None:
     assert worst > 1e-6
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_length"])
+def test_rows_the_mask_leaves_out_take_no_forward_and_change_nothing(aggregation: str) -> None:
+    """A zero-variance group (prompt 2) and the peer rows `drop` drops are never forwarded;
+    the gradient is still the one-shot loss's, which has them all."""
+    probe = ProbeSettings(kind="prp", prp_weight_mode="drop", prp_delta=0.2)
+    grpo = GRPOSettings(aggregation=aggregation, filter_zero_variance=True)
+    model, data, plan = tiny_model(), fixed_round(), plan_for("prp")
+    # The receiver's log-probs of the peer rows are about -3 a token: a sender that gave row 1
+    # far more mass than it gets here puts its weight below 1 - delta, the others above 1.
+    assert plan.peers is not None
+    plan.peers.sender_logp_sum = torch.tensor([-30.0, 0.0, -30.0])
+    rows, _ = round_rows(PROMPT_IDS, data, plan, grpo)
+    prepare(model, None, rows, data, plan, grpo, probe, PAD)
+    out = [i for i in range(len(rows)) if not bool(rows.mask[i].any())]
+    assert out == [8, 9, 10, 11, 13]  # prompt 2's own group, the dropped peer row
+    forwarded: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _o: forwarded.append(int(args[0].shape[0])))
+    stats = accumulate(model, rows, list(range(len(rows))), grpo, probe, PAD, MAX_LEN)
+    hook.remove()
+    assert sum(forwarded) == len(rows) - len(out)
+    skipped = grads(model)
+    model.zero_grad(set_to_none=True)
+    one_shot = round_loss(model, None, PROMPT_IDS, fixed_round(), plan, grpo, probe, PAD,
+                          MAX_LEN)
+    one_shot.total.backward()
+    assert_close(skipped, grads(model))
+    assert stats["loss"] == pytest.approx(float(one_shot.total.detach()), rel=1e-10)
+
+
 def test_row_longer_than_budget_names_the_field() -> None:
     data, plan = fixed_round(), plan_for("none")
     rows, _ = round_rows(PROMPT_IDS, data, plan, GRPOSettings())

@@ -230,7 +230,11 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
         probe.sgt_lambda).tolist(), strict=True))
     acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
                          "clip_high", "approx_kl_sum", "entropy_sum"), 0.0)
-    pg = [i for i in index if not rows.demo[i]]
+    # A row the mask leaves out entirely (a group filtered for zero variance, a peer row the
+    # weight mode dropped) adds exactly 0 to the loss and its gradient: it takes no forward or
+    # backward. One is kept if all are, so the step still sees a (zero) gradient.
+    pg_all = [i for i in index if not rows.demo[i]]
+    pg = [i for i in pg_all if bool(rows.mask[i].any())] or pg_all[:1]
     demo = [i for i in index if rows.demo[i]]
     with_entropy = grpo.entropy_coef != 0.0
     # The bonus is a token mean over the mini-batch's policy-gradient tokens (TRL's).

@@ -24,6 +24,12 @@ TARGETS = {"sgt": 1.05, "prp": 1.3}
 """Round-time ratio to GRPO each probe should stay within (deterministic mode, s = 1)."""
 
 
+def mean_split(per_policy: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The policies' round splits (`rounds.round_split`), averaged over the policies."""
+    keys = next(iter(per_policy.values()))
+    return {k: statistics.fmean(s[k] for s in per_policy.values()) for k in keys}
+
+
 def bench_probes(probes: list[str], modes: list[str], n: int, rounds: int, slots: int,
                  staleness: int = 1, repeats: int = 1, out_dir: Path | None = None,
                  skip: int = 3, log: Any = print) -> dict[str, Any]:
@@ -32,6 +38,8 @@ def bench_probes(probes: list[str], modes: list[str], n: int, rounds: int, slots
     load_start = os.getloadavg()
     t_start = time.monotonic()
     runs: dict[str, dict[str, list[float]]] = {m: {p: [] for p in probes} for m in modes}
+    splits: dict[str, dict[str, list[dict[str, float]]]] = {m: {p: [] for p in probes}
+                                                            for m in modes}
     fallbacks: dict[str, dict[str, float]] = {m: dict.fromkeys(probes, 0.0) for m in modes}
     with tempfile.TemporaryDirectory(prefix="mutualrl-bench-probes-") as tmp:
         out = Path(out_dir or tmp).resolve()
@@ -43,6 +51,7 @@ def bench_probes(probes: list[str], modes: list[str], n: int, rounds: int, slots
                     got = together(n, out, rounds, skip, slots, probe=probe, exchange=exchange,
                                    tag=f"-{mode[:3]}-{probe}-r{rep}")
                     runs[mode][probe].append(got["round_s"])
+                    splits[mode][probe].append(mean_split(got["split_s"]))
                     fallbacks[mode][probe] += got["fallback_rounds"]
                     log(f"repeat {rep} {mode} {probe}: round {got['round_s']:.3f} s, "
                         f"fallback rounds {got['fallback_rounds']:.0f}")
@@ -55,8 +64,14 @@ def bench_probes(probes: list[str], modes: list[str], n: int, rounds: int, slots
                                                              strict=True))
                   for p in probes if p != "none"}
         ratio_of[mode] = ratios
+        split = {p: {k: statistics.median(s[k] for s in v) for k in v[0]}
+                 for p, v in splits[mode].items() if v}
         results[mode] = {"round_s": median, "round_s_repeats": runs[mode], "ratio": ratios,
-                         "fallback_rounds": fallbacks[mode]}
+                         "fallback_rounds": fallbacks[mode], "split_s": split}
+        for p, s in split.items():
+            log(f"{mode} {p}: per policy and round, rollout {s['rollout_s']:.3f} s, probe "
+                f"{s['probe_s']:.3f} s, diagnostics {s['diag_s']:.3f} s, update and rest "
+                f"{s['update_s']:.3f} s; loss tokens {s['loss_tokens']:.0f}")
         log(f"{mode}: " + ", ".join(f"{p.upper()}/GRPO {r:.3f}" for p, r in ratios.items()))
     det = ratio_of.get("deterministic", {})
     return {

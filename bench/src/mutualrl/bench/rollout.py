@@ -15,6 +15,13 @@ prompts, in one run, with the time of one weight sync and each engine's peak mem
   from the trainer's module itself, so its sync is free (reported as 0).
 - Peak RSS is the largest resident set sampled while each engine's calls ran (one process:
   both include the trainer's own copy of the model, which a colocated engine lives beside).
+- The matmul bound: the dense float32 matmuls of one decoding step of every sequence at once
+  (per layer q, k, v, o and the three MLP projections; the LM head), timed alone on random
+  tensors with the same threads. An engine on torch's matmul kernels cannot decode faster
+  than `sequences / that time` tokens/s at this shape and dtype (attention over the cache,
+  sampling and log-probs come on top), so `ratio_ceiling`, that bound over the HF engine's
+  tokens/s, is the largest speed-up such an engine could show here; faster kernels of an
+  engine's own would show as a share of the bound above 1.
 """
 
 from __future__ import annotations
@@ -53,6 +60,40 @@ def build_model(out: Path, seed: int = 0) -> Path:
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def matmul_bound(sequences: int, repeats: int = 7) -> dict[str, float]:
+    """Tokens/s of one decoding step's dense matmuls alone (median of `repeats`), and the
+    share the LM head takes of their time."""
+    import torch
+
+    h, ffn, layers = BODY["hidden_size"], BODY["intermediate_size"], BODY["num_hidden_layers"]
+    x = torch.randn(sequences, h)
+    square = torch.randn(h, h) * 0.02
+    up, down = torch.randn(h, ffn) * 0.02, torch.randn(ffn, h) * 0.02
+    head = torch.randn(h, QWEN2_VOCAB) * 0.02
+
+    def body() -> None:
+        y = x
+        for _ in range(layers):
+            for _ in range(4):  # q, k, v, o
+                y = y @ square
+            y = (torch.nn.functional.silu(y @ up) * (y @ up)) @ down  # gate, up, down
+
+    def timed(fn: Any) -> float:
+        fn()
+        walls = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            walls.append(time.perf_counter() - t)
+        return statistics.median(walls)
+
+    with torch.no_grad():
+        body_s = timed(body)
+        head_s = timed(lambda: x @ head)
+    return {"matmul_bound_tokens_per_s": sequences / (body_s + head_s),
+            "matmul_step_s": body_s + head_s, "lm_head_share": head_s / (body_s + head_s)}
 
 
 def run_bench(prompts: int = 8, group: int = 8, new_tokens: int = 128, repeats: int = 3,
@@ -106,6 +147,7 @@ def run_bench(prompts: int = 8, group: int = 8, new_tokens: int = 128, repeats: 
                 engines[name].sync_weights(model)
                 r["sync_s"].append(0.0 if name == "hf" else time.perf_counter() - t)
     engines["vllm"].close()
+    bound = matmul_bound(prompts * group)
     med = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in results.items()}
     return {
         "benchmark": "rollout",
@@ -117,6 +159,10 @@ def run_bench(prompts: int = 8, group: int = 8, new_tokens: int = 128, repeats: 
         **{f"{name}_peak_rss_mb": rss.peak.get(name, 0) / 2**20 for name in engines},
         "vllm_start_s": start_s,
         "ratio": med["vllm"]["tokens_per_s"] / med["hf"]["tokens_per_s"],
+        **bound,
+        "ratio_ceiling": bound["matmul_bound_tokens_per_s"] / med["hf"]["tokens_per_s"],
+        **{f"{name}_share_of_bound": m["tokens_per_s"] / bound["matmul_bound_tokens_per_s"]
+           for name, m in med.items()},
         "runs": results,
         "load_start": list(load0), "load_end": list(os.getloadavg()),
         "anchor": "HFEngine (our KV-cached sampling loop) on the same model, prompts, seeds "

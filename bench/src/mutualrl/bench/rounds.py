@@ -76,6 +76,18 @@ def solo_step_s(preset_n: int, out: Path, rounds: int, skip: int) -> float:
     return statistics.fmean(r["step_s"] for r in rows)
 
 
+def round_split(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a policy's rounds went, per round on average (metrics.jsonl): rollouts, the
+    probe's reads and waits, diagnostics, and the rest (scoring, the update, the engine's
+    sync); and the tokens the loss took."""
+    def mean(key: str) -> float:
+        return statistics.fmean(float(r.get(key, 0.0)) for r in rows) if rows else 0.0
+
+    parts = {k: mean(k) for k in ("step_s", "rollout_s", "probe_s", "diag_s")}
+    return {**parts, "update_s": parts["step_s"] - parts["rollout_s"] - parts["probe_s"]
+            - parts["diag_s"], "loss_tokens": mean("tokens")}
+
+
 def together(n: int, out: Path, rounds: int, skip: int, slots: int,
              short_pool: str = "auto", probe: str = "sgt",
              exchange: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
@@ -95,6 +107,7 @@ def together(n: int, out: Path, rounds: int, skip: int, slots: int,
     return {
         "round_s": barrier_round_time(times, skip),
         "step_s": {p: statistics.fmean(r["step_s"] for r in rs[skip:]) for p, rs in rows.items()},
+        "split_s": {p: round_split(rs[skip:]) for p, rs in rows.items()},
         "fallback_rounds": sum(r.get("fallback", 0.0) for rs in rows.values() for r in rs),
         "threads": sorted({r.get("threads", 0.0) for rs in rows.values() for r in rs}),
     }

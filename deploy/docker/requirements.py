@@ -3,7 +3,7 @@
 The images install these in a layer of their own, before the packages' sources are copied, so
 a change to the sources rebuilds only the small layer that installs the packages themselves.
 
-    python requirements.py proto services/common "services/trainer[gpu]" > requirements.txt
+    python requirements.py proto services/common "services/trainer[sglang]" > requirements.txt
 
 Each argument is a package directory, optionally with extras. A requirement on another package
 of the arguments (with its extras) is followed instead of printed.

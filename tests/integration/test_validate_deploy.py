@@ -33,7 +33,7 @@ pytestmark = [
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A copy of what the script reads."""
-    for name in ("docker-compose.yml", "constraints.txt"):
+    for name in ("docker-compose.yml", "constraints.txt", "constraints-vllm.txt"):
         shutil.copy2(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "deploy", tmp_path / "deploy",
                     ignore=shutil.ignore_patterns("__pycache__"))

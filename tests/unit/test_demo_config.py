@@ -24,6 +24,7 @@ def test_demo_is_the_short_sgt_cell_of_the_probe_comparison() -> None:
     exp = TrainerConfig.model_validate({**cell.trainer, "services": {"local": True}})
     assert demo.grpo == exp.grpo and demo.probe == exp.probe and demo.task == exp.task
     assert demo.exchange == exp.exchange and demo.exchange.mode == "deterministic"
+    assert demo.diagnostics == exp.diagnostics
     assert demo.eval == exp.eval
     assert [(p.name, p.preset) for p in demo.policies] == [(p.name, p.preset)
                                                           for p in exp.policies]

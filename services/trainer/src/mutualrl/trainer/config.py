@@ -191,8 +191,10 @@ class ExchangeSettings(Config):
 
 
 class DiagnosticsSettings(Config):
-    """Per-round measurements of the stability-support trade-off; they never change training
-    (no gradient, no randomness drawn), only add compute. 0 turns one off."""
+    """Per-round measurements of the stability-support trade-off: no gradient, no randomness
+    drawn, so no update changes in exact arithmetic, though a run's last bits can drift from
+    one without them after many rounds (compare runs with the same settings). 0 turns one
+    off."""
 
     support_every: int = Field(0, ge=0)
     """Every N rounds: support, the mean per-token log-prob this policy assigns (before the

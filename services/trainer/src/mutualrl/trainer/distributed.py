@@ -19,13 +19,15 @@ With one process every helper here is the identity (`SINGLE`), so the loop has o
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from torch import Tensor
@@ -125,9 +127,27 @@ def init(device: str) -> tuple[Dist, str]:
     return Dist(rank, world), device
 
 
-def shutdown() -> None:
-    if torch.distributed.is_initialized():
+def shutdown(clean: bool = True) -> None:
+    """Leave the process group. `clean` (every rank finished the same work): the ranks meet at
+    a barrier first, as a rank tearing its group down while a peer is still in it can abort;
+    and the sharded model, whose device mesh holds the group, is collected first (a module
+    graph is a reference cycle), so the group's worker threads end here and not in interpreter
+    finalization, where gloo freeing a tensor under a vanishing GIL aborts the process. Not
+    clean (this rank failed): nothing collective is tried, the launcher stops the others."""
+    if clean and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a launched rank once its work is saved and its process group left: output flushed,
+    then out without interpreter finalization, whose teardown of torch's C++ state (threads,
+    tensors freed under a vanishing GIL) can abort a rank that finished cleanly."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def shard(model: torch.nn.Module, compute: torch.dtype | None = None) -> torch.nn.Module:

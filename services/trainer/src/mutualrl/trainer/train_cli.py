@@ -37,13 +37,17 @@ def _train(args: argparse.Namespace) -> int:
         argv += ["--resume"] if args.resume else []
         argv += ["--rounds", str(args.rounds)] if args.rounds is not None else []
         return distributed.launch(nproc, argv, f"{cfg.run_id}-{policy.name}")
+    code = 1  # until training returns
     try:
-        return _train_here(cfg, policy.name, args.resume, dist, device)
+        code = _train_here(cfg, policy.name, args.resume, dist, device)
     except ExperimentInputError as err:  # named in the message: no traceback needed
         print(f"mutualrl train: {err}", file=sys.stderr)
-        return 2
+        code = 2
     finally:
-        distributed.shutdown()
+        distributed.shutdown(clean=code == 0)
+    if dist.active:
+        distributed.exit_rank(code)
+    return code
 
 
 def _train_here(cfg: TrainerConfig, policy: str, resume: bool, dist: Dist,

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():  # pragma: no cover - the CPU machines skip he
 
 ROUNDS = 4
 
-# One run: build the session, train, save the final parameters beside metrics.jsonl.
+# One run: build the session, train, save the final parameters (argv[3]) on the CPU.
 RUN = """
 import json, sys, torch
 from pathlib import Path
@@ -64,11 +64,11 @@ def _run(tmp: Path, seed: int, tag: str) -> tuple[list[dict[str, Any]], dict[str
 def test_one_seed_one_run_on_the_gpu(tmp_path: Path) -> None:
     from mutualrl.trainer.determinism import comparable
 
-    first = _run(tmp_path, 0, "first")
-    second = _run(tmp_path, 0, "second")
-    other = _run(tmp_path, 1, "other")
-    assert [r["round"] for r in first[0]] == list(range(ROUNDS))
-    assert [comparable(r) for r in first[0]] == [comparable(r) for r in second[0]]
-    assert all(torch.equal(first[1][k], second[1][k]) for k in first[1])
-    assert [comparable(r) for r in first[0]] != [comparable(r) for r in other[0]]
-    assert not all(torch.equal(first[1][k], other[1][k]) for k in first[1])
+    (rows, params), (rows2, params2), (rows_other, params_other) = (
+        _run(tmp_path, 0, "first"), _run(tmp_path, 0, "second"), _run(tmp_path, 1, "other"))
+    assert [r["round"] for r in rows] == list(range(ROUNDS))
+    kept = [comparable(r) for r in rows]
+    assert kept == [comparable(r) for r in rows2]
+    assert all(torch.equal(params[k], params2[k]) for k in params)
+    assert kept != [comparable(r) for r in rows_other]
+    assert not all(torch.equal(params[k], params_other[k]) for k in params)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from chat_policies import write_problems
 
-from mutualrl.trainer.dataset_task import (
+from mutualrl.trainer.data.dataset_task import (
     DatasetError,
     DatasetSettings,
     DatasetTask,

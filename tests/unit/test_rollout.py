@@ -10,8 +10,7 @@ import pytest
 import torch
 from sample_checks import assert_text_and_offsets
 
-from mutualrl.trainer.presets import ensure_preset, load_policy
-from mutualrl.trainer.rollout import (
+from mutualrl.trainer.engines.hf import (
     HFEngine,
     Sample,
     _inverse_cdf,
@@ -20,6 +19,7 @@ from mutualrl.trainer.rollout import (
     make_engine,
     sglang_sampling_params,
 )
+from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
 torch.set_num_threads(1)
 

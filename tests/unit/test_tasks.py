@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mutualrl.trainer.tasks import (
+from mutualrl.trainer.data.tasks import (
     DEFAULT_SKILLS,
     N_STYLES,
     SKILLS,

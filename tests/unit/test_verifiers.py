@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.trainer.answers import (
+from mutualrl.trainer.data.answers import (
     after_hashes,
     answers_match,
     last_boxed,
@@ -15,8 +15,8 @@ from mutualrl.trainer.answers import (
     normalize,
     to_number,
 )
-from mutualrl.trainer.datasets import JsonlTask, JsonlTaskConfig, make_task
-from mutualrl.trainer.tasks import Task, TaskConfig
+from mutualrl.trainer.data.jsonl import JsonlTask, JsonlTaskConfig, make_task
+from mutualrl.trainer.data.tasks import Task, TaskConfig
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from mutualrl.common.config import load_yaml
 from mutualrl.experiment.config import load_experiment
 from mutualrl.experiment.plan import build_plan
 from mutualrl.trainer.config.run import load_trainer_config
-from mutualrl.trainer.runtime.sft import SFTConfig
+from mutualrl.trainer.config.sft import SFTConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -140,7 +140,7 @@ def test_gpu_config_plans_runs_from_checkpoints_without_warm_starts() -> None:
 
 def test_gpu_config_runs_validate_as_trainer_configs_with_a_jsonl_task() -> None:
     from mutualrl.trainer.config.run import TrainerConfig
-    from mutualrl.trainer.data.jsonl import JsonlTaskConfig
+    from mutualrl.trainer.config.task import JsonlTaskConfig
 
     cfg, _ = load_experiment(CONFIG.with_name("probe-comparison-gpu.yaml"))
     for run in build_plan(cfg, Path("/tmp/x")).runs:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mutualrl.trainer.config.run import TrainerConfig
-from mutualrl.trainer.data.dataset_task import DatasetTaskConfig
+from mutualrl.trainer.config.task import DatasetTaskConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

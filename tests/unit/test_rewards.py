@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from chat_policies import write_problems
 
+from mutualrl.trainer.config.task import BUILTIN_REWARDS, DatasetTaskConfig, RewardSpec
 from mutualrl.trainer.data.answers import answers_match
-from mutualrl.trainer.data.dataset_task import DatasetTask, DatasetTaskConfig
+from mutualrl.trainer.data.dataset_task import DatasetTask
 from mutualrl.trainer.data.rewards import (
+    BUILTINS,
     Batch,
     RewardError,
     RewardSet,
-    RewardSpec,
     boxed_format,
     final_number,
     math_verify,
@@ -34,6 +35,14 @@ EQUIVALENT = [
 ]
 DIFFERENT = [("(1,2]", "\\boxed{[1,2]}"), ("\\{1,2\\}", "\\boxed{\\{1,3\\}}"),
              ("\\frac{1}{2}", "\\boxed{2}")]
+
+
+def test_the_config_knows_every_built_in_reward() -> None:
+    """`task.rewards[].fn` is validated against the config's list of built-ins, without
+    importing the reward functions: the list and the functions name the same set."""
+    assert set(BUILTIN_REWARDS) == set(BUILTINS)
+    with pytest.raises(ValueError, match="neither a built-in"):
+        RewardSpec(fn="no_such_reward")
 
 
 @pytest.mark.parametrize(("ref", "completion"), EQUIVALENT)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutualrl.trainer.data.tasks import TaskConfig
+from mutualrl.trainer.config.sft import SFTConfig
+from mutualrl.trainer.config.task import TaskConfig
 from mutualrl.trainer.runtime.presets import load_policy
-from mutualrl.trainer.runtime.sft import EVAL_FILE, SFTConfig, _Data, run_sft
+from mutualrl.trainer.runtime.sft import EVAL_FILE, _Data, run_sft
 
 torch.set_num_threads(1)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mutualrl.trainer.config.task import JsonlTaskConfig, TaskConfig
 from mutualrl.trainer.data.answers import (
     after_hashes,
     answers_match,
@@ -15,8 +16,8 @@ from mutualrl.trainer.data.answers import (
     normalize,
     to_number,
 )
-from mutualrl.trainer.data.jsonl import JsonlTask, JsonlTaskConfig, make_task
-from mutualrl.trainer.data.tasks import Task, TaskConfig
+from mutualrl.trainer.data.jsonl import JsonlTask, make_task
+from mutualrl.trainer.data.tasks import Task
 
 
 @pytest.mark.parametrize(

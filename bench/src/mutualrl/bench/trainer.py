@@ -59,7 +59,8 @@ class _RssPeaks:
 
 def _ours(model_dir: Path, out: Path, seed: int) -> Any:
     from mutualrl.trainer.config.run import TrainerConfig
-    from mutualrl.trainer.data.tasks import Task, TaskConfig
+    from mutualrl.trainer.config.task import TaskConfig
+    from mutualrl.trainer.data.tasks import Task
     from mutualrl.trainer.runtime.session import build_session
 
     class BenchTask(Task):

@@ -19,8 +19,9 @@ def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, An
     policy's training run does."""
     import torch
 
+    from mutualrl.trainer.config.task import DatasetTaskConfig
     from mutualrl.trainer.data.chat import renderer_for
-    from mutualrl.trainer.data.dataset_task import DatasetTask, DatasetTaskConfig
+    from mutualrl.trainer.data.dataset_task import DatasetTask
     from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
     from mutualrl.trainer.data.jsonl import make_task
     from mutualrl.trainer.engines.hf import make_engine

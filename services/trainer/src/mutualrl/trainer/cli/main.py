@@ -21,7 +21,8 @@ SFT_FLAG_ALIASES = {"out_dir": ["--out"], "strong_skills": ["--strong"],
 def _sft(args: argparse.Namespace) -> int:
     from mutualrl.common.config import deep_merge, load_yaml
     from mutualrl.common.flags import flag_values
-    from mutualrl.trainer.runtime.sft import EVAL_FILE, SFTConfig, run_sft
+    from mutualrl.trainer.config.sft import SFTConfig
+    from mutualrl.trainer.runtime.sft import EVAL_FILE, run_sft
 
     data: dict[str, Any] = {}
     if args.config:

@@ -17,10 +17,17 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from mutualrl.common import ids
 from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
-from mutualrl.trainer.data.dataset_task import DatasetTaskConfig
-from mutualrl.trainer.data.evaluation import BenchmarkSettings
-from mutualrl.trainer.data.jsonl import JsonlTaskConfig
-from mutualrl.trainer.data.tasks import TaskConfig
+from mutualrl.trainer.config.task import (
+    AnswerForm,
+    DatasetSettings,
+    DatasetTaskConfig,
+    JsonlTaskConfig,
+    TaskConfig,
+)
+
+PromptFormat = Literal["auto", "chat", "text"]
+"""How a policy renders problems (mutualrl.trainer.data.chat): its chat template, plain text,
+or the template when the tokenizer has one."""
 
 
 class GRPOSettings(Config):
@@ -208,6 +215,60 @@ class DiagnosticsSettings(Config):
     """Own samples (the first ones of the round) the KL estimate uses."""
 
 
+class BenchmarkSettings(Config):
+    """One benchmark of `eval.benchmarks` (scored with the task's `success_reward`)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Its name in metrics (`bench/<name>/avg@n`)."""
+    path: Path
+    """A local table, as `task.dataset.path`."""
+    split: str = "test"
+    """The split to read."""
+    preset: Literal["gsm8k", "math"] | None = None
+    """GSM8K or MATH column names, as `task.dataset.preset`."""
+    prompt_key: str | None = None
+    """Column of the problem (default: the task dataset's)."""
+    answer_key: str | None = None
+    """Column of the reference answer (default: the task dataset's)."""
+    answer_form: AnswerForm | None = None
+    """How the reference is read (default: the task dataset's)."""
+    skill_key: str | None = None
+    """Column naming each problem's skill (per-skill figures; default: the task dataset's)."""
+    n: int = Field(8, ge=1)
+    """Samples per problem."""
+    k: list[int] | None = None
+    """The k of pass@k (each <= n); default 1, 2, 4, ... and n."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0: greedy, meaningful with n = 1 only)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens with this much probability (1: off)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens only (0: off)."""
+    min_p: float = Field(0.0, ge=0, le=1)
+    """Drop tokens below this share of the most likely one's probability (0: off)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Token budget per completion (default: the run's)."""
+    limit: int | None = Field(None, ge=1)
+    """Evaluate the first N problems only."""
+
+    @model_validator(mode="after")
+    def _ks_fit(self) -> BenchmarkSettings:
+        bad = [k for k in self.k or [] if not 1 <= k <= self.n]
+        if bad:
+            raise ValueError(f"eval.benchmarks[{self.name}].k: {bad} not in [1, n={self.n}]")
+        return self
+
+    def dataset(self, train: DatasetSettings | None) -> DatasetSettings:
+        """The benchmark's table settings: its own fields over the task dataset's columns."""
+        base = {} if train is None else train.resolved().model_dump(
+            include={"prompt_key", "answer_key", "answer_form", "skill_key"}, exclude_none=True)
+        if self.preset is not None:
+            base = {}
+        own = self.model_dump(include={"path", "split", "preset", "prompt_key", "answer_key",
+                                       "answer_form", "skill_key", "limit"}, exclude_none=True)
+        return DatasetSettings.model_validate({**base, **own}).resolved()
+
+
 class EvalSettings(Config):
     """Evaluation: the task's held-out set (greedy reward@1 per skill) and benchmarks."""
 
@@ -370,7 +431,7 @@ class PolicySettings(Config):
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""
-    prompt_format: Literal["auto", "chat", "text"] = "auto"
+    prompt_format: PromptFormat = "auto"
     """How the policy renders a problem: `chat` through its chat template
     (`apply_chat_template(..., add_generation_prompt=True)`), `text` as the plain problem text,
     `auto` chat when the tokenizer (or `chat_template`) has a template, else text."""
@@ -451,11 +512,9 @@ class TrainerConfig(Config):
     output_dir: Path = Path("runs")
     """Metrics, TensorBoard and checkpoints go to <output_dir>/<run_id>/<policy>/."""
     task: TaskConfig | JsonlTaskConfig | DatasetTaskConfig = Field(default_factory=TaskConfig)
-    """The task: a seeded synthetic one (mutualrl.trainer.data.tasks.TaskConfig: regime, skills,
-    digits), a local table read through `datasets` with reward functions
-    (mutualrl.trainer.data.dataset_task.DatasetTaskConfig, chosen when the section has a
-    `dataset`), or a GSM8K/MATH JSONL file (mutualrl.trainer.data.jsonl.JsonlTaskConfig, chosen
-    when it has a `path`)."""
+    """The task: a seeded synthetic one (TaskConfig: regime, skills, digits), a local table read
+    through `datasets` with reward functions (DatasetTaskConfig, chosen when the section has a
+    `dataset`), or a GSM8K/MATH JSONL file (JsonlTaskConfig, chosen when it has a `path`)."""
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     """GRPO knobs."""
     probe: ProbeSettings = Field(default_factory=ProbeSettings)

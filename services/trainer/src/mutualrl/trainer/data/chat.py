@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from mutualrl.trainer.config.run import PromptFormat
 from mutualrl.trainer.data.tasks import Prompt
-
-PromptFormat = Literal["auto", "chat", "text"]
 
 
 class ChatTemplateError(ValueError):

@@ -24,26 +24,17 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from mutualrl.common.config import Config
+from mutualrl.trainer.config.task import DatasetSettings, DatasetTaskConfig
 from mutualrl.trainer.data.answers import after_hashes, last_boxed
 from mutualrl.trainer.data.chat import ChatTemplateError
-from mutualrl.trainer.data.rewards import Batch, RewardError, RewardSet, RewardSpec
+from mutualrl.trainer.data.rewards import Batch, RewardError, RewardSet
 from mutualrl.trainer.data.tasks import Prompt
 
 log = logging.getLogger(__name__)
-AnswerForm = Literal["as_is", "gsm8k", "boxed"]
 _FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json",
             ".csv": "csv"}
-# The column names of today's GSM8K and MATH files (their JSONL and parquet releases agree).
-PRESETS: dict[str, dict[str, Any]] = {
-    "gsm8k": {"prompt_key": "question", "answer_key": "answer", "answer_form": "gsm8k"},
-    "math": {"prompt_key": "problem", "answer_key": "solution", "answer_form": "boxed",
-             "skill_key": "type"},
-}
 
 
 class DatasetError(ValueError):
@@ -52,79 +43,6 @@ class DatasetError(ValueError):
 
 # What a user's own experiment can get wrong before round 0; each message names the field.
 ExperimentInputError = (DatasetError, RewardError, ChatTemplateError)
-
-
-class DatasetSettings(Config):
-    """Which table, and which of its columns mean what."""
-
-    path: Path
-    """A parquet / arrow / json / jsonl / csv file, a folder of such files, or a directory
-    written by `Dataset.save_to_disk`."""
-    split: str = "train"
-    """The split to read (a `save_to_disk` DatasetDict's or a folder's; a single file is
-    read as this split)."""
-    preset: Literal["gsm8k", "math"] | None = None
-    """Column names and answer form of GSM8K (question / answer, `#### x`) or MATH (problem /
-    solution, `\\boxed{x}`, skill from `type`); fields given here win over it."""
-    prompt_key: str | None = None
-    """Column of the problem: text, or chat messages (list of {role, content}). Default
-    `prompt`."""
-    answer_key: str | None = None
-    """Column of the reference answer or solution. Default `answer`."""
-    answer_form: AnswerForm | None = None
-    """How the reference answer is read from the answer column: `as_is`, `gsm8k` (after
-    `####`) or `boxed` (the last `\\boxed{}`). Default `as_is`."""
-    skill_key: str | None = None
-    """Optional column naming each problem's skill (per-skill metrics)."""
-    id_key: str | None = None
-    """Optional column of unique problem ids (default: a hash of the problem text)."""
-    limit: int | None = Field(None, ge=1)
-    """Read only the first N rows."""
-
-    def resolved(self) -> DatasetSettings:
-        """The settings with the preset's and the defaults' columns filled in."""
-        base = {"prompt_key": "prompt", "answer_key": "answer", "answer_form": "as_is",
-                **PRESETS.get(self.preset or "", {})}
-        given = self.model_dump(exclude_none=True)
-        return DatasetSettings.model_validate({**base, **given})
-
-
-class DatasetTaskConfig(Config):
-    """A verifiable task from a local table, scored by reward functions."""
-
-    dataset: DatasetSettings
-    """The training table."""
-    system: str | None = None
-    """A system prompt put before every problem (chat policies; text policies read it as a
-    first paragraph)."""
-    prompt_template: str = "{prompt}"
-    """How a text problem becomes the user turn: a `str.format` template over the row's columns,
-    with `{prompt}` the prompt column."""
-    rewards: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(fn="math_verify")], min_length=1)
-    """Reward functions; a sample's reward is their weighted sum."""
-    success_reward: str | None = None
-    """The reward whose value reaching `probe.tau` makes a verified success (what SGT shares
-    and SEE counts; truncated completions never count). Default: the first of `rewards`."""
-    reward_timeout_s: float = Field(30.0, gt=0)
-    """Longest one reward call may take; the samples of a call that overruns are retried alone,
-    and those that overrun again score 0 (metric `reward_errors/<name>`)."""
-    stop: list[str] = Field(default_factory=list)
-    """Stop strings for rollouts (empty: stop at EOS)."""
-    max_new_tokens: int = Field(256, ge=1)
-    """Token budget for rollouts on this task."""
-
-    @model_validator(mode="after")
-    def _success_is_a_reward(self) -> DatasetTaskConfig:
-        names = [r.label for r in self.rewards]
-        if self.success_reward is not None and self.success_reward not in names:
-            raise ValueError(f"task.success_reward: {self.success_reward!r} is not one of "
-                             f"task.rewards {names}")
-        return self
-
-    @property
-    def success_name(self) -> str:
-        return self.success_reward or self.rewards[0].label
 
 
 def load_table(ds_cfg: DatasetSettings, where: str = "task.dataset") -> Any:

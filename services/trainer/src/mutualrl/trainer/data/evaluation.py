@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import comb
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from mutualrl.common.config import Config
-from mutualrl.trainer.data.dataset_task import (
-    AnswerForm,
-    DatasetSettings,
-    DatasetTask,
-    DatasetTaskConfig,
-)
+from mutualrl.trainer.config.run import BenchmarkSettings
+from mutualrl.trainer.config.task import DatasetTaskConfig
+from mutualrl.trainer.data.dataset_task import DatasetTask
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,60 +30,6 @@ def default_ks(n: int) -> list[int]:
     """1, 2, 4, ... up to n, and n itself."""
     ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
     return sorted({*ks, n})
-
-
-class BenchmarkSettings(Config):
-    """One benchmark of `eval.benchmarks` (scored with the task's `success_reward`)."""
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Its name in metrics (`bench/<name>/avg@n`)."""
-    path: Path
-    """A local table, as `task.dataset.path`."""
-    split: str = "test"
-    """The split to read."""
-    preset: Literal["gsm8k", "math"] | None = None
-    """GSM8K or MATH column names, as `task.dataset.preset`."""
-    prompt_key: str | None = None
-    """Column of the problem (default: the task dataset's)."""
-    answer_key: str | None = None
-    """Column of the reference answer (default: the task dataset's)."""
-    answer_form: AnswerForm | None = None
-    """How the reference is read (default: the task dataset's)."""
-    skill_key: str | None = None
-    """Column naming each problem's skill (per-skill figures; default: the task dataset's)."""
-    n: int = Field(8, ge=1)
-    """Samples per problem."""
-    k: list[int] | None = None
-    """The k of pass@k (each <= n); default 1, 2, 4, ... and n."""
-    temperature: float = Field(1.0, ge=0)
-    """Sampling temperature (0: greedy, meaningful with n = 1 only)."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling: the smallest set of tokens with this much probability (1: off)."""
-    top_k: int = Field(0, ge=0)
-    """Sample among the k most likely tokens only (0: off)."""
-    min_p: float = Field(0.0, ge=0, le=1)
-    """Drop tokens below this share of the most likely one's probability (0: off)."""
-    max_new_tokens: int | None = Field(None, ge=1)
-    """Token budget per completion (default: the run's)."""
-    limit: int | None = Field(None, ge=1)
-    """Evaluate the first N problems only."""
-
-    @model_validator(mode="after")
-    def _ks_fit(self) -> BenchmarkSettings:
-        bad = [k for k in self.k or [] if not 1 <= k <= self.n]
-        if bad:
-            raise ValueError(f"eval.benchmarks[{self.name}].k: {bad} not in [1, n={self.n}]")
-        return self
-
-    def dataset(self, train: DatasetSettings | None) -> DatasetSettings:
-        """The benchmark's table settings: its own fields over the task dataset's columns."""
-        base = {} if train is None else train.resolved().model_dump(
-            include={"prompt_key", "answer_key", "answer_form", "skill_key"}, exclude_none=True)
-        if self.preset is not None:
-            base = {}
-        own = self.model_dump(include={"path", "split", "preset", "prompt_key", "answer_key",
-                                       "answer_form", "skill_key", "limit"}, exclude_none=True)
-        return DatasetSettings.model_validate({**base, **own}).resolved()
 
 
 def benchmark_task(bench: BenchmarkSettings, task: Any) -> DatasetTask:

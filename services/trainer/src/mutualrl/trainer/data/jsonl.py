@@ -15,44 +15,11 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from mutualrl.common.config import Config
+from mutualrl.trainer.config.task import JsonlTaskConfig, TaskConfig
 
 from .answers import after_hashes, answers_match, last_boxed, last_number
-from .tasks import Prompt, Task, TaskConfig
-
-
-class JsonlTaskConfig(Config):
-    """A verifiable task read from JSONL files."""
-
-    path: Path = Field(description="JSONL file of problems (the train split, or everything).")
-    heldout_path: Path | None = Field(
-        None, description="Optional JSONL file of held-out problems; else a hash split of `path`."
-    )
-    form: Literal["auto", "gsm8k", "math"] = Field(
-        "auto", description="Record/answer form; `auto` decides per record from its fields."
-    )
-    heldout_fraction: float = Field(
-        0.1, description="Share of `path` held out when no `heldout_path` is given."
-    )
-    prompt_template: str = Field(
-        "Question: {question}\nAnswer:", description="How a question becomes a prompt text."
-    )
-    format_reward: float = Field(
-        0.0,
-        description="Reward for a completion that states an answer in the expected form "
-        "(`#### x` or `\\boxed{x}`) but a wrong one. 0 gives the plain binary reward.",
-    )
-    fallback_last_number: bool = Field(
-        False, description="Without an answer marker, verify the last number in the completion."
-    )
-    stop: list[str] = Field(
-        default_factory=list, description="Stop strings for rollouts (empty: stop at EOS)."
-    )
-    max_new_tokens: int = Field(256, description="Token budget for rollouts on this task.")
+from .tasks import Prompt, Task
 
 
 def _form_of(rec: dict, form: str) -> str:

@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
-
-from mutualrl.common.config import Config
+from mutualrl.trainer.config.task import RewardSpec
 from mutualrl.trainer.data.answers import after_hashes, answers_match, last_boxed, last_number
 
 log = logging.getLogger(__name__)
@@ -54,33 +52,6 @@ RewardFn = Callable[..., Sequence[float | None]]
 
 class RewardError(ValueError):
     """A reward function that cannot be loaded, or answers with the wrong number of values."""
-
-
-class RewardSpec(Config):
-    """One reward function of `task.rewards`."""
-
-    fn: str = Field(min_length=1)
-    """A built-in (`math_verify`, `boxed_format`, `final_number`, `overlong`), `module:callable`
-    (importable), or `path/to/file.py:callable` (relative to the working directory)."""
-    weight: float = 1.0
-    """Its weight in the summed reward."""
-    name: str | None = None
-    """Its name in metrics and in `task.success_reward` (default: the built-in's or the
-    callable's name)."""
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments bound to the function (e.g. `overlong`'s `buffer_tokens`)."""
-
-    @property
-    def label(self) -> str:
-        return self.name or self.fn.rsplit(":", 1)[-1]
-
-    @field_validator("fn")
-    @classmethod
-    def _known_form(cls, v: str) -> str:
-        if v not in BUILTINS and ":" not in v:
-            raise ValueError(f"{v!r} is neither a built-in ({', '.join(sorted(BUILTINS))}) "
-                             "nor `module:callable` nor `file.py:callable`")
-        return v
 
 
 # ---- built-ins ---------------------------------------------------------------------------------

@@ -21,20 +21,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import Field
+from mutualrl.trainer.config.task import DEFAULT_DIGITS, SKILLS, TaskConfig
 
-from mutualrl.common.config import Config
-
-SKILLS: tuple[str, ...] = ("add", "sub", "mul", "rev", "sort")
-DEFAULT_SKILLS: tuple[str, ...] = ("add", "sub", "rev", "sort")
-# Digit count per skill: operand digits for add/sub, first-operand digits for mul (the second is
-# one digit, 2-9), string length for rev/sort. Raising them is the difficulty knob.
-DEFAULT_DIGITS: dict[str, int] = {"add": 2, "sub": 2, "mul": 2, "rev": 4, "sort": 4}
 END = ";"
 SEP = ">"
-Regime = Literal["short", "worked"]
 # Enough budget for every completion of the default digit counts (docs/science-notes.md: 6 and 26).
 MAX_NEW_TOKENS: dict[str, int] = {"short": 6, "worked": 26}
 
@@ -51,30 +42,6 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] = ()
     """The problem as chat messages, (role, content) each; empty: one user turn of `text`.
     Each policy renders them with its own chat template (mutualrl.trainer.data.chat)."""
-
-
-class TaskConfig(Config):
-    """Which synthetic task a run trains and evaluates on."""
-
-    regime: Regime = Field("short", description="Completion format: `short` or `worked`.")
-    skills: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_SKILLS),
-        description=f"Skills in the task mix, a subset of {SKILLS}.",
-    )
-    digits: dict[str, int] = Field(
-        default_factory=dict,
-        description="Per-skill digit count overrides (difficulty); missing skills use "
-        f"{DEFAULT_DIGITS}.",
-    )
-    heldout_per_skill: int = Field(250, description="Held-out problems per skill.")
-    heldout_seed: int = Field(
-        20240607, description="Seed of the held-out set; fixed across runs so results compare."
-    )
-    format_reward: float = Field(
-        0.0,
-        description="Reward for a well-formed but wrong completion (marker emitted, and in the "
-        "worked regime a `>` before it). 0 gives the plain binary reward.",
-    )
 
 
 def _digits(n: int) -> list[int]:

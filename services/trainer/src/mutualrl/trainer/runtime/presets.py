@@ -94,7 +94,8 @@ def fingerprint(name: str) -> str:
 
 def preset_corpus(seed: int = 0) -> list[str]:
     """Texts the preset tokenizers learn from: every skill, short and worked completions."""
-    from mutualrl.trainer.data.tasks import SKILLS, Task, corpus
+    from mutualrl.trainer.config.task import SKILLS
+    from mutualrl.trainer.data.tasks import Task, corpus
 
     texts: list[str] = []
     for regime in ("short", "worked"):

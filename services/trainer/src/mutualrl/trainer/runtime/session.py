@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
+from mutualrl.trainer.config.run import BenchmarkSettings, PolicySettings, TrainerConfig
+from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import PromptRenderer, renderer_for
-from mutualrl.trainer.data.dataset_task import DatasetTask, DatasetTaskConfig
-from mutualrl.trainer.data.evaluation import BenchmarkSettings, benchmark_task
+from mutualrl.trainer.data.dataset_task import DatasetTask
+from mutualrl.trainer.data.evaluation import benchmark_task
 from mutualrl.trainer.data.jsonl import JsonlTask, make_task
 from mutualrl.trainer.data.tasks import Task
 from mutualrl.trainer.model import lora

@@ -332,7 +332,7 @@ def test_prp_keeps_rollouts_of_a_peer_that_is_ahead(services: _Services,
     wait in the probe for that round (peers may run a round apart)."""
     from mutualrl.trainer.config.run import ProbeSettings
     from mutualrl.trainer.data.tasks import Prompt
-    from mutualrl.trainer.engines.hf import Sample, completion_offsets
+    from mutualrl.trainer.engines.base import Sample, completion_offsets
     from mutualrl.trainer.runtime.presets import load_policy
     from mutualrl.trainer.sharing.exchange import PeerExchange, round_records
     from mutualrl.trainer.sharing.probes import RoundData, make_probe

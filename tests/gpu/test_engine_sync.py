@@ -54,7 +54,7 @@ def _served(engine: object, names: list[str]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_two_rounds_then_the_engine_serves_the_trainers_weights(tmp_path: Path, engine: str,
                                                                 lora: bool) -> None:
-    from mutualrl.trainer.engines.hf import sync_tensors
+    from mutualrl.trainer.engines.base import sync_tensors
     from mutualrl.trainer.model.batch import completion_logprobs, pack
     from mutualrl.trainer.runtime.loop import train
     from mutualrl.trainer.runtime.session import build_session

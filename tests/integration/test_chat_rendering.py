@@ -20,7 +20,7 @@ from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
 from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import PromptRenderer, messages_of
 from mutualrl.trainer.data.dataset_task import DatasetTask
-from mutualrl.trainer.engines.hf import completion_offsets
+from mutualrl.trainer.engines.base import completion_offsets
 from mutualrl.trainer.runtime.presets import load_policy
 from mutualrl.trainer.runtime.step import round_rows
 from mutualrl.trainer.sharing.exchange import PeerExchange, round_records

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from mutualrl.trainer.config.run import LoraSettings
-from mutualrl.trainer.engines.hf import HFEngine, SGLangEngine
+from mutualrl.trainer.engines.hf import HFEngine
+from mutualrl.trainer.engines.sglang import SGLangEngine
 from mutualrl.trainer.model import lora
 
 

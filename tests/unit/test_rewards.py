@@ -141,7 +141,7 @@ def test_verified_success_is_the_named_reward_not_the_sum(tmp_path: Path) -> Non
         "max_new_tokens": 4, "success_reward": "math_verify"})
     task = DatasetTask(cfg)
     task.check_rewards()
-    from mutualrl.trainer.engines.hf import Sample
+    from mutualrl.trainer.engines.base import Sample
 
     p = task.problems[0]  # add:1+0= -> 1
 
@@ -160,7 +160,7 @@ def test_success_records_carry_the_success_reward() -> None:
     VERIFIED_SUCCESS for SEE (its record carries the success reward, as SEE's tau check
     reads it), and the stats' max (SGT's gate) is the success reward's."""
     from mutualrl.trainer.data.tasks import Prompt
-    from mutualrl.trainer.engines.hf import Sample
+    from mutualrl.trainer.engines.base import Sample
     from mutualrl.trainer.sharing.exchange import round_records
     from mutualrl.v1 import experience_pb2 as pb
 

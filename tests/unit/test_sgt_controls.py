@@ -13,7 +13,7 @@ from reference_loss import round_loss
 
 from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
 from mutualrl.trainer.data.tasks import Prompt
-from mutualrl.trainer.engines.hf import Sample
+from mutualrl.trainer.engines.base import Sample
 from mutualrl.trainer.sharing.probes import Demos, RoundData, make_probe
 from mutualrl.trainer.sharing.probes.prp import group_peer_rollouts
 from mutualrl.trainer.sharing.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe, draw_own

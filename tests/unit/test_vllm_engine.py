@@ -222,7 +222,7 @@ def test_head_size_vllm_cannot_serve_is_named_before_start(tmp_path: Path) -> No
 
 @pytest.mark.skipif(HAVE_VLLM, reason="checks the error of an environment without vLLM")
 def test_engine_vllm_without_vllm_says_how_to_install(policy_dir: Path) -> None:
-    from mutualrl.trainer.engines.hf import make_engine
+    from mutualrl.trainer.engines.factory import make_engine
     from mutualrl.trainer.engines.vllm import VLLMUnavailable
 
     model, tok = load_policy(policy_dir)

@@ -24,7 +24,7 @@ def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, An
     from mutualrl.trainer.data.dataset_task import DatasetTask
     from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
     from mutualrl.trainer.data.jsonl import make_task
-    from mutualrl.trainer.engines.hf import make_engine
+    from mutualrl.trainer.engines.factory import make_engine
     from mutualrl.trainer.runtime.distributed import SINGLE
     from mutualrl.trainer.runtime.presets import load_policy
 

@@ -31,6 +31,7 @@ from mutualrl.trainer.data.answers import after_hashes, last_boxed
 from mutualrl.trainer.data.chat import ChatTemplateError
 from mutualrl.trainer.data.rewards import Batch, RewardError, RewardSet
 from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.engines.base import Sample
 
 log = logging.getLogger(__name__)
 _FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json",
@@ -274,8 +275,6 @@ class DatasetTask:
 
     def _one(self, prompt: Prompt, text: str, finish_reason: str, tau: float = 1.0
              ) -> tuple[float, bool]:
-        from mutualrl.trainer.engines.hf import Sample
-
         y = Sample(prompt_index=0, token_ids=[], text=text, offsets=[], logprobs=[],
                    finish_reason=finish_reason)
         scored = self.score([prompt], [[y]], tau)
@@ -285,8 +284,6 @@ class DatasetTask:
         """Call every reward function once on two samples (the first problem's reference
         solution, and an empty completion): an import that fails at call time, or an answer of
         the wrong length, stops the run before round 0."""
-        from mutualrl.trainer.engines.hf import Sample
-
         p = self.problems[0]
         ys = [Sample(prompt_index=0, token_ids=[], text=t, offsets=[], logprobs=[],
                      finish_reason="stop") for t in (self.sft_target(p, random.Random(0)), "")]

@@ -14,7 +14,8 @@ from typing import Any
 
 from mutualrl.trainer.config.run import BenchmarkSettings
 from mutualrl.trainer.config.task import DatasetTaskConfig
-from mutualrl.trainer.data.dataset_task import DatasetTask
+from mutualrl.trainer.data.dataset_task import DatasetTask, score_round
+from mutualrl.trainer.engines.base import prompt_seed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,9 +64,6 @@ def summarize(name: str, skills: Sequence[str], successes: Sequence[int], n: int
 def run_benchmark(bench: BenchmarkSettings, task: Any, renderer: Any, engine: Any, dist: Any,
                   max_new_tokens: int, tau: float, seed: int) -> dict[str, float]:
     """One benchmark over `engine` (data parallel: each rank samples its block of problems)."""
-    from mutualrl.trainer.data.dataset_task import score_round
-    from mutualrl.trainer.runtime.loop import prompt_seed
-
     problems = task.problems
     mine = dist.block(len(problems))
     part = engine.generate(

@@ -7,7 +7,7 @@ fuse q/k/v and gate/up as at start-up), cast to the engine's dtype (bf16 served 
 master), and drops the prefix cache, whose KV came from the old weights. Nothing is read from
 disk after start-up.
 
-Behaviour log-probs have the HF engine's definition (engines/hf.py): log_softmax(logits / T) of
+Behaviour log-probs have the definition of engines/base.py: log_softmax(logits / T) of
 the sampled token, before top-p / top-k / min-p truncation. vLLM's `raw_logprobs` mode returns
 the log-softmax of the model's logits before any sampling processor, and every vLLM model
 scales its logits by its `LogitsProcessor.scale`; so the engine sets that scale to 1 / T and
@@ -17,7 +17,7 @@ tempered distribution before truncation. `temperature=0` is greedy with T=1 log-
 the HF engine. (vLLM's `processed_logprobs` would give the truncated distribution's instead.)
 
 Prompts are passed as token ids from our tokenizer (`encode_prompt`), as in the other engines.
-Sample text, offsets and the EOS/stop conventions follow `engines.hf.Sample`: text is decoded from
+Sample text, offsets and the EOS/stop conventions follow `engines.base.Sample`: text is decoded from
 the token ids (stop string and the rest of its last token included), so it matches the HF
 engine's for the same tokens.
 """
@@ -30,7 +30,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mutualrl.trainer.engines.hf import (
+from mutualrl.trainer.engines.base import (
     Sample,
     check_truncation,
     completion_offsets,

@@ -24,18 +24,13 @@ import torch
 
 from mutualrl.trainer.data.dataset_task import score_round
 from mutualrl.trainer.data.evaluation import run_benchmark
+from mutualrl.trainer.engines.base import prompt_seed
 from mutualrl.trainer.runtime import diagnostics
 from mutualrl.trainer.runtime.distributed import gathered
 from mutualrl.trainer.runtime.session import Session
 from mutualrl.trainer.runtime.step import optimise
 from mutualrl.trainer.sharing.exchange import round_records
 from mutualrl.trainer.sharing.probes import RoundData
-
-
-def prompt_seed(seed: int, round_k: int, index: int) -> int:
-    """The sampling seed of prompt `index` of round `round_k`: a prompt's samples do not depend
-    on which rank draws them, nor on the other prompts of the call."""
-    return ((seed * 1_000_003 + round_k) * 1_000_003 + index) & (2**63 - 1)
 
 
 def run_round(s: Session, k: int) -> dict[str, float]:

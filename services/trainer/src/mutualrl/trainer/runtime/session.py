@@ -186,7 +186,7 @@ def build_session(
     """The session of one policy; with `dist` active, of this rank: the model is sharded over
     the ranks, and only rank 0 talks to SEE/THL/MWRA and writes metrics. `device` replaces
     the policy's (a rank's own GPU)."""
-    from mutualrl.trainer.engines.hf import make_engine
+    from mutualrl.trainer.engines.factory import make_engine
     from mutualrl.trainer.runtime.presets import load_policy
 
     cfg = cfg.for_policy(policy_name)  # the policy's own grpo / probe overrides applied

@@ -12,7 +12,9 @@ from sample_checks import assert_text_and_offsets
 
 from mutualrl.trainer.engines.base import Sample, completion_offsets
 from mutualrl.trainer.engines.factory import make_engine
-from mutualrl.trainer.engines.hf import HFEngine, _inverse_cdf, _truncate
+from mutualrl.trainer.engines.hf import HFEngine
+from mutualrl.trainer.engines.sampling import inverse_cdf as _inverse_cdf
+from mutualrl.trainer.engines.sampling import truncate as _truncate
 from mutualrl.trainer.engines.sglang import sglang_sampling_params
 from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
@@ -96,14 +98,13 @@ class _EosBias(torch.nn.Module):
     def __init__(self, model: Any, eos: int, bias: float) -> None:
         super().__init__()
         self.m, self.eos, self.bias = model, eos, bias
+        self.config = model.config
 
     def get_output_embeddings(self) -> Any:
         return self.m.get_output_embeddings()
 
-    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any,
-                use_cache: bool, cache: Any = None) -> Any:
-        out = self.m(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=use_cache, cache=cache)
+    def forward(self, input_ids: Any, cache: Any = None, **kwargs: Any) -> Any:
+        out = self.m(input_ids=input_ids, cache=cache, **kwargs)
         out.logits[..., self.eos] += self.bias
         return out
 
@@ -111,6 +112,7 @@ class _EosBias(torch.nn.Module):
 def test_eos_gives_stop_and_budget_gives_length(cache: Path) -> None:
     model, tok = load_policy(ensure_preset("llama-char", cache))
     forced = HFEngine(_EosBias(model, tok.eos_token_id, 100.0), tok)
+    assert forced.decoder is not None  # the fast path runs the wrapper
     for s in (s for g in forced.generate(PROMPTS, 2, 10, seed=0) for s in g):
         assert s.finish_reason == "stop" and s.token_ids == [tok.eos_token_id]
         assert s.text == "" and s.offsets == [(0, 0)]

@@ -21,9 +21,11 @@ def _train(args: argparse.Namespace) -> int:
     from mutualrl.trainer.config.run import load_trainer_config
     from mutualrl.trainer.data.dataset_task import ExperimentInputError
     from mutualrl.trainer.runtime import distributed
+    from mutualrl.trainer.runtime.memory import RolloutMemoryError, set_allocator
 
     if args.dry_run:
         return _dry_run(args)
+    set_allocator()  # before anything touches CUDA
     cfg = load_trainer_config(args.config)
     if args.rounds is not None:
         cfg.grpo.rounds = args.rounds
@@ -40,7 +42,7 @@ def _train(args: argparse.Namespace) -> int:
     code = 1  # until training returns
     try:
         code = _train_here(cfg, policy.name, args.resume, dist, device)
-    except ExperimentInputError as err:  # named in the message: no traceback needed
+    except (*ExperimentInputError, RolloutMemoryError) as err:  # named in the message
         print(f"mutualrl train: {err}", file=sys.stderr)
         code = 2
     finally:

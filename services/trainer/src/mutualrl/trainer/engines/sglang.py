@@ -46,6 +46,10 @@ class SGLangEngine:
                                     mem_fraction_static=mem_fraction_static,
                                     enable_memory_saver=release_memory, **engine_kwargs)
 
+    def stats(self) -> dict[str, float]:
+        """No counters of its own (the engine runs its own scheduler)."""
+        return {}
+
     def release_memory(self) -> None:
         """Free SGLang's weights and KV cache on the GPU while the trainer steps."""
         if self.releases and not self.released:

@@ -250,6 +250,10 @@ class VLLMEngine:
             self.asleep = False
         self.llm.reset_prefix_cache()
 
+    def stats(self) -> dict[str, float]:
+        """No counters of its own (the engine runs its own scheduler)."""
+        return {}
+
     def release_memory(self) -> None:
         """On CUDA, free the served weights and the KV cache while the trainer steps (sleep
         level 2: the next sync rewrites every weight, so none is kept on the host)."""

@@ -12,7 +12,7 @@ import torch
 log = logging.getLogger(__name__)
 
 TIMING_KEYS = frozenset({"time", "step_s", "wait_s", "cost_s", "rollout_s", "probe_s",
-                         "tokens_per_s", "diag_s"})
+                         "tokens_per_s", "diag_s", "rollout/capture_s"})
 """Round metrics that measure wall time; every other value is a function of seed and round."""
 
 

@@ -113,6 +113,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "threads": float(alloc.threads),
         "publish_failed": float(not published),
         "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),
+        **{f"rollout/{k}": v for k, v in s.engine.stats().items()},
         **scored.stats,
         **plan.stats,
         **update.stats,

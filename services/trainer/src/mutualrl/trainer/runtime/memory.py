@@ -8,8 +8,18 @@ Two phases peak separately:
   `vllm.gpu_memory_utilization`: its copy of the weights and its KV cache), or the HF
   engine's KV cache for every row of the round at once;
 - training: weights + gradients + optimizer state (+ reference) + the activations of one
-  micro-batch + one logit chunk, next to the engine's share, or only to what a released
-  engine keeps (`sglang.release_memory`, `vllm.release_memory`).
+  micro-batch + one logit chunk (+ under mixed precision in one process, autocast's
+  compute-dtype casts of the weights, which a micro-batch holds from its forward into its
+  backward), next to the engine's share, or only to what a released engine keeps
+  (`sglang.release_memory`, `vllm.release_memory`).
+
+The HF engine's fast path (`hf.fast_path`) holds its memory across rounds, so it counts in
+both phases: its sampling copy of the weights in the compute dtype (`hf.sample_weights:
+copy`), its static KV cache (the round's rows, a power of two with CUDA graphs, x the rollout
+length rounded up to 64 tokens) and, with CUDA graphs, the graphs' pool, whose largest part is
+the sampler's work on [rows, vocabulary] (the logits, their float32 copy, log-softmax,
+probabilities and the truncation's product: `SAMPLER_BYTES` a row and entry, `SORT_BYTES` more
+with top_p's sort). Without graphs the sampler's work is transient, in the rollout phase.
 
 The weights are the master weights (`policies[].dtype`): under mixed precision (float32
 master, bf16 `compute_dtype`) parameters, gradients and AdamW's two moments are float32 and
@@ -25,9 +35,12 @@ AdamW keeps two moments in the parameter (master) dtype.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -39,6 +52,13 @@ RELEASED_ENGINE_BYTES = 2 * GIB
 """What a released SGLang or vLLM engine still holds (CUDA graphs, buffers, its context)."""
 POOLED_ENGINES = ("sglang", "vllm")
 """Engines that take a share of the device for their own weights and KV cache."""
+SAMPLER_BYTES = 20
+"""Bytes per row and vocabulary entry the HF engine's draw holds at once (see the module
+docstring)."""
+SORT_BYTES = 20
+"""Bytes per row and entry top_p's sort adds (values, int64 indices, their cumulative sum)."""
+LENGTH_QUANTUM = 64
+"""The static cache's length is rounded up to a multiple of this (`engines.static_decode`)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,15 @@ class PlanInputs:
     engine_pool_bytes: int | None = None
     """An explicit engine share in bytes (vLLM on a CPU: `vllm.kv_cache_gib` + its copy of
     the weights), instead of a fraction of the device."""
+    hf_fast: bool = False
+    """The HF engine's fast path: its static cache (and copy, and graphs) stay resident."""
+    hf_weights: str = "master"
+    """What the fast path samples from: `master`, `copy` (a compute-dtype copy) or
+    `autocast`."""
+    hf_graphs: bool = False
+    """CUDA graphs: the batch is a power of two and the sampler's work stays in their pool."""
+    sampler_sort: bool = False
+    """top_p < 1: the draw sorts the vocabulary."""
 
 
 @dataclass
@@ -106,6 +135,11 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    @property
+    def room(self) -> int:
+        """What the plan may use: the device less the reserve."""
+        return self.device_bytes - self.reserve
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
@@ -144,8 +178,13 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
     kv_tok = kv_bytes_per_token(shape, (x.engine_bytes or b) if x.engine in POOLED_ENGINES
                                 else b)
     round_kv = rows * x.seq_tokens * kv_tok
+    # Mixed precision in one process: a micro-batch's forward holds autocast's casts of every
+    # weight (the cast cache, then the tensors saved for backward); FSDP2 counts `gathered`.
+    casts = shape.params * a if a < b and n == 1 else 0
     items = {"weights": weights, "gradients": grads, "optimizer": optim,
              "reference": reference, "activations": acts, "logit_chunk": logits}
+    if casts:
+        items["autocast_casts"] = casts
     if n > 1:
         items["gathered"] = gathered
     resident = weights + optim + reference
@@ -164,18 +203,34 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
         items["engine"] = static
         items["kv_cache"] = max(pool, 0)
         rollout = resident + rollout_weights + static
-        train = resident + gathered + grads + acts + logits + (
+        train = resident + gathered + grads + acts + logits + casts + (
             RELEASED_ENGINE_BYTES if x.release_memory else static)
         if rows_at_once < 1:
             problems.append(
                 f"{_ENGINE_NAMES[x.engine]}'s KV pool ({_gib(pool)}) cannot hold one rollout "
                 f"of {x.seq_tokens} tokens: raise {_share_field(x)}")
+    elif x.engine == "hf" and x.hf_fast:
+        # The fast path's copy, static cache and graphs are held across rounds.
+        served = b if x.hf_weights == "master" else a
+        pool_rows = _pow2(rows) if x.hf_graphs else rows
+        length = -(-x.seq_tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM
+        pool = pool_rows * length * kv_bytes_per_token(shape, served)
+        rows_at_once = rows
+        sampler = pool_rows * shape.vocab * (SAMPLER_BYTES + SORT_BYTES * x.sampler_sort)
+        copy = shape.params * a if x.hf_weights == "copy" else 0
+        items["kv_cache"] = pool
+        items["sampler"] = sampler
+        if copy:
+            items["sampling_copy"] = copy
+        held = copy + pool + (sampler if x.hf_graphs else 0)
+        rollout = resident + rollout_weights + copy + pool + sampler
+        train = resident + gathered + grads + acts + logits + casts + held
     else:
         pool = round_kv
         rows_at_once = rows
         items["kv_cache"] = round_kv
         rollout = resident + rollout_weights + round_kv
-        train = resident + gathered + grads + acts + logits
+        train = resident + gathered + grads + acts + logits + casts
     reserve = RESERVE_BYTES + int(RESERVE_FRACTION * device_bytes)
     room = device_bytes - reserve
     if train > room:
@@ -186,6 +241,10 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
             fix.append(f"policies[].{x.engine}.release_memory: true")
         if x.engine in POOLED_ENGINES:
             fix.append(_share_field(x))
+        if x.engine == "hf" and x.hf_fast:  # its static cache (and copy) stay resident
+            fix += list(ROUND_FIELDS)
+            if x.hf_weights == "copy":
+                fix.append("policies[].hf.sample_weights: autocast")
         if x.nproc == 1:
             fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
         fix.append("policies[].lora")
@@ -193,7 +252,7 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
                         + ", ".join(fix))
     if rollout > room:
         fix = ([_share_field(x)] if x.engine in POOLED_ENGINES
-               else ["grpo.prompts_per_round", "grpo.max_new_tokens"])
+               else list(ROUND_FIELDS))
         if x.nproc == 1:
             fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
         fix.append("policies[].lora")
@@ -206,6 +265,12 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
 
 
 _ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+ROUND_FIELDS = ("grpo.prompts_per_round", "grpo.group_size", "grpo.max_new_tokens")
+"""What sets a round's rows x length (the longest prompt aside)."""
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _share_field(x: PlanInputs) -> str:
@@ -237,8 +302,20 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
          f"{x.logit_chunk_tokens:,} tokens x {shape.vocab:,} vocab"),
         ("KV cache", p.items["kv_cache"],
          f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.nproc):,} "
-         f"rollouts of {x.seq_tokens:,} tokens at once"),
+         f"rollouts of {x.seq_tokens:,} tokens at once"
+         + ("; static, held across rounds" if x.engine == "hf" and x.hf_fast else "")),
     ]
+    if "autocast_casts" in p.items:
+        rows.append(("autocast casts", p.items["autocast_casts"],
+                     f"{_DTYPE_NAMES[x.act_bytes]} casts of the weights in a micro-batch"))
+    if "sampling_copy" in p.items:
+        rows.append(("sampling copy", p.items["sampling_copy"],
+                     f"the HF engine's {_DTYPE_NAMES[x.act_bytes]} weights, synced each step"))
+    if "sampler" in p.items:
+        rows.append(("sampler", p.items["sampler"],
+                     "rows x vocabulary, " + ("in the CUDA graphs' pool" if x.hf_graphs
+                                              else "while sampling")
+                     + f"; weights: {x.hf_weights}"))
     if "gathered" in p.items:
         rows.append(("gathered units", p.items["gathered"],
                      "root (embeddings, head) + one block, with their gradients; sampling "
@@ -289,3 +366,105 @@ def model_shape(path: str | Path, lora: Any = None) -> ModelShape:
                 or 4 * hidden),
         kv_heads=int(getattr(text, "num_key_value_heads", 0) or heads), head_dim=head_dim,
         vocab=int(text.vocab_size))
+
+
+def plan_inputs(cfg: TrainerConfig, policy: PolicySettings, prompt_tokens: int,
+                hf_weights: str = "master") -> PlanInputs:
+    """What the plan reads from `cfg` (the policy's own grpo overrides applied already);
+    `hf_weights`: what the HF engine's fast path samples from (`sample_weights_choices`)."""
+    g = cfg.grpo
+    b = DTYPE_BYTES[policy.dtype]
+    on_cuda = policy.device.startswith("cuda")
+    max_new = g.max_new_tokens or getattr(cfg.task, "max_new_tokens", None) or 256
+    compute = DTYPE_BYTES[policy.compute]
+    if g.autocast_bf16 and on_cuda:
+        compute = 2
+    share, release, pool = policy.sglang.mem_fraction_static, policy.sglang.release_memory, None
+    served = DTYPE_BYTES[policy.compute]  # engines serve in the compute dtype
+    if policy.rollout_engine == "vllm":
+        v = policy.vllm
+        share, release = v.gpu_memory_utilization, v.release_memory and on_cuda
+        served = DTYPE_BYTES[v.dtype or policy.compute]
+        if not on_cuda:  # an explicit KV size (GiB) beside the engine's copy of the weights
+            pool = int(v.kv_cache_gib * GIB)
+    hf = policy.hf
+    return PlanInputs(
+        dtype_bytes=b, act_bytes=compute,
+        micro_batch_tokens=g.micro_batch_tokens, logit_chunk_tokens=g.logit_chunk_tokens,
+        activation_checkpointing=g.activation_checkpointing,
+        reference_copy=policy.lora is None and (g.beta > 0 or cfg.diagnostics.kl_every > 0),
+        rows=g.prompts_per_round * g.group_size, seq_tokens=prompt_tokens + max_new,
+        engine=policy.rollout_engine, mem_fraction_static=share, release_memory=release,
+        nproc=policy.nproc, engine_bytes=served, engine_pool_bytes=pool,
+        hf_fast=policy.rollout_engine == "hf" and hf.fast_path, hf_weights=hf_weights,
+        hf_graphs=hf_graphs(policy, hf_weights), sampler_sort=g.top_p < 1.0)
+
+
+def hf_graphs(policy: PolicySettings, weights: str) -> bool:
+    """Whether the HF engine replays CUDA graphs: on CUDA, asked for, and over weights whose
+    addresses hold still (its own copy, or one process's module; FSDP2 gathers anew)."""
+    return (policy.device.startswith("cuda") and policy.hf.fast_path and policy.hf.cuda_graphs
+            and (weights == "copy" or policy.nproc == 1))
+
+
+def sample_weights_choices(policy: PolicySettings) -> list[str]:
+    """What the HF engine may sample from, best first (`hf.sample_weights`; auto: a
+    compute-dtype copy on CUDA under mixed precision or FSDP2, else autocast or the master)."""
+    asked = policy.hf.sample_weights
+    if asked != "auto":
+        return [asked]
+    if not policy.device.startswith("cuda"):
+        return ["master"]
+    lower = policy.compute != policy.dtype
+    if lower or policy.nproc > 1:
+        return ["copy", "autocast" if lower else "master"]
+    return ["master"]
+
+
+def policy_plan(shape: ModelShape, cfg: TrainerConfig, policy: PolicySettings,
+                prompt_tokens: int, size: int) -> tuple[PlanInputs, MemoryPlan]:
+    """The policy's inputs and plan on a device of `size` bytes: for the HF engine with the
+    first of its sampling choices that fits (the last when none does)."""
+    choices = sample_weights_choices(policy) if policy.rollout_engine == "hf" else ["master"]
+    for weights in choices:
+        x = plan_inputs(cfg, policy, prompt_tokens, weights)
+        p = plan(shape, x, size)
+        if p.fits:
+            break
+    return x, p
+
+
+def device_bytes(policy: PolicySettings, device_memory_gb: float | None,
+                 device: str | None = None) -> int:
+    """The size to plan against: the flag, else the CUDA device's memory (`device`: a rank's
+    own, instead of the policy's), else host RAM for a CPU policy; a CUDA policy planned on a
+    machine without that device needs the flag."""
+    if device_memory_gb is not None:
+        return int(device_memory_gb * GIB)
+    dev = device or policy.device
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"policy {policy.name} runs on {dev} and no CUDA device "
+                             "is visible here: give --device-memory-gb")
+        index = torch.device(dev).index or 0
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class RolloutMemoryError(ValueError):
+    """A round's rollouts do not fit the device (refused before round 0)."""
+
+
+ALLOCATOR_SETTINGS = "expandable_segments:True"
+"""The CUDA caching allocator's setting for trainers: segments grow in place, so memory a
+round's shapes free is reused by the next shapes instead of staying reserved."""
+
+
+def set_allocator(environ: Any = None) -> None:
+    """Give this process `ALLOCATOR_SETTINGS` unless the environment sets the allocator
+    already (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF); before CUDA is first used."""
+    env = os.environ if environ is None else environ
+    if not env.get("PYTORCH_CUDA_ALLOC_CONF") and not env.get("PYTORCH_ALLOC_CONF"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_SETTINGS

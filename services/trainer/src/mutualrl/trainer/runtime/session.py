@@ -28,6 +28,13 @@ from mutualrl.trainer.runtime import checkpoint, dist_checkpoint
 from mutualrl.trainer.runtime.allocator import AllocatorClient
 from mutualrl.trainer.runtime.determinism import fix_kernels
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
+from mutualrl.trainer.runtime.memory import (
+    GIB,
+    RolloutMemoryError,
+    device_bytes,
+    model_shape,
+    policy_plan,
+)
 from mutualrl.trainer.runtime.metrics import MetricsSink
 from mutualrl.trainer.runtime.step import enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
@@ -66,6 +73,36 @@ def vllm_engine_kwargs(policy: PolicySettings, device: str, seed: int) -> dict[s
             "kv_cache_gib": v.kv_cache_gib, "gpu_memory_utilization": v.gpu_memory_utilization,
             "release_memory": v.release_memory, "enforce_eager": v.enforce_eager,
             **v.engine_args}
+
+
+def hf_engine_kwargs(cfg: TrainerConfig, policy: PolicySettings, path: Path, device: str,
+                     prompt_tokens: int) -> dict[str, Any]:
+    """`HFEngine`'s arguments from the policy's `hf` settings and its memory plan on `device`
+    (`runtime.memory.policy_plan`: what the fast path samples from, the static cache's
+    budget). A round whose rollouts do not fit raises `RolloutMemoryError`, naming the fields
+    that set its size, before round 0."""
+    x, p = policy_plan(model_shape(path, policy.lora), cfg, policy, prompt_tokens,
+                       device_bytes(policy, None, device))
+    if p.rollout_peak > p.room:
+        raise RolloutMemoryError(
+            f"policy {policy.name}: a round of {x.rows} rollouts "
+            f"(grpo.prompts_per_round x grpo.group_size) of up to {x.seq_tokens} tokens (the "
+            f"longest prompt, {prompt_tokens}, + grpo.max_new_tokens) needs "
+            f"{p.rollout_peak / GIB:.2f} GiB on {device}, {p.room / GIB:.2f} GiB usable: lower "
+            "grpo.prompts_per_round, grpo.group_size or grpo.max_new_tokens "
+            "(`mutualrl train --dry-run` prints the plan)")
+    if not p.fits:
+        log.warning("policy %s: %s", policy.name, "; ".join(p.problems))
+    if x.hf_weights == "autocast" and policy.hf.sample_weights == "auto":
+        log.info("policy %s: the HF engine samples under %s autocast: a %s copy of the weights "
+                 "does not fit beside training", policy.name, policy.compute, policy.compute)
+    hf = policy.hf
+    return {"policy": policy.name, "fast_path": hf.fast_path, "cuda_graphs": x.hf_graphs,
+            "stop_check_every": hf.stop_check_every, "weights": x.hf_weights,
+            "compute_dtype": policy.compute if x.hf_weights != "master" else None,
+            "window_tokens": hf.window_tokens,
+            "kv_budget_bytes": p.room - (p.rollout_peak - p.items["kv_cache"])
+            if x.hf_fast else None}
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -250,7 +287,10 @@ def build_session(
     max_new = g.max_new_tokens or task.max_new_tokens
     benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
     engine_kw: dict[str, Any] = {}
-    if policy.rollout_engine == "sglang":
+    if policy.rollout_engine == "hf":
+        longest = max(len(renderer.ids(p)) for p in task.prompts("train", 64, seed=cfg.seed))
+        engine_kw = hf_engine_kwargs(cfg, policy, Path(start), dev, longest)
+    elif policy.rollout_engine == "sglang":
         sg = policy.sglang
         engine_kw = {"mem_fraction_static": sg.mem_fraction_static,
                      "release_memory": sg.release_memory, "dtype": policy.compute,
@@ -259,7 +299,9 @@ def build_session(
             engine_kw.setdefault("base_gpu_id", torch.device(dev).index or 0)
     elif policy.rollout_engine == "vllm":
         engine_kw = vllm_engine_kwargs(policy, dev, cfg.seed + dist.rank)
-    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
+    with gathered(model):  # the HF engine's copy and checks read the whole model
+        engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start),
+                             **engine_kw)
     log.info("%s: rollouts on %s", policy.name, policy.rollout_engine)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     exchange = None

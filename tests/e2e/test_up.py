@@ -123,6 +123,11 @@ def test_up_trains_three_policies_on_two_units_without_waiting(tmp_path: Path) -
         # 5 s deadline); now it is a step's compute (0.3-0.5 s idle, up to ~3.5 s at load 12),
         # so no round may reach the deadline.
         assert max(r["step_s"] for r in later) < 5.0, [r["step_s"] for r in rows]
+        # Every policy samples on the HF engine's fast path (its static cache; on a CPU the
+        # decode steps run eagerly), never its fallback loop.
+        assert all(r["rollout/fast_path"] == 1.0 for r in rows), name
+        assert rows[-1]["rollout/eager_steps"] > rows[0]["rollout/eager_steps"] > 0, name
+        assert rows[-1]["rollout/pool_allocations"] <= 2, name  # reused across rounds
     summary = json.loads((run_dir / "results.json").read_text())
     stats = summary["see_stats"]["matrix"]["REWARD_STATS"]
     assert {t: set(s) for t, s in stats.items()} == {n: set(names) - {n} for n in names}

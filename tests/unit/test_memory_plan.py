@@ -12,6 +12,8 @@ from mutualrl.cli import main
 from mutualrl.trainer.runtime.memory import (
     GIB,
     RELEASED_ENGINE_BYTES,
+    SAMPLER_BYTES,
+    SORT_BYTES,
     PlanInputs,
     model_shape,
     plan,
@@ -224,3 +226,110 @@ def test_gsm8k_chat_config_fits_80gb_gpus(tmp_path: Path) -> None:
     cfg.write_text((root / "configs/gsm8k-chat.yaml").read_text()
                    .replace("/models/", f"{tmp_path}/"))
     assert main(["train", "-c", str(cfg), "--dry-run", "--device-memory-gb", "80"]) == 0
+
+
+def test_plan_of_the_hf_fast_path_counts_its_copy_cache_and_graphs(llama_dir: Path) -> None:
+    """Float32 master, bf16 compute, the fast path sampling from a bf16 copy with CUDA graphs:
+    its copy, its static cache (rows rounded to a power of two, length to 64) and its
+    sampler's work stay resident in both phases; autocast's casts count in training."""
+    shape = model_shape(llama_dir)
+    base = dict(act_bytes=2, rows=6, seq_tokens=40, hf_fast=True)
+    p = plan(shape, _inputs(**base, hf_weights="copy", hf_graphs=True), 1 << 40)
+    copy, casts = PARAMS * 2, PARAMS * 2
+    kv = 8 * 64 * (2 * 2 * 2 * 16 * 2)  # 8 rows x 64 tokens x 256 B/token in bf16
+    sampler = 8 * 1000 * SAMPLER_BYTES
+    assert (p.items["sampling_copy"], p.items["kv_cache"], p.items["sampler"],
+            p.items["autocast_casts"]) == (copy, kv, sampler, casts)
+    resident = 552_192 + 1_104_384
+    assert p.rollout_peak == resident + copy + kv + sampler
+    train = resident + 552_192 + p.items["activations"] + p.items["logit_chunk"] + casts
+    assert p.train_peak == train + copy + kv + sampler
+    # Without graphs: the exact rows, and the sampler's work only while sampling.
+    eager = plan(shape, _inputs(**base, hf_weights="copy"), 1 << 40)
+    assert eager.items["kv_cache"] == 6 * 64 * 256
+    assert eager.train_peak == train + copy + 6 * 64 * 256
+    # Under autocast there is no copy; the cache holds bf16; sampling from a float32 master
+    # (no autocast) keeps a float32 cache.
+    auto = plan(shape, _inputs(**base, hf_weights="autocast"), 1 << 40)
+    assert "sampling_copy" not in auto.items and auto.items["kv_cache"] == 6 * 64 * 256
+    master = plan(shape, _inputs(**base, hf_weights="master"), 1 << 40)
+    assert master.items["kv_cache"] == 6 * 64 * 512
+    assert plan(shape, _inputs(**base, sampler_sort=True), 1 << 40).items["sampler"] == (
+        6 * 1000 * (SAMPLER_BYTES + SORT_BYTES))
+
+
+def _gpu_policy(llama_dir: Path, **policy: object) -> tuple[object, object]:
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    cfg = TrainerConfig.model_validate({
+        "grpo": {"group_size": 4, "prompts_per_round": 8, "max_new_tokens": 64},
+        "policies": [{"name": "A", "model_path": str(llama_dir), "device": "cuda:0",
+                      "dtype": "float32", "compute_dtype": "bfloat16", **policy}]})
+    return cfg, cfg.policies[0]
+
+
+def test_the_hf_engine_samples_from_a_copy_where_it_fits_else_under_autocast(
+        llama_dir: Path) -> None:
+    from mutualrl.trainer.runtime.memory import plan_inputs, policy_plan
+
+    shape = model_shape(llama_dir)
+    cfg, policy = _gpu_policy(llama_dir)
+    x, p = policy_plan(shape, cfg, policy, 16, 1 << 40)
+    assert (x.hf_weights, x.hf_graphs) == ("copy", True) and p.fits
+    # A device on which training fits with autocast but not beside a copy.
+    copy = plan(shape, plan_inputs(cfg, policy, 16, "copy"), 1 << 40).train_peak
+    auto = plan(shape, plan_inputs(cfg, policy, 16, "autocast"), 1 << 40).train_peak
+    assert auto < copy
+    room = (auto + copy) // 2
+    size = int((room + GIB) / 0.95) + 1
+    x, p = policy_plan(shape, cfg, policy, 16, size)
+    assert x.hf_weights == "autocast" and p.fits
+    # Asked for explicitly, the choice stands (and the plan says it does not fit).
+    cfg_c, policy_c = _gpu_policy(llama_dir, hf={"sample_weights": "copy"})
+    x, p = policy_plan(shape, cfg_c, policy_c, 16, size)
+    assert x.hf_weights == "copy" and not p.fits
+    assert "policies[].hf.sample_weights: autocast" in p.problems[0]
+    # float32 compute on CUDA, and any CPU policy, sample from the master.
+    cfg32, p32 = _gpu_policy(llama_dir, compute_dtype="float32")
+    assert policy_plan(shape, cfg32, p32, 16, 1 << 40)[0].hf_weights == "master"
+    cfg_cpu, p_cpu = _gpu_policy(llama_dir, device="cpu")
+    x, _ = policy_plan(shape, cfg_cpu, p_cpu, 16, 1 << 40)
+    assert (x.hf_weights, x.hf_graphs) == ("master", False)
+
+
+def test_a_round_too_large_for_the_device_is_refused_before_round_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """~40 TB of static cache (100,000 prompts x 64 samples x 4,096 new tokens): the trainer
+    stops before round 0 with exit 2, naming the three fields that size a round."""
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.memory import RolloutMemoryError
+    from mutualrl.trainer.runtime.session import build_session
+
+    trainer = {"run_id": "big", "output_dir": str(tmp_path / "runs"),
+               "services": {"local": True},
+               "grpo": {"group_size": 64, "prompts_per_round": 100_000,
+                        "max_new_tokens": 4096},
+               "eval": {"every": 0}, "checkpoint": {"every": 0},
+               "metrics": {"tensorboard": False, "progress": False},
+               "policies": [{"name": "A", "preset": "llama-char"}]}
+    with pytest.raises(RolloutMemoryError) as err:
+        build_session(TrainerConfig.model_validate(trainer), "A",
+                      cache_dir=tmp_path / "presets")
+    for name in ("grpo.prompts_per_round", "grpo.group_size", "grpo.max_new_tokens",
+                 "policy A", "6400000 rollouts"):
+        assert name in str(err.value)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump({"trainer": trainer}))
+    assert main(["train", "-c", str(path)]) == 2
+    assert "grpo.group_size" in capsys.readouterr().err
+
+
+def test_trainers_grow_cuda_segments_unless_told_otherwise() -> None:
+    from mutualrl.trainer.runtime.memory import ALLOCATOR_SETTINGS, set_allocator
+
+    env: dict[str, str] = {}
+    set_allocator(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": ALLOCATOR_SETTINGS}
+    mine = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
+    set_allocator(mine)
+    assert mine == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}

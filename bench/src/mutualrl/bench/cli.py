@@ -189,21 +189,42 @@ def _rounds(commands: Commands) -> None:
 def _rollout_bench(args: argparse.Namespace) -> int:
     from mutualrl.bench.rollout import run_bench
 
+    engines = args.engines.split(",") if args.engines else None
     print(_emit(run_bench(args.prompts, args.group, args.new_tokens, args.repeats, args.threads,
-                          args.cache_dir), args.json))
+                          args.cache_dir, device=args.device, shape=args.shape,
+                          engines=engines, bandwidth_tbps=args.bandwidth_tbps), args.json))
     return 0
 
 
 def _rollout(commands: Commands) -> None:
-    r = commands.add(("bench", "rollout"), "Rollout tokens/s of vLLM against the HF engine on "
-                     "a ~100M Llama with Qwen2's vocabulary (64 x 128 tokens).", _rollout_bench)
+    r = commands.add(("bench", "rollout"), "Rollout tokens/s of the HF engine's fast path "
+                     "against its dynamic-cache loop, transformers' generate, vLLM and SGLang "
+                     "(CPU or CUDA; real model shapes).", _rollout_bench)
     from mutualrl.bench.rollout import add_arguments
 
     add_arguments(r)
 
 
+def _shape_bench(args: argparse.Namespace) -> int:
+    from mutualrl.bench.shape import run_shape
+
+    print(_emit(run_shape(args.shape, args.device, args.rounds, args.prompts, args.group,
+                          args.new_tokens, args.cache_dir,
+                          {"fast_path": args.fast_path == "true"}), args.json))
+    return 0
+
+
+def _shape(commands: Commands) -> None:
+    r = commands.add(("bench", "shape"), "Training rounds of one policy at a real model's shape "
+                     "(random init): round and rollout time, and the memory plan against the "
+                     "measured peak.", _shape_bench)
+    from mutualrl.bench.shape import add_arguments
+
+    add_arguments(r)
+
+
 BENCHES: tuple[Callable[[Commands], None], ...] = (_see, _thl, _mwra, _trainer, _memory, _rounds,
-                                                   _rollout)
+                                                   _rollout, _shape)
 
 
 def register(commands: Commands) -> None:

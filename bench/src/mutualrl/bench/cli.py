@@ -23,6 +23,16 @@ def _emit(result: dict[str, object], path: str | None) -> str:
     return text
 
 
+def _so_far(path: str | None) -> Callable[[dict[str, object]], None]:
+    """Writes a run's figures so far to `path` as they come: a run cut short keeps what it
+    measured."""
+
+    def write(result: dict[str, object]) -> None:
+        _emit(result, path)
+
+    return write
+
+
 def _see_bench(args: argparse.Namespace) -> int:
     from mutualrl.bench.see import main as bench_main
 
@@ -192,7 +202,8 @@ def _rollout_bench(args: argparse.Namespace) -> int:
     engines = args.engines.split(",") if args.engines else None
     print(_emit(run_bench(args.prompts, args.group, args.new_tokens, args.repeats, args.threads,
                           args.cache_dir, device=args.device, shape=args.shape,
-                          engines=engines, bandwidth_tbps=args.bandwidth_tbps), args.json))
+                          engines=engines, bandwidth_tbps=args.bandwidth_tbps,
+                          progress=_so_far(args.json)), args.json))
     return 0
 
 
@@ -210,7 +221,7 @@ def _shape_bench(args: argparse.Namespace) -> int:
 
     print(_emit(run_shape(args.shape, args.device, args.rounds, args.prompts, args.group,
                           args.new_tokens, args.cache_dir,
-                          {"fast_path": args.fast_path == "true"}), args.json))
+                          {"fast_path": args.fast_path == "true"}, _so_far(args.json)), args.json))
     return 0
 
 

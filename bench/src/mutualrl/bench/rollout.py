@@ -123,7 +123,7 @@ def device_bandwidth(gib: float = 2.0, repeats: int = 5) -> float:
 
 
 def bandwidth_bound(model: Any, sequences: int, prompt_tokens: int, new_tokens: int,
-                    bandwidth: float) -> dict[str, float]:
+                    bandwidth: float) -> dict[str, Any]:
     """Tokens/s if a step read only the bf16 weights and every sequence's KV cache, once."""
     c = model.config
     heads = c.num_attention_heads
@@ -162,11 +162,14 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
             texts, n=group, max_new_tokens=new_tokens, temperature=1.0, seeds=seeds)
             for s in row)
 
+    def syncer(engine: Any) -> Callable[[], None]:
+        return lambda: engine.sync_weights(master)
+
     bf16: Any = None
     for name in names:
         if name == "hf_loop":
             eng = HFEngine(master, tok, fast_path=False)
-            yield name, _Runner(engine_call(eng), lambda e=eng: e.sync_weights(master),
+            yield name, _Runner(engine_call(eng), syncer(eng),
                                 notes={"weights": "float32 master"})
         elif name == "hf":
             kw: dict[str, Any] = ({"weights": "copy", "compute_dtype": "bfloat16"} if cuda
@@ -174,7 +177,7 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
             eng = HFEngine(master, tok, policy="bench", cuda_graphs=cuda, **kw)
             if eng.decoder is None:
                 raise RuntimeError(f"the fast path cannot run this model: {eng.fallback_reason}")
-            yield name, _Runner(engine_call(eng), lambda e=eng: e.sync_weights(master),
+            yield name, _Runner(engine_call(eng), syncer(eng),
                                 stats=eng.stats, notes={
                                     "weights": "bf16 copy" if cuda else "float32 master",
                                     "cuda_graphs": cuda})
@@ -202,7 +205,7 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
             t = time.perf_counter()
             veng = VLLMEngine(str(model_dir), tok, policy="bench", seed=seed,
                               device=device, **kw)
-            yield name, _Runner(engine_call(veng), lambda e=veng: e.sync_weights(master),
+            yield name, _Runner(engine_call(veng), syncer(veng),
                                 close=veng.close, notes={"start_s": time.perf_counter() - t})
         elif name == "sglang":
             from mutualrl.trainer.engines.sglang import SGLangEngine
@@ -211,7 +214,7 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
             t = time.perf_counter()
             seng = SGLangEngine(str(model_dir), tok, mem_fraction_static=0.3,
                                 release_memory=False, dtype="bfloat16")
-            yield name, _Runner(engine_call(seng), lambda e=seng: e.sync_weights(master),
+            yield name, _Runner(engine_call(seng), syncer(seng),
                                 close=seng.engine.shutdown,
                                 notes={"start_s": time.perf_counter() - t})
         else:
@@ -244,8 +247,11 @@ def run_bench(prompts: int | None = None, group: int | None = None,
               new_tokens: int | None = None, repeats: int = 3, threads: int | None = None,
               cache_dir: Path | None = None, seed: int = 0, device: str = "cpu",
               shape: str = "tiny", engines: list[str] | None = None,
-              bandwidth_tbps: float | None = None) -> dict[str, Any]:
-    """The figures of one run (see the module docstring)."""
+              bandwidth_tbps: float | None = None,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The figures of one run (see the module docstring). Each engine is warmed up and timed
+    once in turn, then the other repeats alternate; `progress` gets the figures so far after
+    each engine's first call and after each repeat."""
     import torch
 
     from mutualrl.bench.trainer import _RssPeaks
@@ -262,115 +268,155 @@ def run_bench(prompts: int | None = None, group: int | None = None,
     names = engines or default_engines(device)
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    load0 = os.getloadavg()
     cache = cache_dir or Path(tempfile.mkdtemp(prefix="mutualrl-bench-"))
     model_dir = cache / f"model-{shape}" if {"vllm", "sglang"} & set(names) else None
+    run = _Run(cuda, shape, prompts, group, new_tokens, repeats, threads, os.getloadavg())
     t = time.perf_counter()
-    master, tok = build(shape, cache, "cuda" if cuda else "cpu", seed, save=model_dir)
-    build_s = time.perf_counter() - t
+    master, run.tok = build(shape, cache, "cuda" if cuda else "cpu", seed, save=model_dir)
+    run.build_s = time.perf_counter() - t
+    run.master = master
     texts = shape_prompts(shape, prompts, PROMPT_CHARS, seed)
-    seeds = list(range(seed, seed + prompts))
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    runners = dict(_runners(names, master, tok, texts, seeds, group, new_tokens, device,
-                            model_dir, seed))
-    results: dict[str, dict[str, list[float]]] = {n: {"tokens_per_s": [], "wall_s": [],
-                                                      "tokens": [], "sync_s": []}
-                                                  for n in runners}
-    warm: dict[str, float] = {}
-    memory: dict[str, dict[str, float]] = {}
-    with _RssPeaks() if not cuda else contextlib.nullcontext() as rss:
-        for name, r in runners.items():  # warm-up, not timed: graphs, compiles, pools
-            if rss is not None:
-                rss.phase = name
-            sync()
-            t = time.perf_counter()
-            r.call()
-            sync()
-            warm[name] = time.perf_counter() - t
-        for _ in range(repeats):
-            for name, r in runners.items():
-                if rss is not None:
-                    rss.phase = name
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                sync()
-                t = time.perf_counter()
-                tokens = r.call()
-                sync()
-                wall = time.perf_counter() - t
-                res = results[name]
-                res["tokens_per_s"].append(tokens / wall)
-                res["wall_s"].append(wall)
-                res["tokens"].append(float(tokens))
-                t = time.perf_counter()
-                r.sync()
-                sync()
-                res["sync_s"].append(time.perf_counter() - t)
-                if cuda:
-                    mem = memory.setdefault(name, {"peak_alloc_gib": 0.0,
-                                                   "peak_reserved_gib": 0.0})
-                    mem["peak_alloc_gib"] = max(mem["peak_alloc_gib"],
-                                                torch.cuda.max_memory_allocated() / 2**30)
-                    mem["peak_reserved_gib"] = max(mem["peak_reserved_gib"],
-                                                   torch.cuda.max_memory_reserved() / 2**30)
-        if rss is not None:
-            memory = {n: {"peak_rss_mb": rss.peak.get(n, 0) / 2**20} for n in runners}
-    stats = {n: r.stats() for n, r in runners.items()}
-    for r in runners.values():
-        r.close()
-    med = {n: {k: statistics.median(v) for k, v in res.items()} for n, res in results.items()}
-    sequences = prompts * group
-    prompt_tokens = max(len(tok(x)["input_ids"]) for x in texts)
+    run.prompt_tokens = max(len(run.tok(x)["input_ids"]) for x in texts)
     if cuda:
         bw = bandwidth_tbps * 1e12 if bandwidth_tbps else device_bandwidth()
-        bound = bandwidth_bound(master, sequences, prompt_tokens, new_tokens, bw)
-        bound["bandwidth_source"] = "--bandwidth-tbps" if bandwidth_tbps else \
-            "device-to-device copy measured here"
-        key = "bound_tokens_per_s"
+        run.bound = bandwidth_bound(master, prompts * group, run.prompt_tokens, new_tokens, bw)
+        run.bound["bandwidth_source"] = ("--bandwidth-tbps" if bandwidth_tbps
+                                         else "device-to-device copy measured here")
     else:
-        bound = matmul_bound(sequences, shape=shape)
-        key = "matmul_bound_tokens_per_s"
-    anchor = med.get("hf_loop", {}).get("tokens_per_s")
-    out: dict[str, Any] = {
-        "benchmark": "rollout", "device": device, "shape": shape,
-        "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "torch": torch.__version__, "params": sum(p.numel() for p in master.parameters()),
-        "vocab": len(tok), "sequences": sequences, "prompts": prompts, "group_size": group,
-        "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
-        "threads": threads, "engines": list(runners), "build_s": build_s,
-        **{f"{n}_{k}": v for n, m in med.items() for k, v in m.items()},
-        **{f"{n}_{k}": v for n, m in memory.items() for k, v in m.items()},
-        **{f"{n}_warmup_s": v for n, v in warm.items()},
-        **{f"{n}_{k}": v for n, r in runners.items() for k, v in r.notes.items()},
-        **bound,
-        **{f"{n}_share_of_bound": m["tokens_per_s"] / bound[key] for n, m in med.items()},
-        "runs": results,
-        "load_start": list(load0), "load_end": list(os.getloadavg()),
-        "anchor": "the HF engine's dynamic-cache loop (hf_loop) on the same model, prompts, "
-                  "seeds and threads, alternating call by call",
-    }
-    if "hf" in stats:
-        out["hf_capture_s"] = stats["hf"].get("capture_s", 0.0)
-        out["hf_graph_captures"] = stats["hf"].get("graph_captures", 0.0)
-        out["hf_graph_replays"] = stats["hf"].get("graph_replays", 0.0)
-        out["hf_pool_gib"] = stats["hf"].get("pool_bytes", 0.0) / 2**30
-    if "generate_static" in warm and "generate_static" in med:
-        # Its warm-up compiles: the compile's share is what the warm-up took beyond a call.
-        out["generate_static_compile_s"] = warm["generate_static"] - \
-            med["generate_static"]["wall_s"]
-    if anchor:
-        out["ratio"] = med["hf"]["tokens_per_s"] / anchor if "hf" in med else None
-        for n in med:
-            if n not in ("hf", "hf_loop"):
-                out[f"ratio_{n}"] = med[n]["tokens_per_s"] / anchor
-    if "generate" in med and "hf" in med:
-        out["ratio_hf_over_generate"] = med["hf"]["tokens_per_s"] / med["generate"][
-            "tokens_per_s"]
-    return out
+        run.bound = matmul_bound(prompts * group, shape=shape)
+    runners = dict(_runners(names, master, run.tok, texts, list(range(seed, seed + prompts)),
+                            group, new_tokens, device, model_dir, seed))
+    run.runners = runners
+    try:
+        with _RssPeaks() if not cuda else contextlib.nullcontext() as rss:
+            run.rss = rss
+            for name in runners:  # warm-up (graphs, compiles, pools), then one timed call
+                run.timed(name, warm=True)
+                run.timed(name)
+                if progress:
+                    progress(run.figures())
+            for _ in range(repeats - 1):
+                for name in runners:
+                    run.timed(name)
+                if progress:
+                    progress(run.figures())
+    finally:
+        for r in runners.values():
+            r.close()
+    return run.figures()
+
+
+class _Run:
+    """The state of one bench run and its figures so far."""
+
+    def __init__(self, cuda: bool, shape: str, prompts: int, group: int, new_tokens: int,
+                 repeats: int, threads: int, load0: tuple[float, float, float]) -> None:
+        self.cuda, self.shape, self.prompts, self.group = cuda, shape, prompts, group
+        self.new_tokens, self.repeats, self.threads, self.load0 = (new_tokens, repeats,
+                                                                   threads, load0)
+        self.tok: Any = None
+        self.master: Any = None
+        self.build_s = 0.0
+        self.prompt_tokens = 0
+        self.bound: dict[str, Any] = {}
+        self.runners: dict[str, _Runner] = {}
+        self.rss: Any = None
+        self.results: dict[str, dict[str, list[float]]] = {}
+        self.warm: dict[str, float] = {}
+        self.memory: dict[str, dict[str, float]] = {}
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def timed(self, name: str, warm: bool = False) -> None:
+        """One call of engine `name` (and, timed, one weight sync after it)."""
+        import torch
+
+        r = self.runners[name]
+        if self.rss is not None:
+            self.rss.phase = name
+        if self.cuda and not warm:
+            torch.cuda.reset_peak_memory_stats()
+        self._sync()
+        t = time.perf_counter()
+        tokens = r.call()
+        self._sync()
+        wall = time.perf_counter() - t
+        if warm:
+            self.warm[name] = wall
+            return
+        res = self.results.setdefault(name, {"tokens_per_s": [], "wall_s": [], "tokens": [],
+                                             "sync_s": []})
+        res["tokens_per_s"].append(tokens / wall)
+        res["wall_s"].append(wall)
+        res["tokens"].append(float(tokens))
+        t = time.perf_counter()
+        r.sync()
+        self._sync()
+        res["sync_s"].append(time.perf_counter() - t)
+        if self.cuda:
+            mem = self.memory.setdefault(name, {"peak_alloc_gib": 0.0, "peak_reserved_gib": 0.0})
+            mem["peak_alloc_gib"] = max(mem["peak_alloc_gib"],
+                                        torch.cuda.max_memory_allocated() / 2**30)
+            mem["peak_reserved_gib"] = max(mem["peak_reserved_gib"],
+                                           torch.cuda.max_memory_reserved() / 2**30)
+        elif self.rss is not None:
+            self.memory[name] = {"peak_rss_mb": self.rss.peak.get(name, 0) / 2**20}
+
+    def figures(self) -> dict[str, Any]:
+        import torch
+
+        med = {n: {k: statistics.median(v) for k, v in res.items()}
+               for n, res in self.results.items()}
+        key = "bound_tokens_per_s" if self.cuda else "matmul_bound_tokens_per_s"
+        out: dict[str, Any] = {
+            "benchmark": "rollout", "device": "cuda" if self.cuda else "cpu",
+            "shape": self.shape,
+            "device_name": torch.cuda.get_device_name(0) if self.cuda else "cpu",
+            "torch": torch.__version__,
+            "params": sum(p.numel() for p in self.master.parameters()),
+            "vocab": len(self.tok), "sequences": self.prompts * self.group,
+            "prompts": self.prompts, "group_size": self.group, "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens, "repeats": self.repeats,
+            "threads": self.threads, "engines": list(self.runners), "build_s": self.build_s,
+            "complete": all(len(self.results.get(n, {}).get("wall_s", [])) == self.repeats
+                            for n in self.runners),
+            **{f"{n}_{k}": v for n, m in med.items() for k, v in m.items()},
+            **{f"{n}_{k}": v for n, m in self.memory.items() for k, v in m.items()},
+            **{f"{n}_warmup_s": v for n, v in self.warm.items()},
+            **{f"{n}_{k}": v for n, r in self.runners.items() for k, v in r.notes.items()},
+            **self.bound,
+            **{f"{n}_share_of_bound": m["tokens_per_s"] / self.bound[key]
+               for n, m in med.items()},
+            "runs": self.results,
+            "load_start": list(self.load0), "load_end": list(os.getloadavg()),
+            "anchor": "the HF engine's dynamic-cache loop (hf_loop) on the same model, "
+                      "prompts, seeds and threads",
+        }
+        if "hf" in self.runners:
+            stats = self.runners["hf"].stats()
+            out["hf_capture_s"] = stats.get("capture_s", 0.0)
+            out["hf_graph_captures"] = stats.get("graph_captures", 0.0)
+            out["hf_graph_replays"] = stats.get("graph_replays", 0.0)
+            out["hf_pool_gib"] = stats.get("pool_bytes", 0.0) / 2**30
+        if "generate_static" in self.warm and "generate_static" in med:
+            # Its warm-up compiles: the compile's share is what it took beyond a call.
+            out["generate_static_compile_s"] = (self.warm["generate_static"]
+                                                - med["generate_static"]["wall_s"])
+        anchor = med.get("hf_loop", {}).get("tokens_per_s")
+        if anchor:
+            # The most any engine could show over the anchor, were it at the bound.
+            out["ratio_ceiling"] = self.bound[key] / anchor
+            for n in med:
+                if n != "hf_loop":
+                    out["ratio" if n == "hf" else f"ratio_{n}"] = med[n]["tokens_per_s"] / anchor
+        if "generate" in med and "hf" in med:
+            out["ratio_hf_over_generate"] = (med["hf"]["tokens_per_s"]
+                                             / med["generate"]["tokens_per_s"])
+        return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,10 @@ def trainer_config(model_dir: Path, out: Path, device: str, prompts: int, group:
 
 def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3,
               prompts: int = 32, group: int = 8, new_tokens: int = 256,
-              cache_dir: Path | None = None, hf: dict[str, Any] | None = None
-              ) -> dict[str, Any]:
-    """The figures of one run (see the module docstring)."""
+              cache_dir: Path | None = None, hf: dict[str, Any] | None = None,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The figures of one run (see the module docstring); `progress` gets them after each
+    round."""
     import torch
 
     from mutualrl.trainer.cli.dry_run import memory_plans
@@ -82,7 +84,40 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        rows = []
+        rows: list[dict[str, float]] = []
+
+        def figures() -> dict[str, Any]:
+            later = rows[1:] or rows  # round 0 captures the graphs
+            out: dict[str, Any] = {
+                "benchmark": "shape", "shape": shape, "device": device,
+                "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
+                "torch": torch.__version__, "params": plan.shape.params,
+                "rollouts": prompts * group, "new_tokens": new_tokens,
+                "prompt_tokens": longest, "build_s": build_s, "session_s": session_s,
+                "complete": len(rows) == rounds, "rounds": rows,
+                **{k: statistics.median(r[k] for r in later)
+                   for k in ("step_s", "rollout_s", "rollout_share", "rollout_tokens_per_s")},
+                "engine": s.engine.stats(),
+                "plan_text": plan.text, "plan_fits": plan.plan.fits,
+                "plan_items_gib": {k: v / GIB for k, v in plan.plan.items.items()},
+                "plan_rollout_peak_gib": plan.plan.rollout_peak / GIB,
+                "plan_train_peak_gib": plan.plan.train_peak / GIB,
+                "sample_weights": plan.inputs.hf_weights,
+                "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                "load_start": list(load0), "load_end": list(os.getloadavg()),
+            }
+            if cuda:
+                planned = max(plan.plan.rollout_peak, plan.plan.train_peak) / GIB
+                measured = max(r["max_alloc_gib"] for r in rows)
+                reserved = max(r["max_reserved_gib"] for r in rows)
+                out.update({"planned_peak_gib": planned, "measured_max_allocated_gib": measured,
+                            "measured_max_reserved_gib": reserved,
+                            "plan_over_measured": planned / measured,
+                            "plan_within_10pct": abs(planned / measured - 1) <= 0.10,
+                            "reserved_over_allocated": reserved / measured,
+                            "rollouts_at_most_half": out["rollout_share"] <= 0.5})
+            return out
+
         for k in range(rounds):
             m = run_round(s, k)
             row = {x: float(m[x]) for x in ("step_s", "rollout_s", "reward_mean")}
@@ -93,40 +128,11 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
                 row["max_alloc_gib"] = torch.cuda.max_memory_allocated() / GIB
                 row["max_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
             rows.append(row)
-        stats = s.engine.stats()
+            if progress:
+                progress(figures())
+        return figures()
     finally:
         s.close()
-    later = rows[1:] or rows  # round 0 captures the graphs
-    out: dict[str, Any] = {
-        "benchmark": "shape", "shape": shape, "device": device,
-        "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "torch": torch.__version__, "params": plan.shape.params, "rollouts": prompts * group,
-        "new_tokens": new_tokens, "prompt_tokens": longest, "build_s": build_s,
-        "session_s": session_s, "rounds": rows,
-        "step_s": statistics.median(r["step_s"] for r in later),
-        "rollout_s": statistics.median(r["rollout_s"] for r in later),
-        "rollout_share": statistics.median(r["rollout_share"] for r in later),
-        "rollout_tokens_per_s": statistics.median(r["rollout_tokens_per_s"] for r in later),
-        "engine": stats,
-        "plan_text": plan.text, "plan_fits": plan.plan.fits,
-        "plan_items_gib": {k: v / GIB for k, v in plan.plan.items.items()},
-        "plan_rollout_peak_gib": plan.plan.rollout_peak / GIB,
-        "plan_train_peak_gib": plan.plan.train_peak / GIB,
-        "sample_weights": plan.inputs.hf_weights,
-        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        "load_start": list(load0), "load_end": list(os.getloadavg()),
-    }
-    if cuda:
-        planned = max(plan.plan.rollout_peak, plan.plan.train_peak) / GIB
-        measured = max(r["max_alloc_gib"] for r in rows)
-        reserved = max(r["max_reserved_gib"] for r in rows)
-        out.update({"planned_peak_gib": planned, "measured_max_allocated_gib": measured,
-                    "measured_max_reserved_gib": reserved,
-                    "plan_over_measured": planned / measured,
-                    "plan_within_10pct": abs(planned / measured - 1) <= 0.10,
-                    "reserved_over_allocated": reserved / measured,
-                    "rollouts_at_most_half": out["rollout_share"] <= 0.5})
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

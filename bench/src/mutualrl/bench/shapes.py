@@ -74,7 +74,7 @@ def build(shape: str, cache_dir: Path, device: str = "cpu", seed: int = 0,
     spec = SHAPES[shape]
     tok = tokenizer(spec.vocab, cache_dir)
     config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if spec.family == "qwen2"
-                             else (LlamaConfig, LlamaForCausalLM))
+                             else (LlamaConfig, LlamaForCausalLM))  # type: Any, Any
     cfg = config_cls(vocab_size=spec.vocab, pad_token_id=tok.pad_token_id,
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **spec.body)
     torch.manual_seed(seed)

@@ -126,6 +126,7 @@ def inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
     import torch
 
     rows, v = probs.shape
+    block = min(block, v)  # a small vocabulary is one block
     full = v // block * block
     # A block's sum in the probabilities' own dtype is accurate enough (pairwise summation of
     # 1,024 entries) and spares a float64 copy of the whole row.

@@ -54,21 +54,23 @@ class RolloutTooLarge(ValueError):
     """A call's static cache would exceed what the memory plan leaves the engine."""
 
 
-class PooledLayer(CacheLayerMixin):  # type: ignore[misc]
+class PooledLayer(CacheLayerMixin):
     """One decoder layer's keys and values in the pool: a batch of B rows writes into the
-    first B rows at the slot `cumulative_length` points to, and attention reads the first
-    `window` positions. Compileable (transformers then builds the decode mask on the device,
-    without reading the cache length back)."""
+    first B rows at the slot `filled` points to, and attention reads the first `window`
+    positions. Compileable (transformers then builds the decode mask on the device, without
+    reading the cache length back)."""
 
     is_compileable = True
     is_sliding = False
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
-        self.keys, self.values = keys, values
+        self.keys, self.values = keys, values  # transformers' names, for its generic code
+        self.pool_keys, self.pool_values = keys, values
         self.device = keys.device
-        self.cumulative_length = torch.zeros((), dtype=torch.long, device=keys.device)
-        self.window = keys.shape[2]
+        self.filled = torch.zeros((), dtype=torch.long, device=keys.device)
+        """0-d: the slot the next token's keys go to (the cache's length)."""
+        self.window = int(keys.shape[2])
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -77,21 +79,21 @@ class PooledLayer(CacheLayerMixin):  # type: ignore[misc]
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         rows, _, new, _ = key_states.shape
-        at = torch.arange(new, device=self.device) + self.cumulative_length
-        keys, values = self.keys[:rows], self.values[:rows]
+        at = torch.arange(new, device=self.device) + self.filled
+        keys, values = self.pool_keys[:rows], self.pool_values[:rows]
         keys.index_copy_(2, at, key_states.to(keys.dtype))
         values.index_copy_(2, at, value_states.to(values.dtype))
-        self.cumulative_length.add_(new)
+        self.filled.add_(new)
         return keys[:, :, : self.window], values[:, :, : self.window]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.window, 0
 
     def get_seq_length(self) -> Any:
-        return self.cumulative_length
+        return self.filled
 
     def get_max_length(self) -> int:
-        return int(self.keys.shape[2])
+        return int(self.pool_keys.shape[2])
 
 
 @dataclass
@@ -224,12 +226,12 @@ class StaticDecoder:
     def _ensure_pool(self, dyn: Any, rows: int, length: int) -> Pool:
         """The pool, reallocated when this call's rows or length exceed it (its graphs go
         with it)."""
-        shapes = [(int(layer.keys.shape[1]), int(layer.keys.shape[3]), layer.keys.dtype)
-                  for layer in dyn.layers]
+        shapes = [(int(k.shape[1]), int(k.shape[3]), k.dtype)
+                  for k in (layer.keys for layer in dyn.layers)]
         p = self.pool
         if p is not None and p.rows >= rows and p.length >= length and len(p.layers) == len(
-                shapes) and all(layer.keys.shape[1] == h and layer.keys.shape[3] == d
-                                and layer.keys.dtype == t
+                shapes) and all(layer.pool_keys.shape[1] == h and layer.pool_keys.shape[3] == d
+                                and layer.pool_keys.dtype == t
                                 for layer, (h, d, t) in zip(p.layers, shapes, strict=True)):
             return p
         rows = max(rows, p.rows if p is not None else 0)
@@ -248,7 +250,7 @@ class StaticDecoder:
                   for h, d, t in shapes]
         dev = self.device
         self.pool = Pool(
-            rows=rows, length=length, layers=layers, cache=Cache(layers=layers),
+            rows=rows, length=length, layers=layers, cache=Cache(layers=list(layers)),
             inp=torch.zeros((rows, 1), dtype=torch.long, device=dev),
             pos=torch.zeros((rows, 1), dtype=torch.long, device=dev),
             mask=torch.ones((rows, length), dtype=torch.bool, device=dev),
@@ -311,14 +313,18 @@ class StaticDecoder:
     def _snapshot(self) -> list[torch.Tensor]:
         p = self.pool
         assert p is not None
-        return [t.clone() for t in (p.inp, p.pos, p.alive, p.lengths, p.step,
-                                    *(layer.cumulative_length for layer in p.layers))]
+        return [t.clone() for t in self._mutable()]
+
+    def _mutable(self) -> list[torch.Tensor]:
+        """What one decode step changes besides the step's own column and cache slot."""
+        p = self.pool
+        assert p is not None
+        return [p.inp, p.pos, p.alive, p.lengths, p.step, *(layer.filled for layer in p.layers)]
 
     def _restore(self, snap: list[torch.Tensor]) -> None:
         p = self.pool
         assert p is not None
-        for t, v in zip((p.inp, p.pos, p.alive, p.lengths, p.step,
-                         *(layer.cumulative_length for layer in p.layers)), snap, strict=True):
+        for t, v in zip(self._mutable(), snap, strict=True):
             t.copy_(v)
 
     def _graph(self, model: Any, batch: int, window: int, s: Sampling, kw: str,
@@ -416,12 +422,12 @@ class StaticDecoder:
         fill = torch.cat([torch.arange(b, device=self.device).div(n, rounding_mode="floor"),
                           torch.zeros(batch - b, dtype=torch.long, device=self.device)])
         for layer, src in zip(p.layers, dyn.layers, strict=True):
-            if type(src) is not DynamicLayer:
+            if type(src) is not DynamicLayer or src.keys is None or src.values is None:
                 raise TypeError(f"cache layer {type(src).__name__} is not a full-attention "
                                 "layer the pool can hold")
-            layer.keys[:batch, :, :width] = src.keys.index_select(0, fill)
-            layer.values[:batch, :, :width] = src.values.index_select(0, fill)
-            layer.cumulative_length.fill_(width)
+            layer.pool_keys[:batch, :, :width] = src.keys.index_select(0, fill)
+            layer.pool_values[:batch, :, :width] = src.values.index_select(0, fill)
+            layer.filled.fill_(width)
         p.mask[:batch, :width] = attn.bool().index_select(0, fill)
         p.mask[:batch, width:] = True
         p.pos[:batch, 0] = positions[:, -1].index_select(0, fill) + 1
@@ -479,8 +485,8 @@ class StaticDecoder:
         order = slots + [slots[0]] * (smaller - len(slots))
         idx = torch.tensor(order, dtype=torch.long, device=self.device)
         for layer in p.layers:
-            layer.keys[:smaller, :, :filled] = layer.keys[idx, :, :filled]
-            layer.values[:smaller, :, :filled] = layer.values[idx, :, :filled]
+            layer.pool_keys[:smaller, :, :filled] = layer.pool_keys[idx, :, :filled]
+            layer.pool_values[:smaller, :, :filled] = layer.pool_values[idx, :, :filled]
         for t in (p.inp, p.pos, p.mask, p.key):
             t[:smaller] = t[idx]
         p.alive[:len(slots)] = True

@@ -311,3 +311,26 @@ def test_counter_uniforms_are_uniform_and_independent_across_rows_and_steps() ->
     corr = torch.corrcoef(torch.stack([u[0], u[1], u[:, 0].repeat(512)]))
     assert float(corr[0, 1].abs()) < 0.05
     assert len(set(u.flatten().tolist())) == u.numel()
+
+
+def test_a_lora_policy_samples_from_its_merged_copy(cache: Path) -> None:
+    from mutualrl.trainer.config.run import LoraSettings
+    from mutualrl.trainer.engines.base import sync_tensors
+    from mutualrl.trainer.model import lora
+
+    model, tok = load_policy(ensure_preset("llama-char", cache))
+    peft = lora.wrap(model, LoraSettings(rank=2, target_modules=["q_proj", "o_proj"]))
+    with torch.no_grad():  # adapters away from zero, so that merging them matters
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    eng = HFEngine(peft, tok, weights="copy", compute_dtype="float32")
+    copy, merged = eng._sampler(), dict(sync_tensors(peft))
+    assert not hasattr(copy, "get_base_model")  # the base architecture, adapters merged
+    for name, p in copy.named_parameters():
+        assert torch.equal(p, merged[name]), name
+    samples = _flat(eng.generate(PROMPTS, 2, 8, seeds=SEEDS))
+    got = _teacher_forced(peft, samples, 1.0, tok.pad_token_id)
+    for i, s in enumerate(samples):
+        diff = (got[i, : len(s.token_ids)].float() - torch.tensor(s.logprobs)).abs().max()
+        assert float(diff) <= 1e-4, i

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 GOLDEN = 0x9E3779B97F4A7C15
 """SplitMix64's increment (2^64 / the golden ratio, odd)."""
 MIX1 = 0xBF58476D1CE4E5B9
@@ -54,8 +56,6 @@ def uniforms(keys: Any, step: Any) -> Any:
     """[R] float64 uniforms in [0, 1): SplitMix64's output number `step + 1` of the stream
     that starts at each row's key. `step` is an int or a 0-d int64 tensor on the keys'
     device (a CUDA graph replays with the step it reads from that tensor)."""
-    import torch
-
     # A Python step is reduced to int64 here; a tensor step wraps in the product itself.
     z = keys + (_signed((step + 1) * GOLDEN) if isinstance(step, int)
                 else (step + 1) * _signed(GOLDEN))
@@ -76,8 +76,6 @@ def draw(logits: Any, temperature: float, truncation: tuple[int, float, float],
     """(token, log-prob under log_softmax(logits / T)) per row, the token drawn by inverting
     the truncated distribution's CDF at `u` (one uniform per row); T == 0 is greedy (the
     log-prob is then the untempered one). `truncation` is (top_k, top_p, min_p)."""
-    import torch
-
     if temperature <= 0:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(dim=-1)
@@ -89,19 +87,17 @@ def draw(logits: Any, temperature: float, truncation: tuple[int, float, float],
 
 def truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
     """`probs` with the entries top_k, then top_p, then min_p leave out set to 0 (not
-    renormalised: the draw scales by the row's total). Ties with the k-th entry stay."""
-    import torch
-
+    renormalised: the draw scales by the row's total). Ties with the last entry kept stay."""
     if 0 < top_k < probs.shape[-1]:
         kth = probs.topk(top_k, dim=-1).values[:, -1:]
         probs = probs * (probs >= kth)
     if top_p < 1.0:
-        # Nucleus: keep the smallest prefix of the sorted distribution with mass >= top_p
-        # of what top_k left.
-        sp, idx = probs.sort(dim=-1, descending=True)
+        # Nucleus: the smallest prefix of the sorted distribution with mass >= top_p of what
+        # top_k left, kept as a threshold on the probabilities (no scatter back).
+        sp = probs.sort(dim=-1, descending=True).values
         mass = top_p if top_k == 0 else top_p * sp.sum(-1, keepdim=True)
-        sp = sp * ((sp.cumsum(-1) - sp) < mass)
-        probs = torch.zeros_like(probs).scatter(-1, idx, sp)
+        kept = ((sp.cumsum(-1) - sp) < mass).sum(-1, keepdim=True)
+        probs = probs * (probs >= sp.gather(-1, kept.clamp(min=1) - 1))
     if min_p > 0.0:
         probs = probs * (probs >= min_p * probs.max(dim=-1, keepdim=True).values)
     return probs
@@ -109,8 +105,6 @@ def truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
 
 def _last_with_mass(mass: Any) -> Any:
     """[R] index of each row's last entry with mass > 0 (0 for a row without any)."""
-    import torch
-
     width = mass.shape[-1]
     return width - 1 - (mass.flip(-1) > 0).to(torch.uint8).argmax(-1)
 
@@ -123,8 +117,6 @@ def inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
     block of `block` entries is drawn from the blocks' sums, then the entry within it. Should
     rounding put the draw past the last entry of mass (of the row, or of the block the draw
     fell in), that entry takes it. No value is read back to the host."""
-    import torch
-
     rows, v = probs.shape
     block = min(block, v)  # a small vocabulary is one block
     full = v // block * block

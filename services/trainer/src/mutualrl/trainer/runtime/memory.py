@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
+from mutualrl.trainer.engines.static_decode import LENGTH_QUANTUM, pow2
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -57,8 +58,6 @@ SAMPLER_BYTES = 20
 docstring)."""
 SORT_BYTES = 20
 """Bytes per row and entry top_p's sort adds (values, int64 indices, their cumulative sum)."""
-LENGTH_QUANTUM = 64
-"""The static cache's length is rounded up to a multiple of this (`engines.static_decode`)."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
     elif x.engine == "hf" and x.hf_fast:
         # The fast path's copy, static cache and graphs are held across rounds.
         served = b if x.hf_weights == "master" else a
-        pool_rows = _pow2(rows) if x.hf_graphs else rows
+        pool_rows = pow2(rows) if x.hf_graphs else rows
         length = -(-x.seq_tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM
         pool = pool_rows * length * kv_bytes_per_token(shape, served)
         rows_at_once = rows
@@ -267,10 +266,6 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
 _ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 ROUND_FIELDS = ("grpo.prompts_per_round", "grpo.group_size", "grpo.max_new_tokens")
 """What sets a round's rows x length (the longest prompt aside)."""
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _share_field(x: PlanInputs) -> str:

@@ -103,8 +103,7 @@ def round_loss(
             ref_logp = completion_logprobs(ref_model, batch, grpo.temperature)
 
     if peers is not None and len(peers.token_ids) and method in ("hacpo", "hacpo-naive"):
-        parts = token_loss(logp, logp_old, advantages, grpo.eps_lo, grpo.eps_hi, grpo.beta,
-                           ref_logp, weights, grpo.importance_sampling_level, mask)
+        parts = token_loss(logp, logp_old, advantages, grpo, ref_logp, weights, mask)
         cross = _hacpo_rows(logp[n_own:], mask[n_own:], advantages[n_own:], peers, probe)
         total_t = torch.cat([parts.total[:n_own], cross])
         pg_t = torch.cat([parts.pg[:n_own], cross])
@@ -114,10 +113,8 @@ def round_loss(
         pg = aggregate(pg_t.detach(), mask, grpo.aggregation, max_new_tokens)
         stats.update(loss_pg=float(pg), tokens=float(mask.sum()))
     else:
-        out = grpo_loss(
-            logp, logp_old, advantages, mask, grpo.eps_lo, grpo.eps_hi, grpo.beta, ref_logp,
-            grpo.aggregation, max_new_tokens, weights, grpo.importance_sampling_level, entropy,
-            grpo.entropy_coef)
+        out = grpo_loss(logp, logp_old, advantages, mask, grpo, ref_logp, weights, entropy,
+                        max_new_tokens)
         total = out.loss
         stats.update(loss_pg=out.pg_loss, kl=out.kl, clip_frac=out.clip_frac,
                      clip_frac_low=out.clip_frac_low, clip_frac_high=out.clip_frac_high,

@@ -1,4 +1,4 @@
-"""HACPO, SAPO and F-TIS by their definitions (docs/design.md (11)-(13)), in plain Python on
+"""HACPO, SAPO and F-TIS by their definitions (docs/design.md (12)-(14)), in plain Python on
 lists of floats: the reference the trainer's `algos.hacpo`, `algos.sapo`, `algos.ftis` and
 `algos.methods` are tested against. Written from the papers' equations and the HACPO authors'
 recipe, not from the implementation: no torch, no trainer import, loops instead of tensors.

@@ -5,7 +5,7 @@ logits of the whole batch, so it is for tests and tiny models only.
 GRPO (3)-(5) over own (+ peer) rows, weighted by PRP's importance weights (9), plus SGT's
 rescue term (7). PRP's importance weights use the receiver's pre-step log-probs of the peer
 tokens, detached, so they are constants of the step as the estimator requires. Peer rows of the
-published methods (11)-(13), from their definitions here, not from `algos.methods`: HACPO's
+published methods (12)-(14), from their definitions here, not from `algos.methods`: HACPO's
 rows take −clip(s, l_0, 1) · sg(clip(s, l_0, 1))^α · w · A (one update: m = 0) with no KL;
 SAPO's take GRPO's loss unweighted; F-TIS's take it times min(π/π_gen, C) per chunk, negative
 rows whose KL estimate passes the gate left out. Sequences are given as token-id lists; prompts

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import get_args
 
 import pytest
 import reference_collab as ref
@@ -21,7 +22,7 @@ from mutualrl.trainer.algos import ftis, hacpo, sapo
 from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.algos.methods import METHODS
 from mutualrl.trainer.algos.prp import pooled_advantages
-from mutualrl.trainer.config.run import ProbeSettings
+from mutualrl.trainer.config.run import ProbeKind, ProbeSettings
 
 S = ProbeSettings(kind="hacpo")
 
@@ -312,7 +313,7 @@ def test_ftis_kl_of_a_huge_ratio_is_finite() -> None:
 # The registry ---------------------------------------------------------------------------------
 
 def test_every_peer_probe_has_a_function_set() -> None:
-    kinds = set(ProbeSettings.model_fields["kind"].annotation.__args__)  # type: ignore[union-attr]
+    kinds = set(get_args(ProbeKind))
     assert set(METHODS) == {"prp", "hacpo", "hacpo-naive", "sapo", "ftis"} <= kinds
     assert METHODS["hacpo"].token_loss is hacpo.cross_token_loss
     assert all(METHODS[k].token_loss is None for k in ("prp", "sapo", "ftis"))

@@ -1,5 +1,5 @@
 """F-TIS: filtered truncated importance sampling across heterogeneous generators (arXiv
-2605.22537; docs/design.md (13)).
+2605.22537; docs/design.md (14)).
 
 Peer completions come with the generator's per-token log-probs (SEE's ROLLOUT records carry
 them, as for PRP). Each source's completions of a prompt form a group of their own (advantages

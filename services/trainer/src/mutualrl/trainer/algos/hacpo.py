@@ -1,5 +1,5 @@
 """HACPO: heterogeneous agent collaborative policy optimisation (Zhang et al., arXiv 2603.02604;
-docs/design.md (11)).
+docs/design.md (12)).
 
 Every response of every policy to a prompt joins the learner's group, with no correctness filter.
 What crosses is the completion text and the sender's mean token log-prob (SEE's ROLLOUT records
@@ -122,7 +122,7 @@ class PeerGroup(Protocol):
 def hacpo_advantages(own: Tensor, peers: Sequence[PeerGroup], scale: ScaleRewards,
                      s: HacpoSettings, eps: float = EPS) -> tuple[Tensor, list[Tensor]]:
     """Own advantages ``[P, G]`` and each prompt's peer advantages over the pooled group with
-    capability-weighted baseline (docs/design.md (11)). Prompts without peer rows keep exactly
+    capability-weighted baseline (docs/design.md (12)). Prompts without peer rows keep exactly
     GRPO's values (the same batched call). ``scale``: what the centred rewards are divided by,
     the pooled std (`group`, ddof 0), the std of the round's own rewards (`batch`) or nothing
     (`none`)."""

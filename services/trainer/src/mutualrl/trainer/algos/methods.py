@@ -1,5 +1,5 @@
 """The probes that train on peers' rollouts, as registered function sets (docs/design.md (9),
-(11)-(13)): how a method forms the advantages of own and peer rows, the row weights (and
+(12)-(14)): how a method forms the advantages of own and peer rows, the row weights (and
 anything else) it fixes before the round's first update, and the token loss of its peer rows.
 
 - `prp`: advantages pooled over own + peer rewards; row weights w = π_i / π_j per sequence or

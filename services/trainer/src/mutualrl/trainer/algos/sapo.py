@@ -1,5 +1,5 @@
 """SAPO: swarm sampling policy optimisation (Gensyn AI Team, "Sharing is Caring", arXiv
-2509.08721; docs/design.md (12)).
+2509.08721; docs/design.md (13)).
 
 A peer's whole group of completions for a question (text) joins the learner's batch as a group
 of its own, keyed by (peer, question); the learner scores the completions with its own reward

@@ -142,11 +142,15 @@ class GRPOSettings(Config):
         return aggregation_mode(value) if isinstance(value, str) else value
 
 
+ProbeKind = Literal["none", "xgrpo", "sgt", "prp", "sgt-self", "oracle", "hacpo", "hacpo-naive",
+                    "sapo", "ftis"]
+"""The sharing probes (`ProbeSettings.kind`)."""
+
+
 class ProbeSettings(Config):
     """Which sharing probe runs on top of GRPO, and its knobs."""
 
-    kind: Literal["none", "xgrpo", "sgt", "prp", "sgt-self", "oracle", "hacpo", "hacpo-naive",
-                  "sapo", "ftis"] = "none"
+    kind: ProbeKind = "none"
     """none: plain GRPO; xgrpo: pooled advantage baseline; sgt: success-gated transfer;
     prp: peer rollout pooling with importance weights. Two controls of SGT: sgt-self (the same
     lambda and the same number of NLL demonstrations per round as SGT would use, drawn from this

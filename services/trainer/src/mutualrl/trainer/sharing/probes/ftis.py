@@ -1,6 +1,6 @@
 """Probe `ftis`: each peer's group of a prompt is a group of its own; its tokens carry truncated
 importance weights and its negative samples pass a KL gate, per THL chunk across tokenizers
-(docs/design.md (13)). The generator's per-token log-probs are the ones PRP reads."""
+(docs/design.md (14)). The generator's per-token log-probs are the ones PRP reads."""
 
 from __future__ import annotations
 

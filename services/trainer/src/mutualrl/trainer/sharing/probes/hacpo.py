@@ -1,5 +1,5 @@
 """Probes `hacpo` and `hacpo-naive`: every peer response to a prompt joins the learner's group
-(docs/design.md (11)); the learner keeps each policy's capability from the reward statistics the
+(docs/design.md (12)); the learner keeps each policy's capability from the reward statistics the
 policies publish every round, weights peer rewards in its baseline by it, and gives each peer row
 the sender's mean token log-prob for the loss's sequence ratio. `hacpo-naive` is the paper's
 ablation: the same pooled group with every capability ratio 1."""

@@ -1,5 +1,5 @@
 """Probe `sapo`: peers' whole groups of completions join as groups of their own (docs/design.md
-(12)), rescored by this policy's own reward functions, trained without an importance weight."""
+(13)), rescored by this policy's own reward functions, trained without an importance weight."""
 
 from __future__ import annotations
 

@@ -317,3 +317,31 @@ def test_every_peer_probe_has_a_function_set() -> None:
     assert set(METHODS) == {"prp", "hacpo", "hacpo-naive", "sapo", "ftis"} <= kinds
     assert METHODS["hacpo"].token_loss is hacpo.cross_token_loss
     assert all(METHODS[k].token_loss is None for k in ("prp", "sapo", "ftis"))
+
+
+# SAPO's rescoring ------------------------------------------------------------------------------
+
+def test_sapo_rescores_peer_completions_with_its_own_task() -> None:
+    """The learner's verifier decides a peer completion's reward, not the sender's report: a
+    correct answer reported as 0 scores 1, a wrong one reported as 1 scores 0, and a completion
+    the sender's budget cut scores 0 whatever its text."""
+    from mutualrl.trainer.data.tasks import Prompt, Task
+    from mutualrl.trainer.sharing.exchange import PeerRollout
+    from mutualrl.trainer.sharing.probes import RoundData
+    from mutualrl.trainer.sharing.probes.sapo import SAPOProbe
+
+    task = Task(regime="short", skills=["add"])
+    p0 = Prompt(id="add:3+4=", skill="add", text="add:3+4=", answer="7")
+    p1 = Prompt(id="add:5+5=", skill="add", text="add:5+5=", answer="10")
+    data = RoundData(round=0, prompts=[p0, p1], samples=[[], []], rewards=t([[0.0], [0.0]]))
+
+    def peer(prompt: Prompt, text: str, reported: float, cut: bool = False) -> PeerRollout:
+        return PeerRollout("d", "B", 0, prompt.id, text, "tok", [], [], [], reported,
+                           truncated=cut)
+
+    chosen = [peer(p0, "7;", 0.0), peer(p0, "8;", 1.0), peer(p1, "10;", 1.0, cut=True)]
+    probe = SAPOProbe(ProbeSettings(kind="sapo"), "A", None, task)
+    got = probe.rescore(data, chosen, [0, 0, 1], [[1], [2], [3]])
+    assert got == {0: [1.0, 0.0], 1: [0.0]}
+    assert SAPOProbe(ProbeSettings(kind="sapo"), "A", None, None).rescore(
+        data, chosen, [0, 0, 1], [[1], [2], [3]]) is None  # no task: the senders' rewards

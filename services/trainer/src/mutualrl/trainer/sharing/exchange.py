@@ -260,15 +260,7 @@ class PeerExchange:
         """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
         and whether every expected peer had published when the call returned (waits up to
         deadline). `expect`: the policies to wait for (None: every policy of the run)."""
-        left = remaining(deadline)
-        t0 = time.monotonic()
-        try:
-            resp = self.client.round_stats(
-                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
-                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-                expect_policies=list(expect or []), timeout=left + 1.0)
-        finally:
-            self.waited_s += time.monotonic() - t0
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}
         for p in resp.prompts:
@@ -281,6 +273,20 @@ class PeerExchange:
                 best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(s.max))
         return pooled, best, bool(resp.complete)
 
+    def _round_stats(self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+                     expect: Sequence[str] | None) -> Any:
+        """SEE's reward stats of round `round_k` for `prompt_ids` as this policy sees them,
+        waiting (bounded by `deadline`, counted in `waited_s`) for the expected policies."""
+        left = remaining(deadline)
+        t0 = time.monotonic()
+        try:
+            return self.client.round_stats(
+                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
+                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
+                expect_policies=list(expect or []), timeout=left + 1.0)
+        finally:
+            self.waited_s += time.monotonic() - t0
+
     def policy_stats(
         self, round_k: int, prompt_ids: Sequence[str], deadline: float,
         expect: Sequence[str] | None = None,
@@ -288,15 +294,7 @@ class PeerExchange:
         """Each peer's reward stats of round `round_k` pooled over `prompt_ids` (own excluded;
         peers that published none are absent), and whether every expected peer had published
         when the call returned (waits up to deadline, as `peer_stats`)."""
-        left = remaining(deadline)
-        t0 = time.monotonic()
-        try:
-            resp = self.client.round_stats(
-                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
-                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-                expect_policies=list(expect or []), timeout=left + 1.0)
-        finally:
-            self.waited_s += time.monotonic() - t0
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         per_policy: dict[str, RewardStats] = {}
         for p in resp.prompts:
             for ps in p.policies:

@@ -12,7 +12,7 @@ import torch
 
 from mutualrl.trainer.algos.hacpo import Capability
 from mutualrl.trainer.sharing.exchange import PeerExchange, PeerRollout
-from mutualrl.trainer.sharing.probes.base import LossInputs, PeerRows, RoundData
+from mutualrl.trainer.sharing.probes.base import LossInputs, RoundData
 from mutualrl.trainer.sharing.probes.prp import RolloutProbe, flatten
 
 
@@ -50,23 +50,12 @@ class HACPOProbe(RolloutProbe):
         baseline = {i: [self.ratio(self.policy, r.policy) for r in rs]
                     for i, rs in per_prompt.items()}
         own_adv, peer_adv = self.advantages(data, per_prompt, baseline=baseline)
-        chosen, prompt_index = flatten(per_prompt)
-        if not chosen:
+        if not per_prompt:
             return LossInputs(advantages=own_adv, stats=stats)
-        aligned = ex.align(chosen, chunk_level=False)
-        stats["thl_multi_token_chunk_share"] = sum(
-            a.multi_token_chunk_share for a in aligned) / len(aligned)
-        peers = PeerRows(
-            prompt_index=prompt_index,
-            token_ids=[a.token_ids for a in aligned],
-            advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
-            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned],
-                                         dtype=torch.float64),
-            method=self.kind,
-            sender_tokens=torch.tensor([a.sender_tokens for a in aligned], dtype=torch.float64),
-            capability=torch.tensor([self.ratio(r.policy, self.policy) for r in chosen],
-                                    dtype=torch.float64),
-        )
+        chosen, _ = flatten(per_prompt)
+        weights = torch.tensor([self.ratio(r.policy, self.policy) for r in chosen],
+                               dtype=torch.float64)
+        peers = self.peer_rows(ex, per_prompt, peer_adv, stats, chunk=False, capability=weights)
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
     def state_dict(self) -> dict[str, Any]:

@@ -87,6 +87,28 @@ class RolloutProbe(Probe):
             for i in range(len(data.prompts))]
         return METHODS[self.kind].advantages(data.rewards, groups, self.scale, self.settings)
 
+    def peer_rows(self, ex: PeerExchange, per_prompt: dict[int, list[PeerRollout]],
+                  peer_adv: list[torch.Tensor], stats: dict[str, float], chunk: bool,
+                  **extra: Any) -> PeerRows:
+        """The rollouts of `per_prompt` in this policy's tokens (THL), with their advantages
+        and the sender's log-probs per sequence (and per chunk with `chunk`), for this probe's
+        method; records THL's residual in `stats`. `extra`: further PeerRows fields."""
+        chosen, prompt_index = flatten(per_prompt)
+        aligned = ex.align(chosen, chunk_level=chunk)
+        stats["thl_multi_token_chunk_share"] = sum(
+            a.multi_token_chunk_share for a in aligned) / len(aligned)
+        return PeerRows(
+            prompt_index=prompt_index,
+            token_ids=[a.token_ids for a in aligned],
+            advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
+            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned],
+                                         dtype=torch.float64),
+            token_chunk=[a.token_chunk for a in aligned] if chunk else None,
+            chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
+            method=self.kind,
+            sender_tokens=torch.tensor([a.sender_tokens for a in aligned], dtype=torch.float64),
+            **extra)
+
     def state_dict(self) -> dict[str, Any]:
         # Plain dicts: resume state loads with torch.load(weights_only=True).
         return {**super().state_dict(), "pending": [asdict(r) for r in self.pending]}
@@ -104,22 +126,10 @@ class PRPProbe(RolloutProbe):
     def build(self, data: RoundData, ex: PeerExchange,
               per_prompt: dict[int, list[PeerRollout]], stats: dict[str, float]) -> LossInputs:
         own_adv, peer_adv = self.advantages(data, per_prompt)
-        chosen, prompt_index = flatten(per_prompt)
-        if not chosen:
+        if not per_prompt:
             return LossInputs(advantages=own_adv, stats=stats)
-        chunk = self.settings.prp_level == "chunk"
-        aligned = ex.align(chosen, chunk_level=chunk)
-        stats["thl_multi_token_chunk_share"] = sum(
-            a.multi_token_chunk_share for a in aligned) / len(aligned)
-        peers = PeerRows(
-            prompt_index=prompt_index,
-            token_ids=[a.token_ids for a in aligned],
-            advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
-            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned],
-                                         dtype=torch.float64),
-            token_chunk=[a.token_chunk for a in aligned] if chunk else None,
-            chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
-        )
+        peers = self.peer_rows(ex, per_prompt, peer_adv, stats,
+                               chunk=self.settings.prp_level == "chunk")
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
 

@@ -1,10 +1,11 @@
 """Clients of the Shared Experience Exchange: `SeeClient` (blocking) and `AsyncSeeClient`.
 
-Every RPC is retried on UNAVAILABLE by gRPC's retry policy within the call's one deadline (a
-restarting SEE or a Redis hiccup costs a delay, not a crash). The reads take `timeout=`: the
-whole call's deadline, e.g. what is left of a training round. Retrying Publish is safe:
+Every RPC retries UNAVAILABLE for as long as the options' outage budget (a restarting SEE or a
+Redis hiccup costs a delay, not a crash; `mutualrl.client.base`). The reads take `timeout=`:
+the deadline of each attempt, e.g. what is left of a training round. Retrying Publish is safe:
 records are idempotent by record_id, so a batch whose answer was lost stores nothing twice
-(the retry reports DUPLICATE for those).
+(the retry reports DUPLICATE for those). `subscribe` re-opens its stream after the last event
+it delivered.
 
     with SeeClient("127.0.0.1:50051") as see:
         see.create_run("run1", ["a", "b"], tau=1.0, exist_ok=True)
@@ -15,6 +16,7 @@ records are idempotent by record_id, so a batch whose answer was lost stores not
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ import grpc
 
 from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.client.blocking import blocking, blocking_stream
-from mutualrl.common.channel import ClientOptions
+from mutualrl.common.channel import ClientOptions, Outage
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import run_metrics_pb2 as mpb
@@ -75,6 +77,7 @@ class AsyncSeeClient(AsyncClient):
     `await close()`. `SeeClient` is its blocking facade."""
 
     default_address = DEFAULT_ADDRESS
+    service = "SEE"
 
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         super().__init__(target, **overrides)
@@ -82,7 +85,7 @@ class AsyncSeeClient(AsyncClient):
 
     async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
                    timeout: float | None = None) -> Any:
-        """`timeout` (seconds, all attempts) replaces the options' timeout + `extra_timeout`."""
+        """`timeout` (seconds, each attempt) replaces the options' timeout + `extra_timeout`."""
         return await self._call(getattr(self.stub, method), request,
                                 self.options.timeout + extra_timeout if timeout is None
                                 else timeout)
@@ -178,14 +181,29 @@ class AsyncSeeClient(AsyncClient):
                         after_id: str = ""
                         ) -> AsyncIterator[pb.ExperienceEvent]:
         """Live events until the caller stops iterating (the call is cancelled then; a
-        blocking client's stream ends with `.cancel()`)."""
-        req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
-        call = self.stub.Subscribe(req, metadata=self.options.metadata())
-        try:
-            async for event in call:
-                yield event
-        finally:
-            call.cancel()
+        blocking client's stream ends with `.cancel()`). After UNAVAILABLE (SEE restarting)
+        the stream re-opens after the last event delivered, within the outage budget, so
+        nothing published meanwhile is missed (before any event: from then on, as a live view
+        does)."""
+        outage = Outage(self.options)
+        while True:
+            req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
+            call = self.stub.Subscribe(req, metadata=self.options.metadata())
+            try:
+                async for event in call:
+                    outage.reset()
+                    self.outages.answered()
+                    after_id = event.event_id
+                    yield event
+                return
+            except grpc.aio.AioRpcError as err:
+                delay = outage.retry_in(err.code())
+                if delay is None:
+                    raise outage.exhausted(err) from err
+                self.outages.failed(err, self.options.outage_budget)
+                await asyncio.sleep(delay)
+            finally:
+                call.cancel()
 
 
 class SeeClient(Client[AsyncSeeClient], core=AsyncSeeClient,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mutualrl.common import token_arrays as ta
+from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
 
@@ -93,6 +94,7 @@ class PeerExchange:
         token: str | None = None,
         timeout: float = 30.0,
         tau: float = 1.0,
+        outage_budget: float = DEFAULT_OUTAGE_BUDGET,
     ) -> None:
         from mutualrl.client.see import SeeClient
         from mutualrl.common.channel import ClientOptions
@@ -100,9 +102,10 @@ class PeerExchange:
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
         self._tok = local_tokenizer
-        opts = ClientOptions(address=see_address, token=token, timeout=timeout)
-        # Reads pass what is left of the round's deadline as the call's timeout: gRPC's
-        # retries of UNAVAILABLE happen within it.
+        opts = ClientOptions(address=see_address, token=token, timeout=timeout,
+                             outage_budget=outage_budget)
+        # Reads pass what is left of the round's deadline as each attempt's timeout; a SEE or
+        # THL that restarts is retried past it, within the outage budget.
         self.client = SeeClient(opts)
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
         self.thl: Any

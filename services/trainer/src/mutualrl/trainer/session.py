@@ -265,7 +265,8 @@ def build_session(
     local = svc.local or not dist.main  # one rank talks to the services for the policy
     if not local:  # even probe `none` publishes: peers may read this policy
         exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
-                                svc.token, svc.timeout, cfg.probe.tau)
+                                svc.token, svc.timeout, cfg.probe.tau,
+                                outage_budget=svc.outage_budget_s)
         # A THL service learns each tokenizer from its own trainer; the in-process engine
         # knows only what this process registers, so it gets every policy's.
         tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {
@@ -275,7 +276,7 @@ def build_session(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout,
         peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
-        fixed_compute=deterministic)
+        fixed_compute=deterministic, outage_budget=svc.outage_budget_s)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,

@@ -178,8 +178,9 @@ def make_launch_plan(config: Path, redis_url: str | None,
         "thl": grpc_serving(plan.endpoints["thl_grpc"]),
         "mwra": grpc_serving(plan.endpoints["mwra_grpc"]),
     }
+    service_restarts = up.max_restarts if up.service_restarts is None else up.service_restarts
     for name, check in checks.items():
-        spec = _service(name, run_dir, check, restart, up.max_restarts, eff_path)
+        spec = _service(name, run_dir, check, restart, service_restarts, eff_path)
         spec.env.update(env)
         plan.specs.append(spec)
     for name in plan.policies:

@@ -53,7 +53,8 @@ async def see(redis_url: str) -> AsyncIterator[Any]:
 
 
 def _see(srv: Any, token: str) -> AsyncSeeClient:
-    return AsyncSeeClient(ClientOptions(address=srv.address, token=token, outage_budget=0, timeout=10))
+    return AsyncSeeClient(ClientOptions(address=srv.address, token=token, outage_budget=0,
+                                        timeout=10))
 
 
 async def _code(coro: Any) -> grpc.StatusCode:

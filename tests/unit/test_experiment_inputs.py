@@ -80,7 +80,9 @@ def test_trains_evaluates_and_resumes_at_its_epoch_position(base: dict[str, Any]
      r"task.rewards\[score\].fn: cannot import 'no_such_rewards_module'"),
     ({"rewards": [{"fn": "REWARDS:one_value"}]}, {},
      r"task.rewards\[one_value\]: returned 1 values for 2 completions"),
-    ({}, {"chat_template": "TEMPLATE"}, r"policies\[llama\]: the chat template does not render"),
+    ({}, {"chat_template": "TEMPLATE"},
+     r"policies\[llama\]: the chat template \(policies\[llama\].chat_template .*t\.jinja\) "
+     r"does not render"),
 ])
 def test_bad_input_stops_before_round_0_naming_the_field(
         base: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -30,7 +30,7 @@ from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config
 from mutualrl.trainer.answers import after_hashes, last_boxed
-from mutualrl.trainer.chat import ChatTemplateError
+from mutualrl.trainer.chat import ChatTemplateError, ContextLengthError
 from mutualrl.trainer.rewards import Batch, RewardError, RewardSet, RewardSpec
 from mutualrl.trainer.tasks import Prompt
 
@@ -51,7 +51,7 @@ class DatasetError(ValueError):
 
 
 # What a user's own experiment can get wrong before round 0; each message names the field.
-ExperimentInputError = (DatasetError, RewardError, ChatTemplateError)
+ExperimentInputError = (DatasetError, RewardError, ChatTemplateError, ContextLengthError)
 
 
 class DatasetSettings(Config):

@@ -27,6 +27,7 @@ from mutualrl.trainer.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.evaluation import BenchmarkSettings, benchmark_task
 from mutualrl.trainer.exchange import PeerExchange
 from mutualrl.trainer.metrics import MetricsSink
+from mutualrl.trainer.preflight import problems_to_render, prompt_budget
 from mutualrl.trainer.probes import Probe, make_probe
 from mutualrl.trainer.step import enable_activation_checkpointing
 from mutualrl.trainer.tasks import Task
@@ -243,10 +244,13 @@ def build_session(
     renderer = renderer_for(tok, policy)
     task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
         prepare_dataset_task(cfg, cache)
-    # One rendering now: a chat template that does not render stops the trainer before round 0.
-    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])
     max_new = g.max_new_tokens or task.max_new_tokens
     benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
+    # Every problem rendered now: a chat template that does not render, or a prompt that does
+    # not fit the model's context with its completion, stops the trainer before round 0.
+    budget = prompt_budget(policy, renderer, problems_to_render(task, [t for _, t in benchmarks]),
+                           max_new, Path(start))
+    log.info("%s", budget.describe())
     engine_kw: dict[str, Any] = {}
     if policy.rollout_engine == "sglang":
         sg = policy.sglang
@@ -306,8 +310,10 @@ def build_session(
         session.start_round = int(state["round"])
         with gathered(model):
             engine.sync_weights(model)  # an engine with its own copy (SGLang) starts at `start`
-        session.metrics.truncate_from(session.start_round)
         log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
+    # The rounds from here on run (again): rows a run logged past its checkpoint, or a
+    # restart without one, would otherwise appear twice in metrics.jsonl.
+    session.metrics.truncate_from(session.start_round)
     return session
 
 

@@ -67,9 +67,10 @@ class OutageLog:
 
 
 async def retrying(attempt: Callable[[], Awaitable[T]], options: ClientOptions,
-                   outages: OutageLog | None = None) -> T:
-    """`await attempt()` until it answers, retrying UNAVAILABLE within the outage budget."""
-    outage = Outage(options)
+                   outages: OutageLog | None = None, budget: float | None = None) -> T:
+    """`await attempt()` until it answers, retrying UNAVAILABLE within the outage budget
+    (`budget`, else the options')."""
+    outage = Outage(options, budget)
     while True:
         try:
             out = await attempt()
@@ -78,7 +79,7 @@ async def retrying(attempt: Callable[[], Awaitable[T]], options: ClientOptions,
             if delay is None:
                 raise outage.exhausted(err) from err
             if outages is not None:
-                outages.failed(err, options.outage_budget)
+                outages.failed(err, outage.budget)
             await asyncio.sleep(delay)
             continue
         if outages is not None:
@@ -134,15 +135,16 @@ class AsyncClient:
         reply = await self._call(self.stub.DeleteRun, runs_pb2.DeleteRunRequest(run_id=run_id))
         return int(reply.deleted)
 
-    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+    async def _call(self, method: Any, request: Any, timeout: float | None = None,
+                    outage_budget: float | None = None) -> Any:
         """One unary RPC (`method` a stub attribute) with the options' token and deadline;
         `timeout` replaces the deadline of each attempt (server-side waits add their wait to
-        it). UNAVAILABLE is retried within the options' outage budget."""
+        it). UNAVAILABLE is retried within `outage_budget`, else the options' budget."""
         opts = self.options
         deadline = opts.timeout if timeout is None else timeout
         return await retrying(
             lambda: method(request, timeout=deadline, metadata=opts.metadata()), opts,
-            self.outages)
+            self.outages, outage_budget)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -82,8 +82,11 @@ class Outage:
     """The time one call (or stream) has spent without its service: whether and when to try
     again after an error. A stream calls `reset` whenever a message arrives."""
 
-    def __init__(self, options: ClientOptions) -> None:
+    def __init__(self, options: ClientOptions, budget: float | None = None) -> None:
         self.options = options
+        self.budget = options.outage_budget if budget is None else max(budget, 0.0)
+        """Seconds this call retries UNAVAILABLE (the options' budget unless the call has its
+        own: a read bounded by a round's deadline)."""
         self.since: float | None = None
         """time.monotonic() of the first UNAVAILABLE of the current outage (None: none)."""
         self.attempt = 0
@@ -96,7 +99,7 @@ class Outage:
         now = time.monotonic()
         if self.since is None:
             self.since = now
-        left = self.since + self.options.outage_budget - now
+        left = self.since + self.budget - now
         if left <= 0:
             return None
         delay = min(self.options.backoff(self.attempt), left)
@@ -119,7 +122,7 @@ class Outage:
         return grpc.aio.AioRpcError(
             err.code(), grpc.aio.Metadata(), grpc.aio.Metadata(),
             f"{err.details()} (still unavailable after {self.lasted:.1f} s of retries; "
-            f"ClientOptions.outage_budget is {self.options.outage_budget:g} s)")
+            f"the call's outage budget is {self.budget:g} s)")
 
 
 def sync_channel(opts: ClientOptions) -> grpc.Channel:

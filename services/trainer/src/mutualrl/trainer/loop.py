@@ -27,6 +27,7 @@ from mutualrl.trainer.dataset_task import score_round
 from mutualrl.trainer.distributed import gathered
 from mutualrl.trainer.evaluation import run_benchmark
 from mutualrl.trainer.exchange import round_records
+from mutualrl.trainer.metrics import peak_rss_mib
 from mutualrl.trainer.probes import RoundData
 from mutualrl.trainer.session import Session
 from mutualrl.trainer.step import optimise
@@ -116,6 +117,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
+        "peak_rss_mib": peak_rss_mib(),
         "publish_failed": float(not published),
         "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),
         **scored.stats,

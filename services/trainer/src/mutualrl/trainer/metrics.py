@@ -5,7 +5,7 @@ Every sink gets the same flat dict of floats per round; names are stable (plots 
 them): reward_mean, pass_rate, loss, loss_pg, loss_sgt, kl, clip_frac, approx_kl (old -> new
 policy over the round's updates), updates, grad_norm, rescued_prompts,
 baseline_shift, prp_w_mean/var/kept/clipped, thl_multi_token_chunk_share, tokens_per_s,
-step_s, heldout/<skill>, fallback ...
+step_s, peak_rss_mib, heldout/<skill>, fallback ...
 """
 
 from __future__ import annotations
@@ -115,6 +115,13 @@ class MetricsSink:
             self._tb.close()
         if self._registry is not None:
             self._prom_server.shutdown()
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far in MiB (what `--dry-run` plans on a CPU)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def _round_of(line: str) -> float:

@@ -109,7 +109,7 @@ def test_a_135m_model_shape(tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from mutualrl.thl.tokenizers import load_tokenizer
-    from mutualrl.trainer.presets import ensure_preset
+    from mutualrl.trainer.runtime.presets import ensure_preset
 
     tok = load_tokenizer(ensure_preset("llama-char", tmp_path / "presets"))
     torch.manual_seed(0)

@@ -96,9 +96,9 @@ def test_the_run_file_as_shipped_fits(base: tuple[Path, dict[str, Any]]) -> None
     rendering (its chat template's markup included) against its own model's context."""
     _, cfg = base
     from mutualrl.thl.tokenizers import load_tokenizer
-    from mutualrl.trainer.chat import renderer_for
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.preflight import check_inputs
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.data.chat import renderer_for
+    from mutualrl.trainer.runtime.preflight import check_inputs
 
     tr = TrainerConfig.model_validate(cfg["trainer"])
     budgets = {b.policy: b for b in check_inputs(tr)}
@@ -115,8 +115,8 @@ def test_the_run_file_as_shipped_fits(base: tuple[Path, dict[str, Any]]) -> None
 
 
 def renderer_problems(tr: Any) -> list[Any]:
-    from mutualrl.trainer.dataset_task import DatasetTask
-    from mutualrl.trainer.evaluation import benchmark_task
+    from mutualrl.trainer.data.dataset_task import DatasetTask
+    from mutualrl.trainer.data.evaluation import benchmark_task
 
     task = DatasetTask(tr.task)
     return list(task.problems) + list(benchmark_task(tr.eval.benchmarks[0], task).problems)

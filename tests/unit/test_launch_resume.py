@@ -20,7 +20,7 @@ from mutualrl.launch.resume import (
     running_up,
     wipe,
 )
-from mutualrl.trainer.config import TrainerConfig
+from mutualrl.trainer.config.run import TrainerConfig
 
 
 def _cfg(**trainer: Any) -> TrainerConfig:

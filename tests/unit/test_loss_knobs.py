@@ -19,9 +19,9 @@ from mutualrl.trainer.algos.loss import EPS, SCALES, group_advantages, grpo_loss
 from mutualrl.trainer.algos.modes import SCALES as SCALE_NAMES
 from mutualrl.trainer.algos.prp import pooled_advantages
 from mutualrl.trainer.algos.xgrpo import RewardStats, xgrpo_advantages
-from mutualrl.trainer.batch import completion_logprobs, completion_logprobs_and_entropy, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings, TrainerConfig
-from mutualrl.trainer.probes import PROBES, make_probe
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings, TrainerConfig
+from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.sharing.probes import PROBES, make_probe
 
 torch.set_num_threads(1)
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
@@ -165,9 +165,9 @@ def test_the_loop_passes_the_knobs_to_the_engine(tmp_path: Path) -> None:
     """One local round with top_k = 1 samples every group's completions alike (the greedy
     one), and with the entropy bonus on, its metric is reported; without truncation the
     samples of a group differ."""
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.rollout import HFEngine
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
 
     def session(out: Path, **grpo: object) -> tuple[Any, list[list[list[int]]]]:
         cfg = TrainerConfig.model_validate({

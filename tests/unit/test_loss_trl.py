@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from mutualrl.trainer.algos.loss import group_advantages
-from mutualrl.trainer.batch import Batch, completion_logprobs_and_entropy, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.step import Rows, accumulate
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.model.batch import Batch, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.runtime.step import Rows, accumulate
 
 trl = pytest.importorskip("trl")
 

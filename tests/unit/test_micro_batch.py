@@ -14,10 +14,10 @@ from tiny_round import FakeSample
 
 from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.algos.prp import peer_weights
-from mutualrl.trainer.batch import completion_logprobs, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes import Demos, LossInputs, PeerRows, RoundData
-from mutualrl.trainer.step import (
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.model.batch import completion_logprobs, pack
+from mutualrl.trainer.runtime.step import (
     accumulate,
     enable_activation_checkpointing,
     micro_batches,
@@ -25,7 +25,7 @@ from mutualrl.trainer.step import (
     prepare,
     round_rows,
 )
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.sharing.probes import Demos, LossInputs, PeerRows, RoundData
 
 torch.set_num_threads(1)
 PAD = 0
@@ -232,8 +232,8 @@ def test_logprobs_match_row_by_row_reference(chunk: int | None, temperature: flo
 
 
 def test_logprobs_match_the_rollout_engine(tmp_path: Path) -> None:
-    from mutualrl.trainer.presets import ensure_preset, load_policy
-    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
     model, tok = load_policy(ensure_preset("llama-char", tmp_path))
     out = HFEngine(model, tok).generate(["add:37+58=", "s:1=", "rev:3871="], n=3,

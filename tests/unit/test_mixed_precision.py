@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_round import PAD, fixed_round, tiny_model
 
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings, TrainerConfig
-from mutualrl.trainer.probes import make_probe
-from mutualrl.trainer.session import compute_dtype
-from mutualrl.trainer.step import optimise
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings, TrainerConfig
+from mutualrl.trainer.runtime.session import compute_dtype
+from mutualrl.trainer.runtime.step import optimise
+from mutualrl.trainer.sharing.probes import make_probe
 
 torch.set_num_threads(1)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
 IDENTITY = ("seed", "task", "grpo.group_size", "grpo.prompts_per_round")
 """Run-level fields a resumed run must keep: they decide the problems of every round and the
@@ -63,7 +63,7 @@ class PriorRun:
 
 def prior_run(cfg: TrainerConfig, run_dir: Path) -> PriorRun:
     """The checkpoints and metrics rows each policy of `cfg` has in `run_dir`."""
-    from mutualrl.trainer import checkpoint
+    from mutualrl.trainer.runtime import checkpoint
 
     rounds, logged = {}, {}
     for policy in cfg.policies:
@@ -114,7 +114,7 @@ def check_resumable(previous_yaml: Path, cfg: TrainerConfig, config: Path,
     """Raise ResumeRefused when the run file `config` changed the run's identity against
     the effective run file an earlier `up` wrote (`previous_yaml`)."""
     from mutualrl.common.config import load_yaml
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     if not previous_yaml.exists():
         return

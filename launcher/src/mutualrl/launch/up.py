@@ -2,7 +2,7 @@
 supervised local processes, with a live status table and a results table and plot at the end.
 
 Before anything starts, the run file is checked as the trainers will check it before round 0
-(`mutualrl.trainer.preflight`: dataset, columns, reward functions, chat templates, context
+(`mutualrl.trainer.runtime.preflight`: dataset, columns, reward functions, chat templates, context
 lengths), and a run directory with state is resumed (`mutualrl.launch.resume`).
 
 Exit codes: 0 every trainer finished; 1 a process failed; 2 bad config (found here, or by a
@@ -53,7 +53,7 @@ from mutualrl.launch.supervisor import (
 
 if TYPE_CHECKING:
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.trainer.preflight import PromptBudget
+    from mutualrl.trainer.runtime.preflight import PromptBudget
 
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
@@ -108,7 +108,7 @@ def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> li
 def make_launch_plan(config: Path, redis_url: str | None,
               token: str | None) -> tuple[LaunchPlan, list[ProcessSpec]]:
     """Read the run YAML, choose ports, write the effective YAML, list the processes."""
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     raw = load_yaml(config)
     up = UpConfig.model_validate(raw.get("up") or {})
@@ -229,7 +229,7 @@ def trainer_env(secret: str | None, policy: str | None) -> dict[str, str]:
 def prior_state(config: Path, fresh: bool, console: Any) -> tuple[PriorRun | None, bool]:
     """What an earlier `up` left of the run: (its state to resume, None for a new run;
     whether every policy has trained all its rounds already). `fresh` deletes it first."""
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     raw = load_yaml(config)
     cfg = TrainerConfig.model_validate(raw.get("trainer") or {})
@@ -256,10 +256,10 @@ def prior_state(config: Path, fresh: bool, console: Any) -> tuple[PriorRun | Non
 
 def check_run_inputs(config: Path) -> list[PromptBudget]:
     """The trainers' checks before round 0, made before anything starts
-    (`mutualrl.trainer.preflight`): the task's table, columns and reward functions, each
+    (`mutualrl.trainer.runtime.preflight`): the task's table, columns and reward functions, each
     policy's chat template and context length. Raises a ValueError naming the field."""
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.preflight import check_inputs
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.preflight import check_inputs
 
     return check_inputs(TrainerConfig.model_validate(load_yaml(config).get("trainer") or {}))
 
@@ -381,7 +381,7 @@ def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> 
     would have: their policy tokens may not create runs (`mutualrl.see.grpc.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     cfg = TrainerConfig.model_validate(trainer)
     client = SeeClient(ClientOptions(address=see, token=secret))

@@ -11,7 +11,7 @@
 4. **aggregation**: sum_i c_i sum_t l_it m_it, which for the modes of `AGGREGATORS` is the
    reduction `aggregate` takes in one call.
 
-`grpo_loss` is 3-4 in one call over a padded batch; `trainer.step` takes the same sum over
+`grpo_loss` is 3-4 in one call over a padded batch; `runtime.step` takes the same sum over
 micro-batches. Tensors are padded: ``[B, T]`` per-token values with a ``mask`` (1 = real
 completion token that enters the loss); a batch of ``P`` prompts x ``G`` samples has rows
 ``B = P * G`` (prompt-major). Only torch is imported here.

@@ -72,7 +72,7 @@ def _case(name: str, cfg: dict[str, Any], root: Path) -> tuple[list[str], dict[s
         tr["task"]["system"] = "Answer with the sum. " * 30
         tr["policies"][0].pop("max_prompt_tokens")
         tr["policies"][1].pop("max_prompt_tokens")
-        return ["policies[gpt2-chatml]", "grpo.max_new_tokens 6", "context of 128 tokens",
+        return ["policies[gpt2-chatml]", "task.max_new_tokens 6", "context of 128 tokens",
                 "n_positions in"], cfg
     raise AssertionError(name)
 

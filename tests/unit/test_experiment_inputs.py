@@ -80,6 +80,10 @@ def test_trains_evaluates_and_resumes_at_its_epoch_position(base: dict[str, Any]
      r"task.rewards\[score\].fn: cannot import 'no_such_rewards_module'"),
     ({"rewards": [{"fn": "REWARDS:one_value"}]}, {},
      r"task.rewards\[one_value\]: returned 1 values for 2 completions"),
+    ({"system": "Answer with the sum. " * 12}, {},
+     r"policies\[llama\]: problem '.*' renders to \d+ tokens, which with task.max_new_tokens 4 "
+     r"makes \d+, past the model's context of 256 tokens \(max_position_embeddings in "
+     r".*llama/config.json\)"),
     ({}, {"chat_template": "TEMPLATE"},
      r"policies\[llama\]: the chat template \(policies\[llama\].chat_template .*t\.jinja\) "
      r"does not render"),

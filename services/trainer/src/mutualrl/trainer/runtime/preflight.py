@@ -137,8 +137,9 @@ def problems_to_render(task: Any, benchmarks: Sequence[Any] = ()) -> list[Prompt
 
 def prompt_budget(policy: PolicySettings, renderer: PromptRenderer,
                   problems: Sequence[Prompt], max_new_tokens: int,
-                  model_dir: Path) -> PromptBudget:
-    """The policy's longest rollout; ContextLengthError when it exceeds the model's context."""
+                  model_dir: Path, budget_field: str = "grpo.max_new_tokens") -> PromptBudget:
+    """The policy's longest rollout; ContextLengthError when it exceeds the model's context.
+    `budget_field`: the config field `max_new_tokens` comes from, for the message."""
     lengths = renderer.lengths(problems)
     at = max(range(len(lengths)), key=lengths.__getitem__) if lengths else -1
     longest = lengths[at] if lengths else 0
@@ -148,7 +149,7 @@ def prompt_budget(policy: PolicySettings, renderer: PromptRenderer,
                           max_new_tokens=max_new_tokens, context=context,
                           context_source=source, problems=len(problems))
     if context is not None and budget.seq_tokens > context:
-        fixes = ["lower grpo.max_new_tokens"]
+        fixes = [f"lower {budget_field}"]
         if policy.max_prompt_tokens is None or policy.max_prompt_tokens + max_new_tokens > \
                 context:
             fixes.append(f"set policies[{policy.name}].max_prompt_tokens <= "
@@ -156,10 +157,16 @@ def prompt_budget(policy: PolicySettings, renderer: PromptRenderer,
         fixes.append("or train a model with a longer context")
         raise ContextLengthError(
             f"policies[{policy.name}]: problem {budget.prompt_id!r} renders to "
-            f"{longest} tokens, which with grpo.max_new_tokens {max_new_tokens} makes "
+            f"{longest} tokens, which with {budget_field} {max_new_tokens} makes "
             f"{budget.seq_tokens}, past the model's context of {context} tokens ({source}): "
             + ", ".join(fixes))
     return budget
+
+
+def max_new_tokens_field(cfg: TrainerConfig) -> str:
+    """The field a policy's completion budget comes from: `grpo.max_new_tokens` when set, else
+    the task's."""
+    return "grpo.max_new_tokens" if cfg.grpo.max_new_tokens else "task.max_new_tokens"
 
 
 def check_inputs(cfg: TrainerConfig, names: Sequence[str] | None = None,
@@ -190,7 +197,8 @@ def check_inputs(cfg: TrainerConfig, names: Sequence[str] | None = None,
                              "be a save_pretrained directory)")
         renderer = renderer_for(load_tokenizer(start), policy)
         max_new = pcfg.grpo.max_new_tokens or task.max_new_tokens
-        budget = prompt_budget(policy, renderer, problems, max_new, Path(start))
+        budget = prompt_budget(policy, renderer, problems, max_new, Path(start),
+                               max_new_tokens_field(pcfg))
         log.info("%s", budget.describe())
         out.append(budget)
     return out

@@ -30,6 +30,7 @@ from mutualrl.trainer.runtime.determinism import fix_kernels
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.runtime.metrics import MetricsSink
 from mutualrl.trainer.runtime.preflight import (
+    max_new_tokens_field,
     policy_dir,
     prepare_dataset_task,
     problems_to_render,
@@ -243,7 +244,7 @@ def build_session(
     # Every problem rendered now: a chat template that does not render, or a prompt that does
     # not fit the model's context with its completion, stops the trainer before round 0.
     budget = prompt_budget(policy, renderer, problems_to_render(task, [t for _, t in benchmarks]),
-                           max_new, Path(start))
+                           max_new, Path(start), max_new_tokens_field(cfg))
     log.info("%s", budget.describe())
     engine_kw: dict[str, Any] = {}
     if policy.rollout_engine == "sglang":

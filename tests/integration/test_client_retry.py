@@ -17,7 +17,6 @@ import grpc
 import pytest
 
 from mutualrl.bench.testing.see import make_config, rollout, running_see
-from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.mwra import AsyncMwraClient, MwraClient
 from mutualrl.client.see import AsyncSeeClient, SeeClient
 from mutualrl.client.thl import AsyncThlClient, ThlClient
@@ -71,7 +70,7 @@ def test_a_dead_address_is_retried_for_the_budget_not_the_deadline() -> None:
             client.list_runs()
         elapsed = time.monotonic() - start
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "outage_budget is 1.5 s" in err.value.details()
+        assert "outage budget is 1.5 s" in err.value.details()
         assert 1.5 <= elapsed < 3.5, elapsed
         assert client.outages.down_since is not None  # never answered: still down
     with SeeClient(opts.model_copy(update={"outage_budget": 0})) as client:
@@ -133,10 +132,8 @@ def _calls(kind: str, run_id: str) -> tuple[Callable[[Any], Awaitable[Any]],
     if kind == "see":
         return (lambda c: c.create_run(run_id, ["a", "b"], exist_ok=True),
                 lambda c: c.create_run(run_id, ["a", "b"], exist_ok=True))
-    if kind == "thl":
-        path = trained_tokenizers()["char"]
-        return (lambda c: c.register(f"{run_id}/a", path, overwrite=True),
-                lambda c: c.register(f"{run_id}/a", path, overwrite=True))
+    if kind == "thl":  # a read: a registration's first tokenizer load is not what is timed
+        return (lambda c: c.list(), lambda c: c.list())
     return (lambda c: c.register_policy(run_id, "a"), lambda c: c.register_policy(run_id, "a"))
 
 

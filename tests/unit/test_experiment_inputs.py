@@ -107,3 +107,18 @@ def test_bad_input_stops_before_round_0_naming_the_field(
 
     assert re.search(message, capsys.readouterr().err), message
     assert not (tmp_path / "runs" / "exp" / "llama" / "metrics.jsonl").exists()
+
+
+def test_a_restart_without_a_checkpoint_logs_each_round_once(base: dict[str, Any],
+                                                             tmp_path: Path) -> None:
+    """A trainer restarted with `--resume` and no checkpoint to resume from (it died before
+    its first) runs from round 0 again: metrics.jsonl holds each round once."""
+    import shutil
+
+    path = _write(tmp_path, base)
+    assert main(["train", "-c", str(path), "--policy", "llama", "--rounds", "1"]) == 0
+    run = tmp_path / "runs" / "exp" / "llama"
+    shutil.rmtree(run / "checkpoints")
+    assert main(["train", "-c", str(path), "--policy", "llama", "--resume"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]

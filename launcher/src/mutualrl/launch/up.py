@@ -358,9 +358,7 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
         console.print(f"[red]preparing run {escape(plan.run_id)} in the services failed: "
                       f"{err.code().name}: {escape(err.details() or '')}[/]")
         return EXIT_FAILED
-    if plan.prior is not None and \
-            load_yaml(plan.config_path)["trainer"].get("exchange", {}).get("mode") \
-            == "deterministic":
+    if plan.prior is not None and _deterministic(plan):
         missing = missing_rounds(plan.endpoints["see_rest"], plan.run_id, plan.prior,
                                  plan.secret)
         if missing:
@@ -373,6 +371,14 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
             return EXIT_CONFIG
     with _local_worker(plan):
         return _train(plan, sup, signals, console)
+
+
+def _deterministic(plan: LaunchPlan) -> bool:
+    """The run exchanges in the deterministic mode (its trainers wait for peer rounds)."""
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    trainer = TrainerConfig.model_validate(load_yaml(plan.config_path)["trainer"])
+    return trainer.exchange.mode == "deterministic"
 
 
 def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> None:

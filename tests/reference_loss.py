@@ -86,10 +86,8 @@ def round_loss(
         with torch.no_grad():
             ref_logp = completion_logprobs(ref_model, batch, grpo.temperature)
 
-    out = grpo_loss(
-        logp, logp_old, advantages, mask, grpo.eps_lo, grpo.eps_hi, grpo.beta, ref_logp,
-        grpo.aggregation, max_new_tokens, weights, grpo.importance_sampling_level, entropy,
-        grpo.entropy_coef)
+    out = grpo_loss(logp, logp_old, advantages, mask, grpo, ref_logp, weights, entropy,
+                    max_new_tokens)
     total = out.loss
     stats.update(loss_pg=out.pg_loss, kl=out.kl, clip_frac=out.clip_frac,
                  clip_frac_low=out.clip_frac_low, clip_frac_high=out.clip_frac_high,

@@ -48,7 +48,7 @@ def train_round(kind: str, level: str, dist: Any) -> dict[str, Any]:
 
     from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
     from mutualrl.trainer.runtime.distributed import full_state_dict, shard
-    from mutualrl.trainer.runtime.step import optimise
+    from mutualrl.trainer.runtime.step import StepSettings, optimise
 
     h = _helpers()
     probe = ProbeSettings(kind=kind, prp_level=level, prp_weight_mode="truncate", prp_cap=3.0,
@@ -59,8 +59,8 @@ def train_round(kind: str, level: str, dist: Any) -> dict[str, Any]:
     if dist.active:
         shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=grpo.lr)
-    out = optimise(model, ref, opt, h.PROMPT_IDS, h.fixed_round(), h.plan_for(kind, level), grpo,
-                   probe, h.PAD, h.MAX_LEN, dist)
+    out = optimise(model, ref, opt, h.PROMPT_IDS, h.fixed_round(), h.plan_for(kind, level),
+                   StepSettings.of(grpo, probe, h.PAD, h.MAX_LEN, dist))
     weights = full_state_dict(model) if dist.active else model.state_dict()
     return {"weights": weights, "stats": out.stats}
 

@@ -20,7 +20,7 @@ from mutualrl.trainer.config.run import GRPOSettings, LoraSettings, ProbeSetting
 from mutualrl.trainer.model import lora
 from mutualrl.trainer.model.batch import completion_logprobs, pack
 from mutualrl.trainer.runtime import checkpoint
-from mutualrl.trainer.runtime.step import optimise
+from mutualrl.trainer.runtime.step import StepSettings, optimise
 from mutualrl.trainer.sharing.probes import Demos, PeerRows, make_probe
 
 torch.set_num_threads(1)
@@ -111,8 +111,8 @@ def test_every_probe_steps_only_the_adapters(kind: str) -> None:
     grpo = GRPOSettings(beta=0.1, micro_batch_tokens=24, logit_chunk_tokens=5, mini_batches=2,
                         lr=1e-2)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=grpo.lr)
-    out = optimise(model, ref, opt, prompt_ids, data, plan, grpo, ProbeSettings(kind=kind), PAD,
-                   8)
+    out = optimise(model, ref, opt, prompt_ids, data, plan,
+                   StepSettings.of(grpo, ProbeSettings(kind=kind), PAD, 8))
     assert out.stats["kl"] > 0  # the adapted policy differs from its base reference
     if kind == "prp":
         assert out.stats["prp_w_mean"] > 0
@@ -275,8 +275,8 @@ def test_activation_checkpointing_through_the_adapters_gives_the_same_step() -> 
         model.train()
         plan = make_probe(ProbeSettings(kind="none"), "A", None).plan(data)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-        optimise(model, None, opt, prompt_ids, data, plan, GRPOSettings(), ProbeSettings(),
-                 PAD, 8)
+        optimise(model, None, opt, prompt_ids, data, plan,
+                 StepSettings.of(GRPOSettings(), ProbeSettings(), PAD, 8))
         after.append({n: p.detach().clone() for n, p in model.named_parameters()
                       if ".lora_" in n})
     assert after[0].keys() == after[1].keys()

@@ -43,7 +43,8 @@ def test_step_changes_weights_and_lowers_loss() -> None:
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     # The fixed batch's GRPO loss against the pre-step policy (rho = pi_new / pi_old) drops.
     with torch.no_grad():
-        after = grpo_loss(completion_logprobs(model, batch), old, adv, batch.completion_mask)
+        after = grpo_loss(completion_logprobs(model, batch), old, adv, batch.completion_mask,
+                          GRPOSettings())
     assert float(after.loss) < float(first.total.detach()) - 1e-4
 
 

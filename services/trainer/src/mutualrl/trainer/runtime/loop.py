@@ -90,8 +90,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         diag = diagnostics.measure(s, k, data, plan, prompt_ids) if d.main else {}
     if diag:
         diag["diag_s"] = time.perf_counter() - t2
-    update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, g, s.cfg.probe,
-                      s.tokenizer.pad_token_id, s.max_new_tokens, d, s.compute)
+    update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, s.step_settings())
     s.scheduler.step()
     with gathered(s.model):
         s.engine.sync_weights(s.model)

@@ -36,7 +36,7 @@ from mutualrl.trainer.runtime.preflight import (
     problems_to_render,
     prompt_budget,
 )
-from mutualrl.trainer.runtime.step import enable_activation_checkpointing
+from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes import Probe, make_probe
 
@@ -111,6 +111,12 @@ class Session:
         """The prompts in this policy's own rendering (token ids)."""
         assert self.renderer is not None
         return self.renderer.many(prompts)
+
+    def step_settings(self) -> StepSettings:
+        """The settings of the round's updates (runtime.step): the policy's config, tokenizer
+        and ranks."""
+        return StepSettings.of(self.cfg.grpo, self.cfg.probe, self.tokenizer.pad_token_id,
+                               self.max_new_tokens, self.dist, self.compute)
 
     def shown(self, prompts: list[Any]) -> list[str | None] | None:
         """The chat renderings of the prompts as text, for people (None: plain text)."""

@@ -30,11 +30,37 @@ import torch
 from torch import Tensor
 
 from mutualrl.trainer.algos.loss import nonzero_variance_groups, row_coefficients, token_loss
-from mutualrl.trainer.algos.prp import peer_weights
+from mutualrl.trainer.algos.prp import WeightSettings, peer_weights
 from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
 from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, block
 from mutualrl.trainer.sharing.probes.base import LossInputs, RoundData
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What the round's updates need besides the round itself, fixed for a run: the loss's
+    knobs and how rows are batched (`grpo`), PRP's weight knobs, SGT's lambda, the padding
+    token, the completion budget (`constant_length`'s constant), the data-parallel ranks and
+    the compute dtype."""
+
+    grpo: GRPOSettings
+    weights: WeightSettings
+    """PRP's importance-weight knobs (`ProbeSettings` has them)."""
+    sgt_lambda: float
+    """Weight of SGT's demonstration term (docs/design.md (7))."""
+    pad_id: int
+    max_len: int
+    """The completion token budget."""
+    dist: Dist = SINGLE
+    compute: torch.dtype | None = None
+    """The dtype forward passes autocast to (mixed precision; None: the parameters' own)."""
+
+    @classmethod
+    def of(cls, grpo: GRPOSettings, probe: ProbeSettings, pad_id: int, max_len: int,
+           dist: Dist = SINGLE, compute: torch.dtype | None = None) -> StepSettings:
+        """The step's settings from the run's `grpo` and `probe` sections."""
+        return cls(grpo, probe, probe.sgt_lambda, pad_id, max_len, dist, compute)
 
 
 @dataclass
@@ -156,22 +182,23 @@ def mini_batches(rows: Rows, n: int) -> list[list[int]]:
     return [p for p in parts if p]
 
 
-def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], temperature: float,
-          grpo: GRPOSettings, pad_id: int, device: torch.device, dist: Dist = SINGLE,
-          compute: torch.dtype | None = None) -> Tensor:
-    """[N, T] log-probs of rows `index` under `model`, no gradient, micro-batched (data
-    parallel: each rank scores its block, every rank gets all)."""
+def score(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: StepSettings,
+          device: torch.device) -> Tensor:
+    """[N, T] log-probs of rows `index` under `model` at the sampling temperature, no
+    gradient, micro-batched, the batches on `device` (data parallel: each rank scores its
+    block, every rank gets all)."""
     out = torch.zeros_like(rows.mask)
     if not index:  # e.g. the sampler's ratio alone, no peer rows: nothing to score
         return out
-    with torch.no_grad(), _autocast(grpo, device, compute):
-        for mb, real in _lockstep(rows, index, grpo.micro_batch_tokens, dist):
+    grpo = st.grpo
+    with torch.no_grad(), _autocast(grpo, device, st.compute):
+        for mb, real in _lockstep(rows, index, grpo.micro_batch_tokens, st.dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
-                         pad_id, device)
-            lp = completion_logprobs(model, batch, temperature, grpo.logit_chunk_tokens)
+                         st.pad_id, device)
+            lp = completion_logprobs(model, batch, grpo.temperature, grpo.logit_chunk_tokens)
             if real:
                 out[mb, : lp.shape[1]] = lp.to(out)
-    return dist.sum(out)
+    return st.dist.sum(out)
 
 
 def _lockstep(rows: Rows, index: Sequence[int], budget: int, dist: Dist
@@ -187,23 +214,21 @@ def _lockstep(rows: Rows, index: Sequence[int], budget: int, dist: Dist
 
 
 def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Rows,
-            data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-            pad_id: int, dist: Dist = SINGLE, compute: torch.dtype | None = None
-            ) -> dict[str, float]:
+            data: RoundData, plan: LossInputs, st: StepSettings) -> dict[str, float]:
     """Everything fixed before the first update: logp_old (when more than one update or a
     sampler ratio needs it), reference log-probs, PRP weights; returns the weights' stats."""
-    device = next(model.parameters()).device
+    grpo = st.grpo
+    device = next(model.parameters()).device  # the reference's too (a LoRA base owns none)
     pg = [i for i in range(len(rows)) if not rows.demo[i]]
     peer = [i for i in pg if not rows.own[i]]
     several = grpo.mini_batches * grpo.epochs > 1
     stats: dict[str, float] = {}
     if several or peer or grpo.ratio_to_behaviour:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
-        old = score(model, rows, pg if several else peer, grpo.temperature, grpo, pad_id,
-                    device, dist, compute)
+        old = score(model, rows, pg if several else peer, st, device)
         if peer:
             assert plan.peers is not None
-            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan.peers, probe)
+            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan.peers, st.weights)
             rows.weights[peer] = w.to(rows.weights)
             rows.mask[peer] = keep.to(rows.mask)
             stats.update({f"prp_w_{k}": float(v) for k, v in wstats.items()})
@@ -213,21 +238,20 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
                 old[i, : len(s.logprobs)] = torch.tensor(s.logprobs, dtype=old.dtype)
         rows.logp_old = old if several or grpo.ratio_to_behaviour else None
     if ref_model is not None and grpo.beta > 0:
-        rows.ref_logp = score(ref_model, rows, pg, grpo.temperature, grpo, pad_id, device, dist,
-                              compute)
+        rows.ref_logp = score(ref_model, rows, pg, st, device)
     return stats
 
 
-def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: GRPOSettings,
-               probe: ProbeSettings, pad_id: int, max_len: int, dist: Dist = SINGLE,
-               compute: torch.dtype | None = None) -> dict[str, float]:
+def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: StepSettings
+               ) -> dict[str, float]:
     """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
     up in .grad); returns its loss parts and the ratio statistics."""
+    grpo, dist = st.grpo, st.dist
     device = next(model.parameters()).device
     idx = torch.tensor(list(index), dtype=torch.long)
     coef = dict(zip(index, row_coefficients(
-        rows.mask[idx], rows.demo[idx], rows.group[idx], grpo.aggregation, max_len,
-        probe.sgt_lambda).tolist(), strict=True))
+        rows.mask[idx], rows.demo[idx], rows.group[idx], grpo.aggregation, st.max_len,
+        st.sgt_lambda).tolist(), strict=True))
     acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
                          "clip_high", "approx_kl_sum", "entropy_sum"), 0.0)
     # A row the mask leaves out entirely (a group filtered for zero variance, a peer row the
@@ -244,9 +268,9 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
             continue
         for mb, real in _lockstep(rows, kind, grpo.micro_batch_tokens, dist):
             batch = pack([rows.prompts[i] for i in mb], [rows.completions[i] for i in mb],
-                         pad_id, device)
+                         st.pad_id, device)
             entropy = None
-            with _autocast(grpo, device, compute):
+            with _autocast(grpo, device, st.compute):
                 if with_entropy and kind is pg:
                     logp, entropy = completion_logprobs_and_entropy(
                         model, batch, temperature, grpo.logit_chunk_tokens)
@@ -265,9 +289,8 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
                 old = (rows.logp_old[mb, :t].to(logp) if rows.logp_old is not None
                        else logp.detach())
                 ref = rows.ref_logp[mb, :t].to(logp) if rows.ref_logp is not None else None
-                parts = token_loss(logp, old, rows.advantages[mb].to(logp), grpo.eps_lo,
-                                   grpo.eps_hi, grpo.beta, ref, rows.weights[mb, :t].to(logp),
-                                   grpo.importance_sampling_level, m)
+                parts = token_loss(logp, old, rows.advantages[mb].to(logp), grpo, ref,
+                                   rows.weights[mb, :t].to(logp), m)
                 loss = (parts.total * m * c).sum()
                 if entropy is not None:
                     loss = loss - entropy_c * (entropy * m).sum()
@@ -296,21 +319,20 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], grpo: G
 
 def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
              optimizer: torch.optim.Optimizer, prompt_ids: Sequence[Sequence[int]],
-             data: RoundData, plan: LossInputs, grpo: GRPOSettings, probe: ProbeSettings,
-             pad_id: int, max_len: int, dist: Dist = SINGLE,
-             compute: torch.dtype | None = None) -> StepResult:
+             data: RoundData, plan: LossInputs, st: StepSettings) -> StepResult:
     """The round's updates: `epochs` passes over `mini_batches` mini-batches, one clipped
-    AdamW step each (the caller steps the lr schedule once per round). With `dist` active,
-    this rank's part of them (every rank calls it with the same round). `compute`: the dtype
-    forward passes autocast to (mixed precision: the parameters, their gradients and AdamW's
-    moments stay in the parameters' dtype); None runs in the parameters' dtype."""
+    AdamW step each (the caller steps the lr schedule once per round). With `st.dist` active,
+    this rank's part of them (every rank calls it with the same round). `st.compute`: the
+    dtype forward passes autocast to (mixed precision: the parameters, their gradients and
+    AdamW's moments stay in the parameters' dtype); None runs in the parameters' dtype."""
+    grpo = st.grpo
     rows, stats = round_rows(prompt_ids, data, plan, grpo)
-    stats.update(prepare(model, ref_model, rows, data, plan, grpo, probe, pad_id, dist, compute))
+    stats.update(prepare(model, ref_model, rows, data, plan, st))
     updates: list[dict[str, float]] = []
     for _ in range(grpo.epochs):
         for index in mini_batches(rows, grpo.mini_batches):
             optimizer.zero_grad(set_to_none=True)
-            u = accumulate(model, rows, index, grpo, probe, pad_id, max_len, dist, compute)
+            u = accumulate(model, rows, index, st)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.grad_clip)
             # A sharded model's norm is a DTensor (replicated after clipping's reduction).
             u["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor")

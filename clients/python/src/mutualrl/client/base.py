@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import grpc
@@ -145,6 +145,31 @@ class AsyncClient:
         return await retrying(
             lambda: method(request, timeout=deadline, metadata=opts.metadata()), opts,
             self.outages, outage_budget)
+
+    async def _stream(self, open_call: Callable[[], Any],
+                      seen: Callable[[Any], None] | None = None) -> AsyncIterator[Any]:
+        """The messages of a server stream `open_call()` opens, re-opened after UNAVAILABLE
+        within the outage budget; `seen` is told each message before it is yielded (where a
+        re-opened stream should start)."""
+        outage = Outage(self.options)
+        while True:
+            call = open_call()
+            try:
+                async for msg in call:
+                    outage.reset()
+                    self.outages.answered()
+                    if seen is not None:
+                        seen(msg)
+                    yield msg
+                return
+            except grpc.aio.AioRpcError as err:
+                delay = outage.retry_in(err.code())
+                if delay is None:
+                    raise outage.exhausted(err) from err
+                self.outages.failed(err, outage.budget)
+                await asyncio.sleep(delay)
+            finally:
+                call.cancel()
 
     async def close(self) -> None:
         await self.channel.close()

@@ -24,11 +24,8 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import grpc
-
 from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.client.blocking import LOOP, blocking, blocking_stream
-from mutualrl.common.channel import Outage
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
 
@@ -140,21 +137,9 @@ class AsyncMwraClient(AsyncClient):
         """The current allocation, then every change; re-opens after UNAVAILABLE (MWRA
         restarting) within the outage budget."""
         request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
-        outage = Outage(self.options)
-        while True:
-            try:
-                async for msg in self.stub.WatchAllocation(request,
-                                                            metadata=self.options.metadata()):
-                    outage.reset()
-                    self.outages.answered()
-                    yield msg
-                return
-            except grpc.aio.AioRpcError as err:
-                delay = outage.retry_in(err.code())
-                if delay is None:
-                    raise outage.exhausted(err) from err
-                self.outages.failed(err, self.options.outage_budget)
-                await asyncio.sleep(delay)
+        async for msg in self._stream(lambda: self.stub.WatchAllocation(
+                request, metadata=self.options.metadata())):
+            yield msg
 
     async def list_allocations(self, run_id: str) -> pb.AllocationTable:
         return await self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))

@@ -17,7 +17,6 @@ after the last event it delivered.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ import grpc
 
 from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.client.blocking import blocking, blocking_stream
-from mutualrl.common.channel import ClientOptions, Outage
+from mutualrl.common.channel import ClientOptions
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import run_metrics_pb2 as mpb
@@ -191,25 +190,17 @@ class AsyncSeeClient(AsyncClient):
         the stream re-opens after the last event delivered, within the outage budget, so
         nothing published meanwhile is missed (before any event: from then on, as a live view
         does)."""
-        outage = Outage(self.options)
-        while True:
-            req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
-            call = self.stub.Subscribe(req, metadata=self.options.metadata())
-            try:
-                async for event in call:
-                    outage.reset()
-                    self.outages.answered()
-                    after_id = event.event_id
-                    yield event
-                return
-            except grpc.aio.AioRpcError as err:
-                delay = outage.retry_in(err.code())
-                if delay is None:
-                    raise outage.exhausted(err) from err
-                self.outages.failed(err, self.options.outage_budget)
-                await asyncio.sleep(delay)
-            finally:
-                call.cancel()
+        after = [after_id]
+
+        def open_call() -> Any:
+            req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after[0])
+            return self.stub.Subscribe(req, metadata=self.options.metadata())
+
+        def seen(event: pb.ExperienceEvent) -> None:
+            after[0] = event.event_id
+
+        async for event in self._stream(open_call, seen):
+            yield event
 
 
 class SeeClient(Client[AsyncSeeClient], core=AsyncSeeClient,

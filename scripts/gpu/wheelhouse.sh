@@ -23,10 +23,12 @@ REDIS_SERVER=${REDIS_SERVER-$(command -v redis-server || true)}
 rm -rf "$DIR"
 mkdir -p "$DIR/bin"
 cd "$ROOT"
-# The workspace: `./` on every path (a bare `proto` is a PyPI package of that name).
-"$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$DIR" ./proto ./services/common \
-  ./clients/python ./services/see ./services/thl ./services/mwra ./services/trainer ./launcher \
-  ./bench
+# The workspace: `./` on every path (a bare `proto` is a PyPI package of that name); the
+# in-tree builds leave no build/ folders behind.
+packages=(./proto ./services/common ./clients/python ./services/see ./services/thl ./services/mwra
+          ./services/trainer ./launcher ./bench)
+"$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$DIR" "${packages[@]}"
+for p in "${packages[@]}"; do rm -rf "$p/build"; done
 
 pins=()
 while read -r name; do

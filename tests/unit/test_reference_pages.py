@@ -117,7 +117,8 @@ def test_the_layer_table_has_the_contracts_layers_top_first(tmp_path: Path) -> N
     rows = [line.split(" | ")[0].strip("| `") for line in table.splitlines()[2:]]
     assert rows == [f"mutualrl.trainer.{layer}" for layer in
                     ("cli", "runtime", "sharing", "data", "engines", "model", "config", "algos")]
-    assert "| `mutualrl.trainer.engines` | `base`, `factory`, `hf`, `sglang`, `vllm` |" in table
+    assert ("| `mutualrl.trainer.engines` | `base`, `factory`, `hf`, `sampling`, `sglang`, "
+            "`static_decode`, `vllm` |") in table
     assert "`exchange`, `probes/`" in table
     # a layer without a package docstring cannot be described: the page refuses
     root = tmp_path / "ws"

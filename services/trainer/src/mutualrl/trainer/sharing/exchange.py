@@ -4,8 +4,10 @@
 round's records, reads peers' reward statistics / successes / rollouts, and asks THL (the
 service, or the same engine in-process) to move peer text and token traces into this policy's
 tokens. Every SEE read takes an absolute deadline (time.monotonic) and passes what is left of it
-as the gRPC timeout, so a slow or dead peer or service turns into DEADLINE_EXCEEDED, which the
-probe answers with plain GRPO. THL calls are local computation and use the client's timeout.
+as the gRPC timeout and, in the asynchronous mode, as its outage budget, so a slow or dead peer
+or service turns into DEADLINE_EXCEEDED or UNAVAILABLE by then, which the probe answers with
+plain GRPO. Publishes, THL calls (local computation) and the deterministic mode's reads ride out
+a service's outage for the client's whole outage budget (`services.outage_budget_s`).
 
 The deterministic mode (`exchange.mode`, docs/determinism.md) waits instead: `await_round`
 blocks until every peer has published a round, up to a liveness bound past which the run
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mutualrl.common import token_arrays as ta
+from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
 
@@ -57,6 +60,8 @@ class PeerRollout:
     record_id: str = ""
     """SEE record id (`<policy>/<round>/<prompt>/<sample>/r`): a fixed order of the peer's
     samples, unlike the stream's delivery ids."""
+    truncated: bool = False
+    """The sender's token budget ran out (finish reason LENGTH): never a success."""
 
 
 @dataclass
@@ -66,6 +71,8 @@ class AlignedPeer:
     token_ids: list[int]
     sender_logp_sum: float
     """Sum of the sender's token log-probs over the whole text (mass conserved by THL)."""
+    sender_tokens: int = 0
+    """How many sender tokens `sender_logp_sum` covers (its EOS included when it counts)."""
     token_chunk: list[int] = field(default_factory=list)
     """Chunk index of every receiver token (chunk level only)."""
     chunk_sender_logp: list[float] = field(default_factory=list)
@@ -93,16 +100,23 @@ class PeerExchange:
         token: str | None = None,
         timeout: float = 30.0,
         tau: float = 1.0,
+        outage_budget: float = DEFAULT_OUTAGE_BUDGET,
+        reads_within_deadline: bool = True,
     ) -> None:
         from mutualrl.client.see import SeeClient
         from mutualrl.common.channel import ClientOptions
 
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
+        self.reads_within_deadline = reads_within_deadline
+        """The asynchronous mode: a probe's read ends by the round's deadline, a SEE outage
+        included (the round falls back to GRPO). Otherwise (the deterministic mode, which
+        must read) a read rides out an outage for the whole outage budget."""
         self._tok = local_tokenizer
-        opts = ClientOptions(address=see_address, token=token, timeout=timeout)
-        # Reads pass what is left of the round's deadline as the call's timeout: gRPC's
-        # retries of UNAVAILABLE happen within it.
+        opts = ClientOptions(address=see_address, token=token, timeout=timeout,
+                             outage_budget=outage_budget)
+        # Reads pass what is left of the round's deadline as each attempt's timeout; a SEE or
+        # THL that restarts is retried past it, within the outage budget.
         self.client = SeeClient(opts)
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
         self.thl: Any
@@ -249,6 +263,11 @@ class PeerExchange:
                     f"fails the run: restart it with --resume){error}")
 
     # ---- reads for the probes -------------------------------------------------------------
+    def _outage_budget(self, deadline: float) -> float | None:
+        """A read's outage budget: what is left of the round (`reads_within_deadline`), else
+        the client's."""
+        return remaining(deadline) if self.reads_within_deadline else None
+
     def peer_stats(
         self, round_k: int, prompt_ids: Sequence[str], deadline: float,
         expect: Sequence[str] | None = None,
@@ -256,15 +275,7 @@ class PeerExchange:
         """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
         and whether every expected peer had published when the call returned (waits up to
         deadline). `expect`: the policies to wait for (None: every policy of the run)."""
-        left = remaining(deadline)
-        t0 = time.monotonic()
-        try:
-            resp = self.client.round_stats(
-                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
-                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-                expect_policies=list(expect or []), timeout=left + 1.0)
-        finally:
-            self.waited_s += time.monotonic() - t0
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}
         for p in resp.prompts:
@@ -276,6 +287,39 @@ class PeerExchange:
                     RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
                 best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(s.max))
         return pooled, best, bool(resp.complete)
+
+    def _round_stats(self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+                     expect: Sequence[str] | None) -> Any:
+        """SEE's reward stats of round `round_k` for `prompt_ids` as this policy sees them,
+        waiting (bounded by `deadline`, counted in `waited_s`) for the expected policies."""
+        left = remaining(deadline)
+        t0 = time.monotonic()
+        try:
+            return self.client.round_stats(
+                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
+                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
+                expect_policies=list(expect or []), timeout=left + 1.0,
+                outage_budget=self._outage_budget(deadline))
+        finally:
+            self.waited_s += time.monotonic() - t0
+
+    def policy_stats(
+        self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+        expect: Sequence[str] | None = None,
+    ) -> tuple[dict[str, RewardStats], bool]:
+        """Each peer's reward stats of round `round_k` pooled over `prompt_ids` (own excluded;
+        peers that published none are absent), and whether every expected peer had published
+        when the call returned (waits up to deadline, as `peer_stats`)."""
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
+        per_policy: dict[str, RewardStats] = {}
+        for p in resp.prompts:
+            for ps in p.policies:
+                if ps.policy_id == self.policy:
+                    continue
+                s = ps.stats
+                per_policy[ps.policy_id] = per_policy.get(ps.policy_id, RewardStats()).merge(
+                    RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
+        return per_policy, bool(resp.complete)
 
     def peer_successes(
         self, prompt_ids: Sequence[str], min_round: int, max_per_prompt: int, deadline: float,
@@ -290,7 +334,8 @@ class PeerExchange:
             return []
         by_prompt = self.client.successes(
             self.run_id, self.policy, list(prompt_ids), max_per_prompt=max_per_prompt,
-            min_round=min_round, timeout=remaining(deadline))
+            min_round=min_round, timeout=remaining(deadline),
+            outage_budget=self._outage_budget(deadline))
         return [
             PeerSuccess(
                 prompt_id=prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
@@ -310,7 +355,8 @@ class PeerExchange:
 
         resp = self.client.fetch_rollouts(
             self.run_id, self.policy, self.consumer, max_records=max_records, block_ms=0,
-            current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline))
+            current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline),
+            outage_budget=self._outage_budget(deadline))
         out = [
             PeerRollout(
                 delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
@@ -320,12 +366,14 @@ class PeerExchange:
                                  ta.offset_ends(d.record).tolist(), strict=True)),
                 logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
                 stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
-                record_id=d.record.record_id)
+                record_id=d.record.record_id,
+                truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
             for d in resp.deliveries
         ]
         if out:
             ids = [r.delivery_id for r in out]
-            self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline))
+            self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
+                            outage_budget=self._outage_budget(deadline))
             self.last_delivery_id = ids[-1]
         return out
 
@@ -384,14 +432,17 @@ class PeerExchange:
                 chunk_logp = ch.value.tolist()
                 send = rollouts[i].logprobs
                 send_sum = float(sum(send[:n]))
+                counted = n
                 if n < len(send) and eos is not None:
                     token_chunk.append(len(chunk_logp))
                     chunk_logp.append(float(send[n]))
                     token_ids.append(eos)
                     send_sum += float(send[n])
+                    counted += 1
                 slots[i] = AlignedPeer(
                     token_ids=token_ids,
                     sender_logp_sum=send_sum,
+                    sender_tokens=counted,
                     token_chunk=token_chunk if chunk_level else [],
                     chunk_sender_logp=chunk_logp if chunk_level else [],
                     multi_token_chunk_share=tr.residual.multi_token_chunk_share)

@@ -153,7 +153,7 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
              seed: int) -> Iterator[tuple[str, _Runner]]:
     import torch
 
-    from mutualrl.trainer.engines.hf import HFEngine, sampling_copy
+    from mutualrl.trainer.engines.hf import HFEngine, refresh_copy, sampling_copy
 
     cuda = device == "cuda"
 
@@ -186,12 +186,8 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
                 bf16 = sampling_copy(master, torch.bfloat16) if cuda else master
 
             def copy_in(m: Any = bf16) -> None:
-                if m is master:
-                    return
-                params = dict(m.named_parameters())
-                with torch.no_grad():
-                    for n_, p in master.named_parameters():
-                        params[n_].copy_(p)
+                if m is not master:
+                    refresh_copy(m, master)
 
             yield name, _Runner(_generate_call(bf16, tok, texts, group, new_tokens,
                                                static=name == "generate_static"), copy_in,

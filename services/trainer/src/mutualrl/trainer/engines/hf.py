@@ -88,7 +88,8 @@ class HFEngine:
             self._copy = sampling_copy(model, self.compute_dtype)
         if not fast_path:
             return
-        from mutualrl.trainer.engines.static_decode import StaticDecoder
+        # torch and transformers' cache classes load with the first fast-path engine.
+        from mutualrl.trainer.engines.static_decode import StaticDecoder, static_cache_problem
 
         device = _device_of(model)
         reason = static_cache_problem(self._sampler(),
@@ -118,14 +119,9 @@ class HFEngine:
     def sync_weights(self, model: Any) -> None:
         """Sample from `model` from now on: the trainer's own module, or (`copy`) its current
         weights copied into the engine's copy in place (graphs keep their addresses)."""
-        import torch
-
         self.model = model
         if self._copy is not None:
-            params = dict(self._copy.named_parameters())
-            with torch.no_grad():
-                for name, t in sync_tensors(model):
-                    params[name].copy_(t)
+            refresh_copy(self._copy, model)
 
     def release_memory(self) -> None:
         """Nothing is released: the static cache, the copy and the graphs stay for the next
@@ -255,64 +251,24 @@ def sampling_copy(model: Any, dtype: Any) -> Any:
                 raise ValueError(f"the sampling copy has a buffer {name} the model lacks")
             buf.data = buffers[name].detach().clone()
     copy.requires_grad_(False).eval()
-    params = dict(copy.named_parameters())
-    synced = sync_tensors(model)
-    if set(params) != {name for name, _ in synced}:
+    names = {name for name, _ in copy.named_parameters()}
+    synced = {name for name, _ in sync_tensors(model)}
+    if names != synced:
         raise ValueError("the sampling copy's parameters are not the model's: "
-                         f"{sorted(set(params) ^ {name for name, _ in synced})[:4]}")
-    with torch.no_grad():
-        for name, t in synced:
-            params[name].copy_(t)
+                         f"{sorted(names ^ synced)[:4]}")
+    refresh_copy(copy, model)
     return copy
 
 
-def static_cache_problem(model: Any, autocast_dtype: Any = None) -> str | None:
-    """Why the fast path cannot sample `model`, or None: a decode step over the pool must give
-    the logits a full forward gives. Tried on a three-token prompt (a prefill of two, one step
-    of one) on the model's device, in its dtype or under autocast to `autocast_dtype`."""
+def refresh_copy(copy: Any, model: Any) -> None:
+    """`model`'s current weights (LoRA adapters merged) into `copy`'s parameters, in place and
+    cast to their dtype."""
     import torch
 
-    from mutualrl.trainer.engines.static_decode import StaticDecoder, cache_kwarg, prefill
-
-    if getattr(model, "config", None) is None:
-        return "the model has no transformers config"
-    device = _device_of(model)
-    autocast = (torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False)
-                if autocast_dtype is not None else nullcontext())
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), autocast:
-            vocab = model.get_output_embeddings().weight.shape[0]
-            ids = torch.tensor([[1, 2, 3]], device=device).clamp(max=vocab - 1)
-            full = model(input_ids=ids).logits[0, -1].float()
-            attn = torch.ones((1, 2), dtype=torch.long, device=device)
-            positions = torch.arange(2, device=device)[None]
-            dyn, _ = prefill(model, ids[:, :2], attn, positions)
-            kinds = {type(layer).__name__ for layer in dyn.layers}
-            if kinds != {"DynamicLayer"}:
-                return (f"its cache has {', '.join(sorted(kinds))} layers; the static cache "
-                        "holds full-attention layers only")
-            probe = StaticDecoder(device, graphs=False, check_every=1, window_tokens=1)
-            p = probe._ensure_pool(dyn, 1, 3)
-            probe._load(dyn, attn, positions, 1, 1, 1, 2, [0])
-            p.inp[0, 0] = ids[0, 2]
-            for layer in p.layers:
-                layer.window = 3
-            out = model(input_ids=p.inp[:1], attention_mask=p.mask[:1, :3],
-                        position_ids=p.pos[:1], use_cache=True, **{cache_kwarg(model): p.cache})
-            step = out.logits[0, -1].float()
-    except Exception as err:  # any failure is a reason to use the other loop, said once
-        detail = str(err).splitlines()[0][:200] if str(err) else ""
-        return f"a decode step over the static cache failed ({type(err).__name__}: {detail})"
-    finally:
-        model.train(was_training)
-    exact = autocast_dtype is None and next(model.parameters()).dtype == torch.float32
-    diff = float((step - full).abs().max())
-    if not diff <= (1e-3 if exact else 5e-2) * float(full.abs().max().clamp(min=1.0)):
-        return (f"a decode step over the static cache gives other logits than a full forward "
-                f"(max |diff| {diff:.3g})")
-    return None
+    params = dict(copy.named_parameters())
+    with torch.no_grad():
+        for name, t in sync_tensors(model):
+            params[name].copy_(t)
 
 
 def _generate_dynamic(model: Any, input_ids: Any, attn: Any, positions: Any, n: int,

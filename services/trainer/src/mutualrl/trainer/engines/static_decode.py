@@ -522,3 +522,48 @@ class _RowsOnHost:
     def move(self, slot_rows: list[int]) -> None:
         self.slot_rows = slot_rows
         self._slot = {r: s for s, r in enumerate(slot_rows) if r >= 0}
+
+
+def static_cache_problem(model: Any, autocast_dtype: Any = None) -> str | None:
+    """Why the fast path cannot sample `model`, or None: a decode step over the pool must give
+    the logits a full forward gives. Tried on a three-token prompt (a prefill of two, one step
+    of one) on the model's device, in its dtype or under autocast to `autocast_dtype`."""
+    if getattr(model, "config", None) is None:
+        return "the model has no transformers config"
+    device = next(model.parameters()).device
+    autocast = (torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False)
+                if autocast_dtype is not None else nullcontext())
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast:
+            vocab = model.get_output_embeddings().weight.shape[0]
+            ids = torch.tensor([[1, 2, 3]], device=device).clamp(max=vocab - 1)
+            full = model(input_ids=ids).logits[0, -1].float()
+            attn = torch.ones((1, 2), dtype=torch.long, device=device)
+            positions = torch.arange(2, device=device)[None]
+            dyn, _ = prefill(model, ids[:, :2], attn, positions)
+            kinds = {type(layer).__name__ for layer in dyn.layers}
+            if kinds != {"DynamicLayer"}:
+                return (f"its cache has {', '.join(sorted(kinds))} layers; the static cache "
+                        "holds full-attention layers only")
+            probe = StaticDecoder(device, graphs=False, check_every=1, window_tokens=1)
+            p = probe._ensure_pool(dyn, 1, 3)
+            probe._load(dyn, attn, positions, 1, 1, 1, 2, [0])
+            p.inp[0, 0] = ids[0, 2]
+            for layer in p.layers:
+                layer.window = 3
+            out = model(input_ids=p.inp[:1], attention_mask=p.mask[:1, :3],
+                        position_ids=p.pos[:1], use_cache=True, **{cache_kwarg(model): p.cache})
+            step = out.logits[0, -1].float()
+    except Exception as err:  # any failure is a reason to use the other loop, said once
+        detail = str(err).splitlines()[0][:200] if str(err) else ""
+        return f"a decode step over the static cache failed ({type(err).__name__}: {detail})"
+    finally:
+        model.train(was_training)
+    exact = autocast_dtype is None and next(model.parameters()).dtype == torch.float32
+    diff = float((step - full).abs().max())
+    if not diff <= (1e-3 if exact else 5e-2) * float(full.abs().max().clamp(min=1.0)):
+        return (f"a decode step over the static cache gives other logits than a full forward "
+                f"(max |diff| {diff:.3g})")
+    return None

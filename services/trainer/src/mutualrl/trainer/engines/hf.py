@@ -101,7 +101,8 @@ class HFEngine:
             return
         every = stop_check_every or (CUDA_CHECK_EVERY if device.type == "cuda"
                                      else CPU_CHECK_EVERY)
-        self.decoder = StaticDecoder(device, cuda_graphs, every, window_tokens, kv_budget_bytes)
+        self.decoder = StaticDecoder(device, cuda_graphs, every, window_tokens, kv_budget_bytes,
+                                     policy)
 
     def _sampler(self) -> Any:
         """The module the fast path runs: the copy, or the trainer's own."""

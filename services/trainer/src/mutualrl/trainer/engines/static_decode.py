@@ -34,6 +34,7 @@ the next lever and is not taken here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -44,6 +45,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from mutualrl.trainer.engines.sampling import draw, uniforms
+
+log = logging.getLogger(__name__)
 
 LENGTH_QUANTUM = 64
 """A pool's length is rounded up to a multiple of this, so rounds whose prompts differ by a
@@ -204,8 +207,10 @@ class StaticDecoder:
     """Decoding over a pool reused across calls (see the module docstring)."""
 
     def __init__(self, device: torch.device, graphs: bool, check_every: int,
-                 window_tokens: int, kv_budget_bytes: int | None = None) -> None:
+                 window_tokens: int, kv_budget_bytes: int | None = None,
+                 policy: str = "policy") -> None:
         self.device = device
+        self.policy = policy
         # The graphs' shapes (batch buckets, attention windows) hold wherever they are asked
         # for; elsewhere than on CUDA the steps then run eagerly in those shapes.
         self.shaped = graphs
@@ -331,7 +336,8 @@ class StaticDecoder:
                ctx: Callable[[], AbstractContextManager[Any]]) -> Any:
         """The graph of one step at (batch, window, sampling), captured on first use: the
         step runs once eagerly on the capture stream (lazy initialisations, cuBLAS handles),
-        the state it changed is put back, then the capture records it."""
+        the state it changed is put back, then the capture records it. None (and no graphs
+        from then on, said once) when the step cannot be captured."""
         p = self.pool
         assert p is not None
         if self._graph_model != id(model):  # a different module: its weights' addresses
@@ -347,18 +353,27 @@ class StaticDecoder:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         snap = self._snapshot()
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
-            with ctx():
+        try:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                with ctx():
+                    self._step(model, batch, window, s, kw)
+                self._restore(snap)
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            g = torch.cuda.CUDAGraph()
+            # thread_local: the trainer's background threads (publishing, the probe's
+            # prefetch) may use CUDA while this thread captures.
+            with torch.cuda.graph(g, pool=p.graph_pool, stream=self._stream,
+                                  capture_error_mode="thread_local"), ctx():
                 self._step(model, batch, window, s, kw)
+        except RuntimeError as err:  # a step that cannot be captured: run it eagerly
+            torch.cuda.synchronize(self.device)
             self._restore(snap)
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
-        g = torch.cuda.CUDAGraph()
-        # thread_local: the trainer's background threads (publishing, the probe's prefetch)
-        # may use CUDA while this thread captures.
-        with torch.cuda.graph(g, pool=p.graph_pool, stream=self._stream,
-                              capture_error_mode="thread_local"), ctx():
-            self._step(model, batch, window, s, kw)
+            self.graphs = False
+            log.warning("policy %s: the HF engine's decode step could not be captured as a "
+                        "CUDA graph (%s); its steps run eagerly from now on", self.policy,
+                        str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+            return None
         p.graphs[key] = g
         self.stats["graph_captures"] += 1
         self.stats["capture_s"] += time.perf_counter() - t0
@@ -366,13 +381,14 @@ class StaticDecoder:
 
     def _decode(self, model: Any, batch: int, window: int, s: Sampling, kw: str,
                 ctx: Callable[[], AbstractContextManager[Any]]) -> None:
-        if self.graphs:
-            self._graph(model, batch, window, s, kw, ctx).replay()
+        graph = self._graph(model, batch, window, s, kw, ctx) if self.graphs else None
+        if graph is not None:
+            graph.replay()
             self.stats["graph_replays"] += 1
-        else:
-            with ctx():
-                self._step(model, batch, window, s, kw)
-            self.stats["eager_steps"] += 1
+            return
+        with ctx():
+            self._step(model, batch, window, s, kw)
+        self.stats["eager_steps"] += 1
 
     # ----- a call ---------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 # One call on a GPU machine without network (docs/benchmarks.md, "On a GPU"): install the
 # wheelhouse `make wheelhouse` built (.whl/) over the image's Python, then, each part under its
 # own time limit inside one budget (default 460 s): `bench rollout --device cuda` at the 1.5B
-# shape (today's HF loop, the fast path, transformers' generate eager and static + compiled),
+# shape (the HF engine's dynamic-cache loop, its fast path from a bf16 copy and under autocast,
+# transformers' generate eager and static + compiled),
 # `bench shape` (three training rounds at the 1.5B shape, the memory plan against the measured
 # peak), tests/gpu, then `bench rollout` at the Llama-3.2-1B and tiny shapes while time is
 # left. Prints one JSON (also $OUT/gpu-check.json); each part's JSON and log are in $OUT.
@@ -76,7 +77,8 @@ for p in $PARTS; do case $p in
 rollout-1.5b)
   part rollout-1.5b 210 "$PY" -m mutualrl.cli bench rollout --device "$DEVICE" \
     --shape "$BIG_SHAPE" $BIG --repeats $REPEATS --cache-dir "$CACHE" \
-    --engines hf_loop,hf,generate,generate_static --json "$OUT/rollout-1.5b.json" ;;
+    --engines hf_loop,hf,hf_autocast,generate,generate_static \
+    --json "$OUT/rollout-1.5b.json" ;;
 shape-1.5b)
   part shape-1.5b 120 "$PY" -m mutualrl.cli bench shape --device "$DEVICE" \
     --shape "$BIG_SHAPE" $SHAPE_RUN $ROUNDS --cache-dir "$CACHE" --json "$OUT/shape-1.5b.json" ;;

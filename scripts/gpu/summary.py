@@ -16,7 +16,8 @@ ENGINE_FIGURES = ("tokens_per_s", "share_of_bound", "peak_alloc_gib", "peak_rese
                   "peak_rss_mb", "sync_s", "warmup_s")
 TOP_FIGURES = ("device_name", "shape", "sequences", "new_tokens", "prompt_tokens", "params",
                "complete", "ratio", "ratio_hf_over_generate", "ratio_generate",
-               "ratio_generate_static", "bound_tokens_per_s", "matmul_bound_tokens_per_s",
+               "ratio_generate_static", "ratio_hf_autocast", "bound_tokens_per_s",
+               "matmul_bound_tokens_per_s",
                "bandwidth_tbps", "hf_capture_s", "hf_graph_captures", "hf_graph_replays",
                "hf_pool_gib", "generate_static_compile_s", "load_start", "load_end")
 SHAPE_FIGURES = ("device_name", "shape", "complete", "rollouts", "new_tokens", "step_s",

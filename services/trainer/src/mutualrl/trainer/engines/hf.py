@@ -8,9 +8,14 @@ checks that do not decode every row at every step. It keeps the conventions of
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mutualrl.trainer.engines.base import (
     Sample,
@@ -27,29 +32,27 @@ class HFEngine:
     samples from the new weights; `sync_weights` only swaps which model object it uses.
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("HFEngine needs a fast tokenizer (character offsets)")
         self.model = model
         self.tokenizer = tokenizer
-        self._stop_cache: dict[tuple[str, ...], Any] = {}
+        self._stop_cache: dict[tuple[str, ...], Tensor] = {}
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: PreTrainedModel) -> None:
         """Sample from `model` from now on (no copy: it is the trainer's own module)."""
         self.model = model
 
     def release_memory(self) -> None:
         """Nothing to free: the KV cache lives only inside `generate`."""
 
-    def _stop_candidates(self, stop: tuple[str, ...]) -> Any:
+    def _stop_candidates(self, stop: tuple[str, ...]) -> Tensor:
         """Bool mask over the vocabulary: tokens after which a stop string can be complete.
 
         A stop string ends in some character; only a token whose decoding contains that
         character (or an incomplete byte sequence) can complete it, so only rows that just
         sampled such a token need decoding. Cached per stop set.
         """
-        import torch
-
         if stop not in self._stop_cache:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             pieces = self.tokenizer.backend_tokenizer.decode_batch(
@@ -64,8 +67,6 @@ class HFEngine:
                  seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
                  min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
-        import torch
-
         if n < 1 or max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be >= 1")
         check_truncation(top_p, top_k, min_p)
@@ -182,21 +183,22 @@ class HFEngine:
         return result
 
 
-def _cache_kwarg(model: Any) -> str:
+def _forward_params(model: PreTrainedModel) -> Mapping[str, inspect.Parameter]:
+    """The parameters of the model's forward; a peft model's forward passes **kwargs through,
+    so the wrapped model's count."""
+    base = getattr(model, "get_base_model", None)
+    inner = base() if callable(base) else model
+    return inspect.signature(inner.forward).parameters
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; accept either version."""
-    import inspect
-
-    # A peft model's forward passes **kwargs through: the wrapped model's name counts.
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
-def _last_logits_kwarg(model: Any) -> dict[str, int]:
+def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:
     """`logits_to_keep=1` where the model's forward takes it (transformers causal LMs)."""
-    import inspect
-
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(inner.forward).parameters
+    params = _forward_params(model)
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
@@ -205,13 +207,12 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float], gen: Any,
-            owner: Any = None) -> tuple[Any, Any]:
+def _sample(logits: Tensor, temperature: float, truncation: tuple[int, float, float],
+            gen: torch.Generator | list[torch.Generator], owner: Tensor | None = None
+            ) -> tuple[Tensor, Tensor]:
     """(token, log-prob under log_softmax(logits / T)) per row; T == 0 is greedy.
     `truncation` is (top_k, top_p, min_p); `gen` is one generator, or a list of them indexed
     by `owner[row]` (the row's prompt)."""
-    import torch
-
     if temperature <= 0:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(dim=-1)
@@ -222,6 +223,7 @@ def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float
     # torch.multinomial draws one exponential per vocabulary entry (151,936 logs per row and
     # token on a Qwen-size vocabulary), which made sampling most of a CPU rollout's time.
     if isinstance(gen, list):
+        assert owner is not None
         u = torch.empty(probs.shape[0], dtype=torch.float64, device=probs.device)
         for p in owner.unique().tolist():
             idx = (owner == p).nonzero().flatten()
@@ -233,11 +235,9 @@ def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
+def _truncate(probs: Tensor, top_k: int, top_p: float, min_p: float) -> Tensor:
     """`probs` with the entries top_k, then top_p, then min_p leave out set to 0 (not
     renormalised: the draw scales by the row's total). Ties with the k-th entry stay."""
-    import torch
-
     if 0 < top_k < probs.shape[-1]:
         kth = probs.topk(top_k, dim=-1).values[:, -1:]
         probs = probs * (probs >= kth)
@@ -253,7 +253,7 @@ def _truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
     return probs
 
 
-def _inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
+def _inverse_cdf(probs: Tensor, u: Tensor, block: int = 1024) -> Tensor:
     """[R] index of the first entry whose cumulative mass (float64) exceeds `u` times the row's
     total, so an entry of probability 0 is never drawn: its cumulative mass equals its
     predecessor's. Two levels, so the cumulative sum never runs over the whole vocabulary (one
@@ -261,8 +261,6 @@ def _inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
     block of `block` entries is drawn from the blocks' sums, then the entry within it. Should
     rounding put the draw past the row's (or the block's) last entry of mass, the row's last
     entry of non-zero probability takes it."""
-    import torch
-
     rows, v = probs.shape
     full = v // block * block
     # A block's sum in the probabilities' own dtype is accurate enough (pairwise summation of

@@ -27,7 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from mutualrl.trainer.config.run import LoraSettings
+from mutualrl.trainer.model.lora import wrap
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -262,20 +267,15 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     return "\n".join(out)
 
 
-def model_shape(path: str | Path, lora: Any = None) -> ModelShape:
+def model_shape(path: str | Path, lora: LoraSettings | None = None) -> ModelShape:
     """The shape of the model saved at `path`, from its config: parameters are counted on the
     meta device (nothing is allocated or read), LoRA adapters added as `lora` would add them."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     cfg = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     params = sum(p.numel() for p in model.parameters())
     trainable = params
     if lora is not None:
-        from mutualrl.trainer.model.lora import wrap
-
         peft_model = wrap(model, lora)
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

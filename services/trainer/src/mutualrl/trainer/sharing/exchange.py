@@ -22,9 +22,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import grpc
+from transformers import PreTrainedTokenizerFast
+
+from mutualrl.client.see import SeeClient
+from mutualrl.client.thl import ThlClient
 from mutualrl.common import token_arrays as ta
+from mutualrl.common.alignment_types import TraceItem
+from mutualrl.common.channel import ClientOptions
+from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
+from mutualrl.v1 import experience_pb2 as pb
 
 log = logging.getLogger(__name__)
 _MARGIN_S = 0.05  # leave the client this much to receive the answer of a server-side wait
@@ -89,14 +98,11 @@ class PeerExchange:
         tokenizer_id: str,
         see_address: str,
         thl_address: str | None,
-        local_tokenizer: Any,
+        local_tokenizer: PreTrainedTokenizerFast,
         token: str | None = None,
         timeout: float = 30.0,
         tau: float = 1.0,
     ) -> None:
-        from mutualrl.client.see import SeeClient
-        from mutualrl.common.channel import ClientOptions
-
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
         self._tok = local_tokenizer
@@ -105,14 +111,10 @@ class PeerExchange:
         # retries of UNAVAILABLE happen within it.
         self.client = SeeClient(opts)
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
-        self.thl: Any
+        self.thl: ThlClient | AlignmentEngine
         if thl_address is not None:
-            from mutualrl.client.thl import ThlClient
-
             self.thl = ThlClient(opts, address=thl_address)
         else:
-            from mutualrl.thl.engine import AlignmentEngine
-
             self.thl = AlignmentEngine()
         self.publish_failures = 0
         self.waited_s = 0.0
@@ -135,8 +137,6 @@ class PeerExchange:
         exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
         create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
         `run_wait_s` seconds."""
-        import grpc
-
         try:
             self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
         except grpc.RpcError as err:
@@ -149,8 +149,6 @@ class PeerExchange:
     def _check_run_exists(self, wait_s: float) -> None:
         """Wait up to `wait_s` for the run to appear (a deployment's run-init job may still be
         creating it), then check it lists this policy."""
-        import grpc
-
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -181,8 +179,6 @@ class PeerExchange:
         """Publish a round's records (idempotent per record id). A failure (after the client's
         retries) is logged and counted, not raised: peers miss one round of this policy's
         data, which is what their deadline is for, and training goes on."""
-        import grpc
-
         try:
             self.client.publish(self.run_id, records)
             return True
@@ -218,8 +214,6 @@ class PeerExchange:
         REWARD_STATS of `round_k` for `prompt_ids` (a round's stats are its last records), or
         raise PeerTimeout after `timeout_s`. SEE being unreachable counts against the same
         bound: the wait retries. Returns the seconds waited."""
-        import grpc
-
         t0 = time.monotonic()
         give_up = t0 + timeout_s
         missing: list[str] = []
@@ -284,8 +278,6 @@ class PeerExchange:
         """Peers' verified successes for these prompts (SEE never returns own ones), of rounds
         min_round .. max_round (None: any later one too). SEE orders them by round, policy and
         record id before it caps them, so the bound on later rounds keeps the same set."""
-        from mutualrl.v1 import experience_pb2 as pb
-
         if not prompt_ids:
             return []
         by_prompt = self.client.successes(
@@ -306,8 +298,6 @@ class PeerExchange:
     ) -> list[PeerRollout]:
         """Unread peer ROLLOUTs of rounds >= round_k - max_lag (acknowledged on read: a record
         is offered once; the consumer group position lives in SEE)."""
-        from mutualrl.v1 import experience_pb2 as pb
-
         resp = self.client.fetch_rollouts(
             self.run_id, self.policy, self.consumer, max_records=max_records, block_ms=0,
             current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline))
@@ -357,8 +347,6 @@ class PeerExchange:
         sequence is then a chunk of its own: this policy's EOS against the sender's log p(EOS).
         Both sides' sums then cover the same text and the same stop (without an EOS of this
         policy, neither side counts one)."""
-        from mutualrl.common.alignment_types import TraceItem
-
         slots: list[AlignedPeer | None] = [None] * len(rollouts)
         by_source: dict[str, list[int]] = {}
         for i, r in enumerate(rollouts):
@@ -424,8 +412,6 @@ def round_records(
     VERIFIED_SUCCESS record and the stats' `max` (SGT's gate) carry; default the rewards.
     `renderings`: the sender's own rendering of each prompt, for people (the dashboard's
     record view): receivers never read it, they render the problem their own way."""
-    from mutualrl.v1 import experience_pb2 as pb
-
     out: list[Any] = []
     gates = rewards if success is None else success
     for p_i, (prompt, row, rs, ok, gate) in enumerate(zip(prompts, samples, rewards, correct,

@@ -116,15 +116,7 @@ def import_graph() -> grimp.ImportGraph:
     return grimp.build_graph(*ROOT_PACKAGES, include_external_packages=False)
 
 
-KNOWN_CYCLES = {
-    "mutualrl.see": "rest (app) and dashboard (api) import each other",
-    "mutualrl.launch": "report and up import each other",
-}
-
-
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_CYCLES[p], strict=True))
-    if p in KNOWN_CYCLES else p for p in ROOT_PACKAGES])
+@pytest.mark.parametrize("package", ROOT_PACKAGES)
 def test_no_import_cycle_in_a_package(import_graph: grimp.ImportGraph, package: str) -> None:
     assert _cycle(import_graph, package) is None
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from mutualrl.launch.up import LaunchPlan
+from mutualrl.launch.plan import LaunchPlan
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

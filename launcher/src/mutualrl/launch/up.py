@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from mutualrl.common.config import load_yaml
 from mutualrl.launch.config import UpConfig
 from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
+from mutualrl.launch.plan import LaunchPlan
 from mutualrl.launch.probes import free_port, grpc_serving, http_ok
 from mutualrl.launch.report import final_report, status_table
 from mutualrl.launch.supervisor import (
@@ -39,26 +39,6 @@ if TYPE_CHECKING:
     from mutualrl.client.mwra import MwraClient
 
 CLI = [sys.executable, "-m", "mutualrl.cli"]
-
-
-@dataclass
-class LaunchPlan:
-    """Everything `up` starts, derived from the run YAML."""
-
-    run_dir: Path
-    config_path: Path
-    """The effective run YAML (ports and addresses filled in) every child reads."""
-    up: UpConfig
-    run_id: str
-    policies: list[str]
-    metrics_files: dict[str, Path]
-    rounds: int
-    secret: str | None = None
-    """The run's secret (auth on): trainers get policy tokens derived from it, `up` creates
-    the run with it. Kept out of the effective YAML, which trainers read."""
-    endpoints: dict[str, str] = field(default_factory=dict)
-    specs: list[ProcessSpec] = field(default_factory=list)
-    warm_start: list[ProcessSpec] = field(default_factory=list)
 
 
 def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_restarts: int,

@@ -37,7 +37,7 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
 from mutualrl.see.keys import kind_name
-from mutualrl.see.rest.params import STREAM_ID_PATTERN, RunId
+from mutualrl.see.route_params import STREAM_ID_PATTERN, RunId
 from mutualrl.see.store import SeeStore, transfers
 from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import alignment_pb2 as apb

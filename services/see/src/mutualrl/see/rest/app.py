@@ -26,7 +26,7 @@ from mutualrl.common.auth import rest_access
 from mutualrl.common.errors import InvalidArgument, ServiceError
 from mutualrl.see import dashboard
 from mutualrl.see.keys import KINDS, kind_name
-from mutualrl.see.rest.params import Cursor, PolicyFilter, RecordKey, RunId
+from mutualrl.see.route_params import Cursor, PolicyFilter, RecordKey, RunId
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import experience_pb2 as pb
 

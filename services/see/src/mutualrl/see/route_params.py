@@ -1,5 +1,6 @@
-"""The parameters SEE's REST routes share, each with the pattern it must match, so the OpenAPI
-document says exactly what a route accepts (schemathesis holds the routes to it)."""
+"""The parameters SEE's REST routes and its dashboard's routes share, each with the pattern it
+must match, so the OpenAPI document says exactly what a route accepts (schemathesis holds the
+routes to it)."""
 
 from __future__ import annotations
 

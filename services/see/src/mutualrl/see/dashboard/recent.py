@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mutualrl.see.store import SeeStore
-from mutualrl.see.store.entries import Header, redis_op
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import Header
 from mutualrl.v1 import experience_pb2 as pb
 
 _PAGE = 512

@@ -19,8 +19,6 @@ from mutualrl.common.errors import (
 from mutualrl.see import metrics as m
 from mutualrl.see.grpc import requests
 from mutualrl.see.store import SeeStore
-from mutualrl.see.store.publish import publish_response
-from mutualrl.see.validate import validate_records
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
@@ -79,12 +77,7 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
             except DecodeError as err:
                 raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
             requests.check_publish(req, limits.max_batch_records)
-            run = await self.store.get_run(req.run_id)
-            if not req.records:
-                return pb.PublishResponse()
-            batch = validate_records(req.records, run.config, limits, batch_bytes=len(request))
-            rids, flags = await self.store.publisher.publish(run, req.records, batch)
-            return publish_response(rids, flags)
+            return await self.store.publish(req.run_id, req.records, batch_bytes=len(request))
 
     @grpc_errors
     async def FetchRollouts(self, request: pb.FetchRolloutsRequest,

@@ -26,6 +26,7 @@ from mutualrl.see.store.rollouts import Rollouts
 from mutualrl.see.store.roundstats import RoundStats
 from mutualrl.see.store.runs import Retention, RunRegistry
 from mutualrl.see.store.successes import Successes
+from mutualrl.see.validate import validate_records, validate_run_config
 from mutualrl.v1 import experience_pb2 as pb
 
 __all__ = ["RecordPage", "Retention", "SeeStore"]
@@ -74,8 +75,6 @@ class SeeStore:
 
     # runs
     async def create_run(self, config: pb.RunConfig, exist_ok: bool = False) -> pb.Run:
-        from mutualrl.see.validate import validate_run_config
-
         validate_run_config(config, self.cfg.limits)
         return await self.runs.create(config, exist_ok)
 
@@ -90,13 +89,14 @@ class SeeStore:
         return await self.runs.delete(run_id)
 
     # publish
-    async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord]
-                      ) -> pb.PublishResponse:
-        """Validate and store records (in-process callers; the RPC validates in the servicer)."""
-        from mutualrl.see.validate import validate_records
-
+    async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord],
+                      batch_bytes: int | None = None) -> pb.PublishResponse:
+        """Validate and store records: the one publish path (the RPC's and in-process callers');
+        `batch_bytes` is the request's size when it came over the wire."""
         run = await self.runs.get(run_id, field="run_id")
-        batch = validate_records(records, run.config, self.cfg.limits)
+        if not records:
+            return pb.PublishResponse()
+        batch = validate_records(records, run.config, self.cfg.limits, batch_bytes=batch_bytes)
         rids, flags = await self.publisher.publish(run, records, batch)
         return publish_response(rids, flags)
 

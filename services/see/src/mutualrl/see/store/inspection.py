@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from mutualrl.common.errors import InvalidArgument, NotFound
 from mutualrl.see import metrics as m
 from mutualrl.see.keys import KINDS, RunKeys, kind_name
-from mutualrl.see.store.entries import Header, check_stream_id, is_last_id, redis_op, s, sid_key
+from mutualrl.see.store.entries import check_stream_id, is_last_id, redis_op
+from mutualrl.see.store.layout import Header, as_str, parse_index_entry, stream_id_key
 from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -35,7 +36,7 @@ class Inspection(StorePart):
         else:
             async with redis_op("subscribe"):
                 last = await self._get(rk.lastid)
-            start = s(last) if last else "0-0"
+            start = as_str(last) if last else "0-0"
         positions = {rk.stream(k): start for k in kinds}
         while not self.stopping.is_set():
             async with redis_op("subscribe"):
@@ -44,17 +45,17 @@ class Inspection(StorePart):
                 if reply and len(positions) > 1:
                     # A blocked XREAD wakes up with the one stream that got data first; read the
                     # others now (one atomic snapshot) so a batch comes out in id order.
-                    seen = {s(stream): entries for stream, entries in reply}
-                    rest = {k: (s(seen[k][-1][0]) if k in seen else v)
+                    seen = {as_str(stream): entries for stream, entries in reply}
+                    rest = {k: (as_str(seen[k][-1][0]) if k in seen else v)
                             for k, v in positions.items()}
                     reply = reply + await self._xread(rest, 512)
             found: list[tuple[tuple[int, int], str, str]] = []
             for stream, entries in reply:
-                name = s(stream)
+                name = as_str(stream)
                 for eid, fields in entries:
-                    sid = s(eid)
-                    positions[name] = max(positions[name], sid, key=sid_key)
-                    found.append((sid_key(sid), sid, Header.of(fields).record_id))
+                    sid = as_str(eid)
+                    positions[name] = max(positions[name], sid, key=stream_id_key)
+                    found.append((stream_id_key(sid), sid, Header.of(fields).record_id))
             if not found:
                 continue
             found.sort()
@@ -81,7 +82,7 @@ class Inspection(StorePart):
         out = pb.RunStats(run_id=run_id)
         per_policy: dict[str, dict[str, int]] = {p: {} for p in run.config.policies}
         for fld, val in counts.items():
-            name = s(fld)
+            name = as_str(fld)
             if name == "!dup":
                 out.duplicates = int(val)
                 continue
@@ -92,11 +93,11 @@ class Inspection(StorePart):
             for k in KINDS:
                 pc.published[kind_name(k)] = kinds.get(kind_name(k), 0)
         for fld, val in sorted(xfer.items()):
-            taker, source, kind = s(fld).split("|")
+            taker, source, kind = as_str(fld).split("|")
             out.transfers.add(taker_policy=taker, source_policy=source, kind=int(kind),
                               count=int(val))
         for fld, val in trimmed.items():
-            out.trimmed[s(fld)] = int(val)
+            out.trimmed[as_str(fld)] = int(val)
         for k, n in zip(KINDS, lens, strict=True):
             out.stream_lengths[kind_name(k)] = int(n)
         return out
@@ -110,7 +111,7 @@ class Inspection(StorePart):
             loc = await self.r.hget(rk.idx, record_id)
             if loc is None:
                 raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
-            sid = s(loc).split(":")[1]
+            sid = parse_index_entry(loc).stream_id
             payload, = await self.payloads_at(rk, [record_id], [loc])
         if payload is None:
             raise NotFound("record_id", f"record {record_id!r} was removed by retention")
@@ -150,12 +151,10 @@ class Inspection(StorePart):
             merged: list[tuple[tuple[int, int], str, dict[bytes, bytes]]] = []
             for entries in replies:
                 for eid, fields in entries:
-                    sid = s(eid)
-                    a, b = sid.split("-")
-                    merged.append(((int(a), int(b)), sid, fields))
+                    sid = as_str(eid)
+                    merged.append((stream_id_key(sid), sid, fields))
                 if len(entries) == chunk:
-                    a, b = s(entries[-1][0]).split("-")
-                    last = (int(a), int(b))
+                    last = stream_id_key(as_str(entries[-1][0]))
                     bound = last if bound is None or last < bound else bound
             merged.sort(key=lambda x: x[0])
             exhausted = bound is None

@@ -9,7 +9,8 @@ from typing import Any, cast
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import transfers
 from mutualrl.see.store.blocking import BlockingReads
-from mutualrl.see.store.entries import Entry, StreamReply, s
+from mutualrl.see.store.entries import Entry, StreamReply
+from mutualrl.see.store.layout import as_str
 from mutualrl.see.store.ranges import plan_reads
 from mutualrl.see.store.runs import RunRegistry
 
@@ -80,7 +81,7 @@ class StorePart:
         """Delivery count per pending entry id of `consumer` in [lo, hi]."""
         info = cast("list[dict[str, Any]]", await self.r.xpending_range(
             stream, group, min=lo, max=hi, count=count, consumername=consumer))
-        return {s(p["message_id"]): int(p["times_delivered"]) for p in info}
+        return {as_str(p["message_id"]): int(p["times_delivered"]) for p in info}
 
     async def _count_transfers(self, run_id: str, taker: str, kind: int,
                                taken: dict[tuple[str, int], int]) -> None:

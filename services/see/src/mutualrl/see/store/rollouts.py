@@ -12,7 +12,8 @@ from redis import exceptions as rexc
 
 from mutualrl.see import metrics as m
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store.entries import Entry, Header, redis_op, s
+from mutualrl.see.store.entries import Entry, redis_op
+from mutualrl.see.store.layout import Header, as_str
 from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -65,7 +66,7 @@ class Rollouts(StorePart):
                 await self._ensure_group(stream, group)
                 pending = []
             if pending:
-                eids = [s(e[0]) for e in pending]
+                eids = [as_str(e[0]) for e in pending]
                 counts = await self._pending_counts(stream, group, consumer, eids[0], eids[-1],
                                                     len(eids))
                 for eid, (_, fields) in zip(eids, pending, strict=True):
@@ -78,7 +79,7 @@ class Rollouts(StorePart):
                 # XAUTOCLAIM: [next start id, entries, deleted ids]
                 entries = cast("list[Entry]", claimed[1]) if claimed else []
                 if entries:
-                    eids = [s(e[0]) for e in entries]
+                    eids = [as_str(e[0]) for e in entries]
                     counts = await self._pending_counts(stream, group, consumer, min(eids),
                                                         max(eids), len(eids) * 4)
                     for eid, (_, fields) in zip(eids, entries, strict=True):
@@ -109,7 +110,7 @@ class Rollouts(StorePart):
                 if not entries:
                     break
                 for raw_id, fields in entries:
-                    keep(s(raw_id), fields, 1, True)
+                    keep(as_str(raw_id), fields, 1, True)
                 block_ms = 0  # block at most once per call
             rk = self.runs.keys(req.run_id)
             nbytes = 0

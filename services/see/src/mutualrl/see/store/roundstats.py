@@ -6,7 +6,8 @@ import asyncio
 import time
 
 from mutualrl.see import metrics as m
-from mutualrl.see.store.entries import redis_op, s
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import as_str
 from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -48,7 +49,7 @@ class RoundStats(StorePart):
                 raw = have.get(f"{p}|{pol}")
                 if raw is None:
                     continue
-                c, sm, ss, mx = s(raw).split(",")
+                c, sm, ss, mx = as_str(raw).split(",")
                 st = pb.RewardStats(count=int(c), sum=float(sm), sum_sq=float(ss), max=float(mx))
                 ps.policies.add(policy_id=pol, stats=st)
                 pooled.count += st.count

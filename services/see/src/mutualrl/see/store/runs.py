@@ -10,7 +10,8 @@ from mutualrl.common import ids
 from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.keys import RunKeys, registry_key
-from mutualrl.see.store.entries import redis_op, s
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import as_str
 from mutualrl.v1 import experience_pb2 as pb
 
 _RUN_CACHE_SECONDS = 5.0
@@ -104,7 +105,7 @@ class RunRegistry:
     async def list_all(self) -> list[pb.Run]:
         reg = registry_key(self.cfg.key_prefix)
         async with redis_op("list_runs"):
-            run_ids = sorted(s(x) for x in await self.r.smembers(reg))
+            run_ids = sorted(as_str(x) for x in await self.r.smembers(reg))
             if not run_ids:
                 return []
             # One GET per run (their keys lie in different cluster slots: no MGET).

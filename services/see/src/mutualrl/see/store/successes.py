@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mutualrl.see import metrics as m
-from mutualrl.see.store.entries import redis_op, s
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import as_str
 from mutualrl.see.store.part import StorePart
 from mutualrl.see.validate import normalise_text
 from mutualrl.v1 import experience_pb2 as pb
@@ -23,7 +24,7 @@ class Successes(StorePart):
                 pipe.hgetall(rk.successes(p))
             hashes = await pipe.execute()
         # Peer record ids per prompt, then their payloads.
-        wanted = [[s(rid) for fld, rid in h.items() if s(fld).split("|", 1)[0] != me]
+        wanted = [[as_str(rid) for fld, rid in h.items() if as_str(fld).split("|", 1)[0] != me]
                   for h in hashes]
         flat = [rid for rids in wanted for rid in rids]
         async with redis_op("successes"):

@@ -33,6 +33,7 @@ from mutualrl.common.channel import ClientOptions
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
+from mutualrl.trainer.sharing.record_ids import rollout_id, stats_id, success_id
 from mutualrl.v1 import experience_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -416,7 +417,6 @@ def round_records(
     gates = rewards if success is None else success
     for p_i, (prompt, row, rs, ok, gate) in enumerate(zip(prompts, samples, rewards, correct,
                                                           gates, strict=True)):
-        base = f"{policy}/{round_k}/{p_i}"
         common = dict(run_id=run_id, policy_id=policy, policy_version=version, round=round_k,
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
                       meta={"skill": prompt.skill})
@@ -431,17 +431,17 @@ def round_records(
             starts = [a for a, _ in s.offsets]
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
-                record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text, reward=r,
-                verified=good, finish_reason=finish, **rollout),
+                record_id=rollout_id(policy, round_k, p_i, k), kind=pb.ROLLOUT, text=s.text,
+                reward=r, verified=good, finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
             if good and g >= tau and s.finish_reason != "length":
                 out.append(pb.ExperienceRecord(
-                    record_id=f"{base}/{k}/s", kind=pb.VERIFIED_SUCCESS, text=s.text,
-                    reward=g, verified=True, finish_reason=finish, **common))
+                    record_id=success_id(policy, round_k, p_i, k), kind=pb.VERIFIED_SUCCESS,
+                    text=s.text, reward=g, verified=True, finish_reason=finish, **common))
         stats = pb.RewardStats(count=len(rs), sum=float(sum(rs)),
                                sum_sq=float(sum(r * r for r in rs)), max=float(max(gate)))
-        out.append(pb.ExperienceRecord(record_id=f"{base}/stats", kind=pb.REWARD_STATS,
-                                       stats=stats, **common))
+        out.append(pb.ExperienceRecord(record_id=stats_id(policy, round_k, p_i),
+                                       kind=pb.REWARD_STATS, stats=stats, **common))
     return out
 
 

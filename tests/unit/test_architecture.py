@@ -41,17 +41,26 @@ def test_dependencies_point_one_way() -> None:
     assert "0 broken" in result.stdout
 
 
-def test_planted_violations_are_reported(tmp_path: Path) -> None:
+def _lint_planted(tmp_path: Path, packages: dict[str, str], plants: dict[str, str]) -> str:
+    """lint-imports over copies of `packages` (name -> source folder) with `plants` (path
+    under the copies -> text) added; the copies come first on the path, so `mutualrl.<name>`
+    resolves to them. Returns the report, which must be a failure."""
     ext = tmp_path / "ext" / "mutualrl"
-    shutil.copytree(ROOT / "services/common/src/mutualrl/common", ext / "common")
-    shutil.copytree(ROOT / "clients/python/src/mutualrl/client", ext / "client")
-    (ext / "common" / "planted.py").write_text("import mutualrl.cli\n")
-    (ext / "client" / "planted.py").write_text("import torch\n")
-    # First on the path: `mutualrl.common` and `mutualrl.client` resolve to the copies.
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "ext")}
-    result = _lint(env)
+    for name, folder in packages.items():
+        shutil.copytree(ROOT / folder, ext / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in plants.items():
+        (ext / path).parent.mkdir(parents=True, exist_ok=True)
+        (ext / path).write_text(text)
+    result = _lint({**os.environ, "PYTHONPATH": str(tmp_path / "ext")})
     assert result.returncode != 0, result.stdout[-4000:]
-    out = result.stdout
+    return result.stdout
+
+
+def test_planted_violations_are_reported(tmp_path: Path) -> None:
+    out = _lint_planted(
+        tmp_path, {"common": "services/common/src/mutualrl/common",
+                   "client": "clients/python/src/mutualrl/client"},
+        {"common/planted.py": "import mutualrl.cli\n", "client/planted.py": "import torch\n"})
     assert "common imports only proto BROKEN" in out
     assert "mutualrl.common.planted -> mutualrl.cli" in out
     assert "needs no torch, transformers or redis BROKEN" in out
@@ -59,19 +68,12 @@ def test_planted_violations_are_reported(tmp_path: Path) -> None:
 
 
 def test_an_upward_import_breaks_the_trainer_layers(tmp_path: Path) -> None:
-    ext = tmp_path / "ext" / "mutualrl"
-    shutil.copytree(ROOT / "services/trainer/src/mutualrl/trainer", ext / "trainer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (ext / "trainer" / "config" / "planted.py").write_text(
-        "from mutualrl.trainer.runtime import session\n")
-    (ext / "trainer" / "engines" / "planted.py").write_text(
-        "def late() -> None:\n    from mutualrl.trainer.data import tasks\n")
-    (ext / "trainer" / "extra").mkdir()
-    (ext / "trainer" / "extra" / "__init__.py").write_text("")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "ext")}
-    result = _lint(env)
-    assert result.returncode != 0, result.stdout[-4000:]
-    out = result.stdout
+    out = _lint_planted(
+        tmp_path, {"trainer": "services/trainer/src/mutualrl/trainer"},
+        {"trainer/config/planted.py": "from mutualrl.trainer.runtime import session\n",
+         "trainer/engines/planted.py":
+             "def late() -> None:\n    from mutualrl.trainer.data import tasks\n",
+         "trainer/extra/__init__.py": ""})
     assert "the trainer in layers: each imports only the layers below it BROKEN" in out
     assert "mutualrl.trainer.config.planted -> mutualrl.trainer.runtime.session" in out
     # an import inside a function counts as much as one at the top

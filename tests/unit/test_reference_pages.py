@@ -118,7 +118,7 @@ def test_the_layer_table_has_the_contracts_layers_top_first(tmp_path: Path) -> N
     assert rows == [f"mutualrl.trainer.{layer}" for layer in
                     ("cli", "runtime", "sharing", "data", "engines", "model", "config", "algos")]
     assert "| `mutualrl.trainer.engines` | `base`, `factory`, `hf`, `sglang`, `vllm` |" in table
-    assert "`exchange`, `probes/`" in table
+    assert "`exchange`, `record_ids`, `probes/`" in table
     # a layer without a package docstring cannot be described: the page refuses
     root = tmp_path / "ws"
     pkg = root / "svc" / "src" / "mutualrl" / "trainer"

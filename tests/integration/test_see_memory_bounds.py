@@ -24,7 +24,7 @@ async def see(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
 @pytest.fixture
 async def client(see: Any) -> AsyncIterator[AsyncSeeClient]:
-    async with AsyncSeeClient(ClientOptions(address=see.address, retries=0)) as c:
+    async with AsyncSeeClient(ClientOptions(address=see.address, outage_budget=0)) as c:
         yield c
 
 

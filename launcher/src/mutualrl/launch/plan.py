@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutualrl.launch.config import UpConfig
+from mutualrl.launch.resume import PriorRun
 from mutualrl.launch.supervisor import ProcessSpec
 
 
@@ -28,3 +29,7 @@ class LaunchPlan:
     endpoints: dict[str, str] = field(default_factory=dict)
     specs: list[ProcessSpec] = field(default_factory=list)
     warm_start: list[ProcessSpec] = field(default_factory=list)
+    prior: PriorRun | None = None
+    """The state an earlier `up` left, which this one resumes (None: a new run)."""
+    fresh: bool = False
+    """`--fresh`: the run is deleted in the services before the trainers start."""

@@ -22,7 +22,8 @@ from mutualrl.trainer.engines.factory import make_engine
 from mutualrl.trainer.runtime import checkpoint
 from mutualrl.trainer.runtime.distributed import SINGLE
 from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
-from mutualrl.trainer.runtime.presets import load_policy, policy_dir
+from mutualrl.trainer.runtime.preflight import policy_dir
+from mutualrl.trainer.runtime.presets import load_policy
 
 
 def evaluate_policy(cfg: TrainerConfig, policy_name: str, model_dir: Path) -> dict[str, Any]:

@@ -65,8 +65,9 @@ def register(commands: Commands) -> None:
     t.add_argument("--device-memory-gb", type=float, default=None,
                    help="Device size for --dry-run in GiB (default: the CUDA device's, or "
                         "host RAM for CPU policies).")
-    t.add_argument("--prompt-tokens", type=int, default=512,
-                   help="Prompt length allowance per rollout for --dry-run's KV cache.")
+    t.add_argument("--prompt-tokens", type=int, default=None,
+                   help="Prompt length per rollout for --dry-run (default: each policy's "
+                        "longest rendered prompt of the task and benchmarks).")
     t.add_argument("--nproc", type=int, default=None,
                    help="Data-parallel ranks for this policy (overrides the policy's nproc): "
                         "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")

@@ -31,9 +31,9 @@ def _load(args: argparse.Namespace, command: str) -> TrainerConfig | None:
     try:
         return load_trainer_config(args.config, rounds=args.rounds, nproc=args.nproc)
     except ValidationError as err:
-        print(f"mutualrl {command}: {first_error(err)}", file=sys.stderr)
+        print(f"mutualrl {command}: config {args.config}: {first_error(err)}", file=sys.stderr)
     except ValueError as err:  # e.g. an environment variable naming no field
-        print(f"mutualrl {command}: {err}", file=sys.stderr)
+        print(f"mutualrl {command}: config {args.config}: {err}", file=sys.stderr)
     return None
 
 
@@ -103,7 +103,7 @@ def dry_run(args: argparse.Namespace) -> int:
     try:
         plans = memory_plans(cfg, [args.policy] if args.policy else None,
                              args.device_memory_gb, args.prompt_tokens)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         print(f"mutualrl train --dry-run: {e}", file=sys.stderr)
         return 2
     print("\n".join(p.text for p in plans))

@@ -25,8 +25,9 @@ class SeeMetricsReporter:
                  timeout: float = 10.0, max_pending: int = 100_000, retry_s: float = 2.0,
                  client: SeeClient | None = None) -> None:
         self.run_id, self.policy = run_id, policy
+        # No outage budget: the sender thread retries on its own schedule, rows kept queued.
         self.client = client or SeeClient(ClientOptions(address=address, token=token,
-                                                        timeout=timeout, retries=2))
+                                                        timeout=timeout, outage_budget=0))
         self._pending: collections.deque[tuple[int, dict[str, float], int]] = \
             collections.deque(maxlen=max_pending)
         self._cond = threading.Condition()

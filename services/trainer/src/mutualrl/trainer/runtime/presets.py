@@ -45,7 +45,6 @@ from transformers import (
 )
 
 from mutualrl.thl.tokenizers import load_tokenizer, train_tokenizer
-from mutualrl.trainer.config.run import PolicySettings
 from mutualrl.trainer.config.task import SKILLS
 from mutualrl.trainer.data.tasks import SyntheticTask, corpus
 
@@ -186,18 +185,6 @@ def ensure_preset(name: str, cache_dir: Path, seed: int = 0) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
-    """Where the policy's weights and tokenizer load from: its warm start (`sft_checkpoint`),
-    else its `model_path`, else its preset (built once, offline, into `cache_dir`)."""
-    if policy.sft_checkpoint is not None:
-        return policy.sft_checkpoint
-    if policy.model_path is not None:
-        return policy.model_path
-
-    assert policy.preset is not None
-    return ensure_preset(policy.preset, cache_dir, seed)
 
 
 _DTYPES = ("float32", "bfloat16", "float16")

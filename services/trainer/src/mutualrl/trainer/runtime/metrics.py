@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from rich.console import Console
-from torch.utils.tensorboard import SummaryWriter
 
 from mutualrl.trainer.config.run import MetricsSettings
 from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
@@ -51,6 +50,8 @@ class MetricsSink:
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
         self._tb: SummaryWriter | None = None
         if settings.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(log_dir=str(out_dir / "tb"))
         self._registry: CollectorRegistry | None = None
         self._gauges: dict[str, Gauge] = {}

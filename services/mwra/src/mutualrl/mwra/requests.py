@@ -8,7 +8,7 @@ import math
 import re
 
 from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.errors import InvalidArgument, quote
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.v1 import allocation_pb2 as pb
 
@@ -55,7 +55,7 @@ def check_worker(request: pb.RegisterWorkerRequest, cfg: MwraConfig) -> str:
                               "must be > 0")
     if w.rollout_address and not ADDRESS_RE.match(w.rollout_address):
         raise InvalidArgument("worker.rollout_address",
-                              f"{w.rollout_address[:64]!r} is not host:port")
+                              f"{quote(w.rollout_address)} is not host:port")
     if len(w.labels) > 64 or any(len(k) > 128 or len(v) > 1024 for k, v in w.labels.items()):
         raise InvalidArgument("worker.labels", "at most 64 labels, keys <= 128 and values "
                               "<= 1024 characters")

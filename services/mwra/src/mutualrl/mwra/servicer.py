@@ -16,7 +16,7 @@ from typing import Protocol
 import grpc
 
 from mutualrl.common import ids
-from mutualrl.common.errors import NotFound
+from mutualrl.common.errors import NotFound, quote
 from mutualrl.common.redis_errors import redis_rpc
 from mutualrl.mwra.allocation import PoolAssignment
 from mutualrl.mwra.config import MwraConfig
@@ -83,7 +83,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         """A registered policy showed a sign of life (NOT_FOUND when it is not registered):
         the run is ticked from now on."""
         if not await self.store.touch_policy(run, pid):
-            raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+            raise NotFound("policy_id",
+                           f"policy {quote(pid)} is not registered in run {quote(run)}")
         self.coordinator.track(run)
 
     async def _info(self, run: str, pid: str) -> pb.PolicyInfo:
@@ -132,7 +133,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         run, wid = _worker_ids(request)
         renewed = await self.store.renew_lease(run, wid, self.cfg.worker_lease_seconds)
         if renewed is None:
-            raise NotFound("worker_id", f"worker {wid!r} is not registered in run {run!r}")
+            raise NotFound("worker_id",
+                           f"worker {quote(wid)} is not registered in run {quote(run)}")
         self.coordinator.track(run)
         expires, revived = renewed
         if revived:
@@ -188,7 +190,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         state = await self.store.load(run)
         rec = state.policies.get(pid)
         if rec is None:
-            raise NotFound("policy_id", f"policy {pid!r} was deregistered")
+            raise NotFound("policy_id", f"policy {quote(pid)} was deregistered")
         alloc = _allocation(run, pid, plan, rec.rollout_budget)
         if plan is not None and plan.strategy == "time-share" and plan.round < request.round:
             # Turns of an earlier round still train: this round's turn has not come yet.
@@ -206,7 +208,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             state = await self.store.load(run)
             rec = state.policies.get(pid)
             if rec is None:
-                raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+                raise NotFound("policy_id",
+                               f"policy {quote(pid)} is not registered in run {quote(run)}")
             msg = _allocation(run, pid, state.plan, rec.rollout_budget)
             blob = msg.SerializeToString(deterministic=True)
             if blob != last:
@@ -220,7 +223,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         run = ids.check_run_id(request.run_id)
         state = await self.store.load(run)
         if not state.workers and not state.policies:
-            raise NotFound("run_id", f"run {run!r} has no workers or policies")
+            raise NotFound("run_id", f"run {quote(run)} has no workers or policies")
         now = now_ms()
         plan = state.plan
         table = pb.AllocationTable(run_id=run, leader=state.leader or "", round=-1)
@@ -270,6 +273,6 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             deleted = await self.store.delete_run(run)
         self.coordinator.forget(run)
         if not deleted:
-            raise NotFound("run_id", f"run {run!r} has no state in MWRA")
+            raise NotFound("run_id", f"run {quote(run)} has no state in MWRA")
         log.info("run %s deleted (%d keys)", run, deleted)
         return runs_pb.DeleteRunResponse(run_id=run, deleted=deleted)

@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument, require_nonnegative
+from mutualrl.common.errors import InvalidArgument, quote, require_nonnegative
 from mutualrl.see.config import SeeLimits
 from mutualrl.see.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
@@ -56,7 +56,7 @@ def validate_run_config(cfg: pb.RunConfig, limits: SeeLimits) -> None:
     for i, policy in enumerate(cfg.policies):
         ids.check_name(policy, f"config.policies[{i}]")
         if policy in seen:
-            raise InvalidArgument(f"config.policies[{i}]", f"duplicate policy {policy!r}")
+            raise InvalidArgument(f"config.policies[{i}]", f"duplicate policy {quote(policy)}")
         seen.add(policy)
     if not math.isfinite(cfg.tau):
         raise InvalidArgument("config.tau", "not finite")
@@ -245,10 +245,11 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     if tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
         ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
-        raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
+        raise InvalidArgument(f"{f}.run_id",
+                              f"{quote(rec.run_id)} differs from the request's run_id")
     if rec.policy_id not in policies:
         raise InvalidArgument(f"{f}.policy_id",
-                              f"{rec.policy_id!r} is not a policy of run {run.run_id!r}")
+                              f"{quote(rec.policy_id)} is not a policy of run {quote(run.run_id)}")
     kind = rec.kind
     if kind not in KINDS:
         raise InvalidArgument(f"{f}.kind",
@@ -288,7 +289,7 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
             raise InvalidArgument(f"{f}.meta", f"more than {limits.max_meta_entries} entries")
         for key, value in meta.items():
             if len(key) > limits.max_meta_chars or len(value) > limits.max_meta_chars:
-                raise InvalidArgument(f"{f}.meta[{key[:32]!r}]",
+                raise InvalidArgument(f"{f}.meta[{quote(key)}]",
                                       f"key or value longer than {limits.max_meta_chars} "
                                       "characters")
 

@@ -26,7 +26,7 @@ from mutualrl.common.alignment_types import (
     TraceItem,
     aggregate_residual,
 )
-from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, quote
 from mutualrl.thl import align as core
 from mutualrl.thl.registry import LoadedTokenizer, TokenizerRegistry
 from mutualrl.thl.residual import edit_distance, uncovered_bytes
@@ -173,7 +173,7 @@ class AlignmentEngine:
         if apply_chat_template:
             if not getattr(tok.hf, "chat_template", None):
                 raise FailedPrecondition("apply_chat_template",
-                                         f"tokenizer {tokenizer_id!r} has no chat template")
+                                         f"tokenizer {quote(tokenizer_id)} has no chat template")
             texts = [tok.hf.apply_chat_template([{"role": "user", "content": t}],
                                                 tokenize=False) for t in texts]
         self._check_response("texts", retokenize_response_bound(texts, tok.info.vocab_size),
@@ -197,9 +197,9 @@ class AlignmentEngine:
                     placement: Placement = "last") -> AlignTraceResult:
         """Move source token traces onto the target tokenizer's tokens (see `align`)."""
         if mode not in MODES:
-            raise InvalidArgument("mode", f"{mode!r} is not one of {MODES}")
+            raise InvalidArgument("mode", f"{quote(mode)} is not one of {MODES}")
         if placement not in PLACEMENTS:
-            raise InvalidArgument("placement", f"{placement!r} is not one of {PLACEMENTS}")
+            raise InvalidArgument("placement", f"{quote(placement)} is not one of {PLACEMENTS}")
         src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
         tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
         texts = [it.text for it in items]

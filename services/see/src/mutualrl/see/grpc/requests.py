@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument, require_nonnegative
+from mutualrl.common.errors import InvalidArgument, quote, require_nonnegative
 from mutualrl.see.keys import KINDS
 from mutualrl.see.store.entries import check_stream_id
 from mutualrl.v1 import experience_pb2 as pb
@@ -20,8 +20,8 @@ MAX_ROUND_WAIT_MS = 60_000
 
 def check_policy(run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
     if policy_id not in run.config.policies:
-        raise InvalidArgument(field, f"{policy_id!r} is not a policy of run "
-                                     f"{run.config.run_id!r}")
+        raise InvalidArgument(field, f"{quote(policy_id)} is not a policy of run "
+                                     f"{quote(run.config.run_id)}")
 
 
 def _prompt_ids(prompt_ids: Sequence[str], no_bar: bool) -> None:

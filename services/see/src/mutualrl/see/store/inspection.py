@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 
-from mutualrl.common.errors import InvalidArgument, NotFound
+from mutualrl.common.errors import InvalidArgument, NotFound, quote
 from mutualrl.see import metrics as m
 from mutualrl.see.keys import KINDS, RunKeys, kind_name
 from mutualrl.see.store.entries import Header, check_stream_id, is_last_id, redis_op, s, sid_key
@@ -109,11 +109,12 @@ class Inspection(StorePart):
         async with redis_op("get_record"):
             loc = await self.r.hget(rk.idx, record_id)
             if loc is None:
-                raise NotFound("record_id", f"record {record_id!r} not found in run {run_id!r}")
+                raise NotFound("record_id", f"record {quote(record_id)} not found in run "
+                                            f"{quote(run_id)}")
             sid = s(loc).split(":")[1]
             payload, = await self.payloads_at(rk, [record_id], [loc])
         if payload is None:
-            raise NotFound("record_id", f"record {record_id!r} was removed by retention")
+            raise NotFound("record_id", f"record {quote(record_id)} was removed by retention")
         return sid, pb.ExperienceRecord.FromString(payload)
 
     async def list_records(self, run_id: str, *, kinds: Iterable[int] = KINDS,

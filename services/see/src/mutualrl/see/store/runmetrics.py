@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mutualrl.common.errors import InvalidArgument, NotFound, require_nonnegative
+from mutualrl.common.errors import InvalidArgument, NotFound, quote, require_nonnegative
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import SeeStore
 from mutualrl.see.store.entries import check_stream_id, is_last_id, redis_op
@@ -55,14 +55,14 @@ def check_rows(rows: Sequence[mpb.MetricRow], policies: Sequence[str]) -> None:
         where = f"rows[{i}]"
         if row.policy_id not in known:
             raise InvalidArgument(f"{where}.policy_id",
-                                  f"{row.policy_id[:64]!r} is not a policy of the run")
+                                  f"{quote(row.policy_id)} is not a policy of the run")
         require_nonnegative(f"{where}.round", row.round)
         require_nonnegative(f"{where}.unix_ms", row.unix_ms)
         if len(row.values) > MAX_VALUES:
             raise InvalidArgument(f"{where}.values", f"at most {MAX_VALUES} entries")
         for name, value in row.values.items():
             if not 1 <= len(name) <= MAX_NAME_CHARS or not name.isprintable():
-                raise InvalidArgument(f"{where}.values", f"name {name[:64]!r} must be 1-"
+                raise InvalidArgument(f"{where}.values", f"name {quote(name)} must be 1-"
                                       f"{MAX_NAME_CHARS} printable characters")
             if not math.isfinite(value):
                 raise InvalidArgument(f"{where}.values[{name}]", "not finite")
@@ -101,7 +101,7 @@ class RunMetricsStore:
         run = await self.store.get_run(run_id)
         if policy is not None and policy not in run.config.policies:
             # A well-formed name the run lacks: nothing to find (404), like an unknown run.
-            raise NotFound("policy", f"{policy[:64]!r} is not a policy of run {run_id!r}")
+            raise NotFound("policy", f"{quote(policy)} is not a policy of run {quote(run_id)}")
         if after:
             check_stream_id(after, "after")
         if not 1 <= limit <= 10_000:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from mutualrl.common import ids
-from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound
+from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, quote
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.keys import RunKeys, registry_key
 from mutualrl.see.store.entries import redis_op, s
@@ -71,7 +71,7 @@ class RunRegistry:
                 existing = await self.get(config.run_id, use_cache=False)
                 if exist_ok and existing.config == config:
                     return existing
-                raise AlreadyExists("config.run_id", f"run {config.run_id!r} exists"
+                raise AlreadyExists("config.run_id", f"run {quote(config.run_id)} exists"
                                     + ("" if not exist_ok else " with a different config"))
             async with self.r.pipeline(transaction=False) as pipe:
                 # One consumer group per policy from the stream's start: records published
@@ -96,7 +96,7 @@ class RunRegistry:
             raw = cast("bytes | None", await self.r.get(self.keys(run_id).config))
         if raw is None:
             self.forget(run_id)
-            raise NotFound(field, f"run {run_id!r} not found")
+            raise NotFound(field, f"run {quote(run_id)} not found")
         run = pb.Run.FromString(raw)
         self._remember(run_id, run)
         return run
@@ -134,7 +134,7 @@ class RunRegistry:
             registered = int(await self.r.srem(registry_key(self.cfg.key_prefix), run_id))
         self.forget(run_id)
         if not deleted and not registered:
-            raise NotFound("run_id", f"run {run_id!r} not found")
+            raise NotFound("run_id", f"run {quote(run_id)} not found")
         return deleted
 
     def _scan_run(self, rk: RunKeys) -> Any:
@@ -146,5 +146,5 @@ class RunRegistry:
 
     def check_policy(self, run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
         if policy_id not in run.config.policies:
-            raise InvalidArgument(field, f"{policy_id!r} is not a policy of run "
-                                         f"{run.config.run_id!r}")
+            raise InvalidArgument(field, f"{quote(policy_id)} is not a policy of run "
+                                         f"{quote(run.config.run_id)}")

@@ -23,7 +23,7 @@ TEMPLATES = {"gpt2-bpe": CHATML, "llama-char": LLAMA3}
 def chat_policy(preset: str, cache: Path, out: Path, template: str | None = None) -> Path:
     """A copy of `preset` at `out` whose tokenizer_config.json carries `template` (default the
     preset's in TEMPLATES)."""
-    from mutualrl.trainer.presets import ensure_preset
+    from mutualrl.trainer.runtime.presets import ensure_preset
 
     if not (out / "config.json").exists():
         shutil.copytree(ensure_preset(preset, cache), out, dirs_exist_ok=True)

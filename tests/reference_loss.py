@@ -1,6 +1,6 @@
 """The round's loss by its definition (docs/design.md (8)), in one forward pass over every row:
-the reference the memory-bounded step (`trainer.step`) is tested against. It holds the logits of
-the whole batch, so it is for tests and tiny models only.
+the reference the memory-bounded step (`trainer.runtime.step`) is tested against. It holds the
+logits of the whole batch, so it is for tests and tiny models only.
 
 GRPO (3)-(5) over own (+ PRP peer) rows, weighted by PRP's importance weights (9), plus SGT's
 rescue term (7). PRP's importance weights use the receiver's pre-step log-probs of the peer
@@ -20,9 +20,9 @@ from torch import Tensor
 from mutualrl.trainer.algos.loss import grpo_loss, nonzero_variance_groups
 from mutualrl.trainer.algos.prp import peer_weights
 from mutualrl.trainer.algos.sgt import sgt_loss
-from mutualrl.trainer.batch import completion_logprobs, completion_logprobs_and_entropy, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes.base import LossInputs, RoundData
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.sharing.probes.base import LossInputs, RoundData
 
 
 @dataclass
@@ -86,10 +86,8 @@ def round_loss(
         with torch.no_grad():
             ref_logp = completion_logprobs(ref_model, batch, grpo.temperature)
 
-    out = grpo_loss(
-        logp, logp_old, advantages, mask, grpo.eps_lo, grpo.eps_hi, grpo.beta, ref_logp,
-        grpo.aggregation, max_new_tokens, weights, grpo.importance_sampling_level, entropy,
-        grpo.entropy_coef)
+    out = grpo_loss(logp, logp_old, advantages, mask, grpo, ref_logp, weights, entropy,
+                    max_new_tokens)
     total = out.loss
     stats.update(loss_pg=out.pg_loss, kl=out.kl, clip_frac=out.clip_frac,
                  clip_frac_low=out.clip_frac_low, clip_frac_high=out.clip_frac_high,

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mutualrl.trainer.probes import RoundData
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.sharing.probes import RoundData
 
 PAD = 0
 

@@ -22,7 +22,8 @@ def warm_checkpoints(request: pytest.FixtureRequest,
                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """SFT checkpoints, cached across test runs in pytest's cache (they take ~30 s each);
     bump the cache name when TASK, WARM or the SFT settings change."""
-    from mutualrl.trainer.sft import SFTConfig, run_sft
+    from mutualrl.trainer.config.sft import SFTConfig
+    from mutualrl.trainer.runtime.sft import run_sft
 
     pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     cache = (Path(pytest_cache.mkdir("mutualrl-trainer-e2e-v3")) if pytest_cache is not None
@@ -42,7 +43,7 @@ def warm_checkpoints(request: pytest.FixtureRequest,
 def start_training(session: Any, errors: list[BaseException]) -> threading.Thread:
     """Train `session` in a started thread; what it raises lands in `errors` (a thread cannot
     fail the test itself)."""
-    from mutualrl.trainer.loop import train
+    from mutualrl.trainer.runtime.loop import train
 
     def work() -> None:
         try:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from mutualrl.common.auth import derive_token
-from mutualrl.trainer.config import load_trainer_config
+from mutualrl.trainer.config.run import load_trainer_config
 
 BASE = Path(__file__).resolve().parent / "base"
 # Kubernetes object names are DNS-1123 labels: "trainer-<policy>" must be one.

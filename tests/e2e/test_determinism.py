@@ -66,7 +66,7 @@ def services(redis_url: str) -> Iterator[_Services]:
 
 def _config(svc: _Services, warm: dict[str, Path], names: tuple[str, ...], probe: dict[str, Any],
             staleness: int, seed: int, out: Path, liveness: float = 60.0) -> Any:
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     return TrainerConfig.model_validate({
         "run_id": f"det-{uuid.uuid4().hex[:8]}", "seed": seed, "output_dir": str(out),
@@ -89,7 +89,7 @@ def _train(svc: _Services, cfg: Any, order: tuple[str, ...], slow: str | None,
     soon as its session is built, in `order`, 0.3 s apart; `slow`'s every rollout sleeps
     SLOW_S first. Returns metrics rows and final parameters per policy."""
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.session import build_session
 
     mwra = MwraClient(svc.mwra)
     mwra.register_local_worker(cfg.run_id, "det-worker", slots=2)
@@ -128,7 +128,7 @@ def _slowed(generate: Any) -> Any:
 
 
 def _comparable(run: Run) -> dict[str, list[dict[str, Any]]]:
-    from mutualrl.trainer.determinism import comparable
+    from mutualrl.trainer.runtime.determinism import comparable
 
     return {n: [comparable(r) for r in rs] for n, rs in sorted(run[0].items())}
 
@@ -173,9 +173,9 @@ def test_a_peer_that_never_comes_fails_the_run_with_a_clear_error(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
     """Deterministic mode never falls back: past the liveness bound the round raises, naming
     the missing peer, the round and the setting."""
-    from mutualrl.trainer.exchange import PeerTimeout
-    from mutualrl.trainer.loop import train
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.loop import train
+    from mutualrl.trainer.runtime.session import build_session
+    from mutualrl.trainer.sharing.exchange import PeerTimeout
 
     cfg = _config(services, warm_policies, ("A", "B"), {"kind": "sgt"}, 0, 0, tmp_path,
                   liveness=1.0)

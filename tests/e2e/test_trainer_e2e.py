@@ -98,7 +98,7 @@ def services(warm_policies: dict[str, Path]) -> Iterator[_Services]:
 
 def _config(services: _Services, warm: dict[str, Path], probe: dict[str, Any], out: Path,
             run_id: str, names: tuple[str, ...] = ("A", "B"), **extra: Any) -> Any:
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     return TrainerConfig.model_validate({
         "run_id": run_id, "output_dir": str(out), "task": TASK,
@@ -122,7 +122,7 @@ def _run_pair(services: _Services, warm: dict[str, Path], probe: dict[str, Any],
     from mutualrl.client.mwra import MwraClient
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.session import build_session
 
     run_id = f"e2e-{probe['kind']}-{uuid.uuid4().hex[:6]}"
     services.run_ids[run_id] = len(names)
@@ -301,10 +301,10 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     import time
 
     from mutualrl.trainer.algos.loss import group_advantages
-    from mutualrl.trainer.config import ProbeSettings
-    from mutualrl.trainer.exchange import PeerExchange
-    from mutualrl.trainer.probes import RoundData, make_probe
-    from mutualrl.trainer.tasks import Prompt
+    from mutualrl.trainer.config.run import ProbeSettings
+    from mutualrl.trainer.data.tasks import Prompt
+    from mutualrl.trainer.sharing.exchange import PeerExchange
+    from mutualrl.trainer.sharing.probes import RoundData, make_probe
 
     prompts = [Prompt(id=f"q{i}", skill="add", text=f"q{i}", answer="1") for i in range(2)]
     data = RoundData(round=0, prompts=prompts, samples=[[], []],
@@ -330,12 +330,12 @@ def test_prp_keeps_rollouts_of_a_peer_that_is_ahead(services: _Services,
                                                     warm_policies: dict[str, Path]) -> None:
     """SEE hands a record out once: rollouts of a round the receiver has not reached yet must
     wait in the probe for that round (peers may run a round apart)."""
-    from mutualrl.trainer.config import ProbeSettings
-    from mutualrl.trainer.exchange import PeerExchange, round_records
-    from mutualrl.trainer.presets import load_policy
-    from mutualrl.trainer.probes import RoundData, make_probe
-    from mutualrl.trainer.rollout import Sample, completion_offsets
-    from mutualrl.trainer.tasks import Prompt
+    from mutualrl.trainer.config.run import ProbeSettings
+    from mutualrl.trainer.data.tasks import Prompt
+    from mutualrl.trainer.engines.base import Sample, completion_offsets
+    from mutualrl.trainer.runtime.presets import load_policy
+    from mutualrl.trainer.sharing.exchange import PeerExchange, round_records
+    from mutualrl.trainer.sharing.probes import RoundData, make_probe
 
     run_id = f"e2e-ahead-{uuid.uuid4().hex[:6]}"
     services.see_only_runs.append(run_id)

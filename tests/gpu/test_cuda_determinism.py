@@ -28,9 +28,9 @@ ROUNDS = 4
 RUN = """
 import json, sys, torch
 from pathlib import Path
-from mutualrl.trainer.config import TrainerConfig
-from mutualrl.trainer.loop import train
-from mutualrl.trainer.session import build_session
+from mutualrl.trainer.config.run import TrainerConfig
+from mutualrl.trainer.runtime.loop import train
+from mutualrl.trainer.runtime.session import build_session
 cfg = TrainerConfig.model_validate(json.loads(sys.argv[1]))
 s = build_session(cfg, "A", cache_dir=Path(sys.argv[2]))
 train(s)
@@ -62,7 +62,7 @@ def _run(tmp: Path, seed: int, tag: str) -> tuple[list[dict[str, Any]], dict[str
 
 
 def test_one_seed_one_run_on_the_gpu(tmp_path: Path) -> None:
-    from mutualrl.trainer.determinism import comparable
+    from mutualrl.trainer.runtime.determinism import comparable
 
     (rows, params), (rows2, params2), (rows_other, params_other) = (
         _run(tmp_path, 0, "first"), _run(tmp_path, 0, "second"), _run(tmp_path, 1, "other"))

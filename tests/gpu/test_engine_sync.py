@@ -25,7 +25,7 @@ ENGINES = [pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(
 
 
 def _cfg(out: Path, engine: str, lora: bool):
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     policy: dict = {"name": "A", "preset": "llama-char", "device": "cuda:0",
                     "dtype": "float32", "compute_dtype": "bfloat16", "rollout_engine": engine,
@@ -54,10 +54,10 @@ def _served(engine: object, names: list[str]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_two_rounds_then_the_engine_serves_the_trainers_weights(tmp_path: Path, engine: str,
                                                                 lora: bool) -> None:
-    from mutualrl.trainer.batch import completion_logprobs, pack
-    from mutualrl.trainer.loop import train
-    from mutualrl.trainer.rollout import sync_tensors
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.engines.base import sync_tensors
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
+    from mutualrl.trainer.runtime.loop import train
+    from mutualrl.trainer.runtime.session import build_session
 
     s = build_session(_cfg(tmp_path, engine, lora), "A", cache_dir=tmp_path / "presets")
     try:

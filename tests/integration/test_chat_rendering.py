@@ -16,14 +16,15 @@ from chat_policies import chat_policy, write_problems
 from service_loop import RolloutSample as Sample
 from service_loop import see_server
 
-from mutualrl.trainer.chat import PromptRenderer, messages_of
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
-from mutualrl.trainer.exchange import PeerExchange, round_records
-from mutualrl.trainer.presets import load_policy
-from mutualrl.trainer.probes import RoundData, make_probe
-from mutualrl.trainer.rollout import completion_offsets
-from mutualrl.trainer.step import round_rows
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.config.task import DatasetTaskConfig
+from mutualrl.trainer.data.chat import PromptRenderer, messages_of
+from mutualrl.trainer.data.dataset_task import DatasetTask
+from mutualrl.trainer.engines.base import completion_offsets
+from mutualrl.trainer.runtime.presets import load_policy
+from mutualrl.trainer.runtime.step import round_rows
+from mutualrl.trainer.sharing.exchange import PeerExchange, round_records
+from mutualrl.trainer.sharing.probes import RoundData, make_probe
 from mutualrl.v1 import experience_pb2 as pb
 
 

@@ -46,9 +46,9 @@ def train_round(kind: str, level: str, dist: Any) -> dict[str, Any]:
     """Weights (whole, on rank 0) and stats after one round of `kind` on a fresh tiny model."""
     import torch
 
-    from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-    from mutualrl.trainer.distributed import full_state_dict, shard
-    from mutualrl.trainer.step import optimise
+    from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+    from mutualrl.trainer.runtime.distributed import full_state_dict, shard
+    from mutualrl.trainer.runtime.step import StepSettings, optimise
 
     h = _helpers()
     probe = ProbeSettings(kind=kind, prp_level=level, prp_weight_mode="truncate", prp_cap=3.0,
@@ -59,8 +59,8 @@ def train_round(kind: str, level: str, dist: Any) -> dict[str, Any]:
     if dist.active:
         shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=grpo.lr)
-    out = optimise(model, ref, opt, h.PROMPT_IDS, h.fixed_round(), h.plan_for(kind, level), grpo,
-                   probe, h.PAD, h.MAX_LEN, dist)
+    out = optimise(model, ref, opt, h.PROMPT_IDS, h.fixed_round(), h.plan_for(kind, level),
+                   StepSettings.of(grpo, probe, h.PAD, h.MAX_LEN, dist))
     weights = full_state_dict(model) if dist.active else model.state_dict()
     return {"weights": weights, "stats": out.stats}
 
@@ -68,7 +68,7 @@ def train_round(kind: str, level: str, dist: Any) -> dict[str, Any]:
 def _main() -> None:
     import torch
 
-    from mutualrl.trainer.distributed import Dist
+    from mutualrl.trainer.runtime.distributed import Dist
 
     rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     torch.set_num_threads(1)
@@ -92,7 +92,7 @@ def _free_port() -> int:
 def test_two_ranks_take_one_process_step_for_peer_rows_and_demos(tmp_path: Path) -> None:
     import torch
 
-    from mutualrl.trainer.distributed import SINGLE
+    from mutualrl.trainer.runtime.distributed import SINGLE
 
     out = tmp_path / "ranks.pt"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),

@@ -20,7 +20,7 @@ from mutualrl.common.channel import ClientOptions
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.server import MwraServer, start_mwra
 from mutualrl.mwra.store import MwraStore
-from mutualrl.trainer.allocator import AllocatorClient
+from mutualrl.trainer.runtime.allocator import AllocatorClient
 
 pytestmark = pytest.mark.timeout(90)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -269,7 +269,7 @@ async def test_a_peer_that_never_registers_is_waited_for_only_up_to_the_bound(
         finally:
             alloc.close()
 
-    with caplog.at_level("WARNING", logger="mutualrl.trainer.allocator"):
+    with caplog.at_level("WARNING", logger="mutualrl.trainer.runtime.allocator"):
         (alone, waited_again) = await asyncio.to_thread(trainer)
     assert alone.units == 4
     assert waited_again == 0.0

@@ -24,7 +24,7 @@ def _main() -> None:
     import torch
     from torch.distributed.fsdp import FSDPModule
 
-    from mutualrl.trainer import distributed
+    from mutualrl.trainer.runtime import distributed
 
     clean = sys.argv[1] == "clean"
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)

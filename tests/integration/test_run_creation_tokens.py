@@ -19,7 +19,7 @@ from mutualrl.bench.testing.see import make_config, running_see
 from mutualrl.client.see import AsyncSeeClient
 from mutualrl.common.auth import derive_token
 from mutualrl.common.channel import ClientOptions
-from mutualrl.trainer.exchange import PeerExchange
+from mutualrl.trainer.sharing.exchange import PeerExchange
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -45,9 +45,9 @@ def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, s
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
 
     monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
     run_id = f"cost-{uuid.uuid4().hex[:6]}"
@@ -83,7 +83,7 @@ def test_time_share_turn_waits_are_counted_as_waits(services: dict[str, str]) ->
     """One unit, two policies: the second waits for the first's turn; that wait is the
     allocator's `waited_s` (left out of its cost), the first never waits."""
     from mutualrl.client.mwra import MwraClient
-    from mutualrl.trainer.allocator import AllocatorClient
+    from mutualrl.trainer.runtime.allocator import AllocatorClient
 
     run_id = f"turns-{uuid.uuid4().hex[:6]}"
     hold_s = 1.0

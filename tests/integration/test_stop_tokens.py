@@ -15,12 +15,13 @@ import torch
 from service_loop import RolloutSample as Sample
 from service_loop import see_server
 
-from mutualrl.trainer.config import ProbeSettings
-from mutualrl.trainer.datasets import JsonlTaskConfig, make_task
-from mutualrl.trainer.exchange import PeerExchange, round_records
-from mutualrl.trainer.presets import ensure_preset, load_policy
-from mutualrl.trainer.probes import RoundData, make_probe
-from mutualrl.trainer.rollout import completion_offsets
+from mutualrl.trainer.config.run import ProbeSettings
+from mutualrl.trainer.config.task import JsonlTaskConfig
+from mutualrl.trainer.data.jsonl import make_task
+from mutualrl.trainer.engines.base import completion_offsets
+from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
+from mutualrl.trainer.sharing.exchange import PeerExchange, round_records
+from mutualrl.trainer.sharing.probes import RoundData, make_probe
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_eos_travels_with_sgt_demos_and_prp_rows(see_address: str, jsonl_task: A
 def test_sgt_self_demos_end_with_eos_where_own_successes_did(see_address: str, jsonl_task: Any,
                                                              tmp_path: Path) -> None:
     """sgt-self, SGT's control, keeps the stop of its own successes as SGT keeps the peers'."""
-    from mutualrl.trainer.probes.sgt import SGTSelfProbe
+    from mutualrl.trainer.sharing.probes.sgt import SGTSelfProbe
 
     run_id = f"stop-{uuid.uuid4().hex[:8]}"
     (_, tok_a) = load_policy(ensure_preset("gpt2-bpe", tmp_path))

@@ -13,9 +13,9 @@ import pytest
 
 from mutualrl.bench.testing.see import make_config, running_see
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
-from mutualrl.trainer.config import MetricsSettings, WandbSettings
-from mutualrl.trainer.live_metrics import SeeMetricsReporter
-from mutualrl.trainer.metrics import MetricsSink
+from mutualrl.trainer.config.run import MetricsSettings, WandbSettings
+from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
+from mutualrl.trainer.runtime.metrics import MetricsSink
 
 QUIET = dict(tensorboard=False, progress=False)
 

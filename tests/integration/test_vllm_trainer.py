@@ -45,7 +45,7 @@ def _cfg(out: Path, rounds: int, **policy: Any) -> dict[str, Any]:
 def _check_serves_trainer(s: Any, start: list[list[float]] | None = None) -> list[list[float]]:
     """The engine's log-probs of fixed sequences equal the trainer's own (float32), and differ
     from `start` (the weights before training) when given."""
-    from mutualrl.trainer.batch import completion_logprobs, pack
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
 
     tok = s.tokenizer
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
@@ -66,8 +66,8 @@ def _check_serves_trainer(s: Any, start: list[list[float]] | None = None) -> lis
 
 def _starting_logprobs(s: Any, tmp: Path) -> list[list[float]]:
     """The fixed sequences' log-probs under the preset's starting weights."""
-    from mutualrl.trainer.batch import completion_logprobs, pack
-    from mutualrl.trainer.presets import ensure_preset, load_policy
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
+    from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
     model, tok = load_policy(ensure_preset("llama-char", tmp / "presets"))
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
@@ -79,15 +79,15 @@ def _starting_logprobs(s: Any, tmp: Path) -> list[list[float]]:
 
 
 def _session(cfg: dict[str, Any], tmp: Path, resume: bool = False) -> Any:
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.session import build_session
 
     return build_session(TrainerConfig.model_validate(cfg["trainer"]), "A", resume=resume,
                          cache_dir=tmp / "presets")
 
 
 def test_lora_policy_serves_merged_adapters_after_each_round(tmp_path: Path) -> None:
-    from mutualrl.trainer.loop import run_round
+    from mutualrl.trainer.runtime.loop import run_round
 
     cfg = _cfg(tmp_path / "runs", 2, lora={"rank": 4, "alpha": 8,
                                            "target_modules": ["q_proj", "o_proj", "down_proj"]})

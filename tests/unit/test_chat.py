@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from chat_policies import chat_policy
 
-from mutualrl.trainer.chat import ChatTemplateError, PromptRenderer
-from mutualrl.trainer.presets import load_policy
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.data.chat import ChatTemplateError, PromptRenderer
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.runtime.presets import load_policy
 
 PROBLEM = Prompt(id="p", skill="add", text="add:3+4=", answer="7",
                  messages=(("system", "sum it"), ("user", "add:3+4=")))
@@ -77,8 +77,8 @@ def test_a_template_that_does_not_render_names_the_policy(tokenizers: dict[str, 
 
 def test_engines_sample_from_the_rendering_they_are_given(tokenizers: dict[str, Any],
                                                           tmp_path: Path) -> None:
-    from mutualrl.trainer.presets import ensure_preset
-    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.presets import ensure_preset
 
     model, tok = load_policy(ensure_preset("llama-char", tmp_path))
     tok.chat_template = tokenizers["llama-char"].chat_template

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mutualrl.cli import main
-from mutualrl.trainer import checkpoint
+from mutualrl.trainer.runtime import checkpoint
 
 TEXT = "12+34=46; 7*8=56."
 
@@ -55,7 +55,7 @@ def preset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(out: Path, preset: str, probe: str = "none", rounds: int = 2):
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     return TrainerConfig.model_validate({
         "run_id": "ck", "output_dir": str(out), "services": {"local": True},
@@ -70,8 +70,8 @@ def _cfg(out: Path, preset: str, probe: str = "none", rounds: int = 2):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, preset_cache: Path):
     """A llama-char policy after 2 local rounds (checkpoints after rounds 1 and 2)."""
-    from mutualrl.trainer.loop import train
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.loop import train
+    from mutualrl.trainer.runtime.session import build_session
 
     out = tmp_path_factory.mktemp("run")
     s = build_session(_cfg(out, "llama-char"), "A", cache_dir=preset_cache)
@@ -130,9 +130,9 @@ def test_check_plain_names_the_entry() -> None:
 
 
 def test_prp_pending_rollouts_survive_a_weights_only_round_trip(tmp_path: Path) -> None:
-    from mutualrl.trainer.config import ProbeSettings
-    from mutualrl.trainer.exchange import PeerRollout
-    from mutualrl.trainer.probes.prp import PRPProbe
+    from mutualrl.trainer.config.run import ProbeSettings
+    from mutualrl.trainer.sharing.exchange import PeerRollout
+    from mutualrl.trainer.sharing.probes.prp import PRPProbe
 
     probe = PRPProbe(ProbeSettings(kind="prp"), "A", None)
     probe.pending = [PeerRollout("1-0", "B", 3, "p7", "12", "r/B", [5, 6], [(0, 1), (1, 2)],

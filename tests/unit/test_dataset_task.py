@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 from chat_policies import write_problems
 
-from mutualrl.trainer.dataset_task import (
-    DatasetError,
-    DatasetSettings,
-    DatasetTask,
-    DatasetTaskConfig,
-)
+from mutualrl.trainer.config.task import DatasetSettings, DatasetTaskConfig
+from mutualrl.trainer.data.dataset_task import DatasetError, DatasetTask
 
 
 def _task(path: Path, **kw: object) -> DatasetTask:

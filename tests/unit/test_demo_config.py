@@ -8,8 +8,8 @@ from pathlib import Path
 from mutualrl.common.config import load_yaml
 from mutualrl.experiment.config import load_experiment
 from mutualrl.experiment.plan import build_plan
-from mutualrl.trainer.config import load_trainer_config
-from mutualrl.trainer.sft import SFTConfig
+from mutualrl.trainer.config.run import load_trainer_config
+from mutualrl.trainer.config.sft import SFTConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -19,7 +19,7 @@ def test_demo_is_the_short_sgt_cell_of_the_probe_comparison() -> None:
     cfg, _ = load_experiment(CONFIGS / "probe-comparison.yaml")
     cell = next(r for r in build_plan(cfg, Path("/tmp/x")).runs
                 if (r.regime, r.probe, r.seed) == ("short", "sgt", demo.seed))
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     exp = TrainerConfig.model_validate({**cell.trainer, "services": {"local": True}})
     assert demo.grpo == exp.grpo and demo.probe == exp.probe and demo.task == exp.task

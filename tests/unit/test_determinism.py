@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutualrl.trainer.algos.loss import group_advantages
-from mutualrl.trainer.exchange import PeerRollout
-from mutualrl.trainer.probes.base import Demos, LossInputs, PeerRows, RoundData, delayed
-from mutualrl.trainer.probes.prp import group_peer_rollouts, record_order
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.sharing.exchange import PeerRollout
+from mutualrl.trainer.sharing.probes.base import Demos, LossInputs, PeerRows, RoundData, delayed
+from mutualrl.trainer.sharing.probes.prp import group_peer_rollouts, record_order
 
 
 @dataclass
@@ -92,7 +92,7 @@ def test_record_order_is_numeric_in_prompt_and_sample() -> None:
 
 
 def _cfg(**fields: object) -> object:
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     return TrainerConfig.model_validate({"policies": [{"name": "a", "preset": "gpt2-bpe"},
                                                       {"name": "b", "preset": "llama-char"}],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.trainer.distributed import SINGLE, block, launched
+from mutualrl.trainer.runtime.distributed import SINGLE, block, launched
 
 
 def test_blocks_tile_the_items_in_order_and_differ_by_at_most_one() -> None:

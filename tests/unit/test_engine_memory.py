@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from mutualrl.trainer import lora
-from mutualrl.trainer.config import LoraSettings
-from mutualrl.trainer.rollout import HFEngine, SGLangEngine
+from mutualrl.trainer.config.run import LoraSettings
+from mutualrl.trainer.engines.hf import HFEngine
+from mutualrl.trainer.engines.sglang import SGLangEngine
+from mutualrl.trainer.model import lora
 
 
 class EngineCalls:
@@ -92,9 +93,9 @@ class OrderedHF(HFEngine):
 
 
 def test_the_loop_releases_after_rollouts_and_syncs_after_the_step(tmp_path: Path) -> None:
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
 
     cfg = TrainerConfig.model_validate({
         "run_id": "mem", "output_dir": str(tmp_path), "services": {"local": True},

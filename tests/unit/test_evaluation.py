@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mutualrl.trainer.evaluation import BenchmarkSettings, default_ks, pass_at_k, summarize
+from mutualrl.trainer.config.run import BenchmarkSettings
+from mutualrl.trainer.data.evaluation import default_ks, pass_at_k, summarize
 
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n),
@@ -51,12 +52,13 @@ def test_a_benchmark_samples_with_its_own_truncation(tmp_path) -> None:
     completion, although the temperature is 1 and each sample has its own seed."""
     from chat_policies import write_problems
 
-    from mutualrl.trainer.chat import PromptRenderer
-    from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
-    from mutualrl.trainer.distributed import SINGLE
-    from mutualrl.trainer.evaluation import run_benchmark
-    from mutualrl.trainer.presets import ensure_preset, load_policy
-    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.config.task import DatasetTaskConfig
+    from mutualrl.trainer.data.chat import PromptRenderer
+    from mutualrl.trainer.data.dataset_task import DatasetTask
+    from mutualrl.trainer.data.evaluation import run_benchmark
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.distributed import SINGLE
+    from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
     class Kept(HFEngine):
         """The real engine, keeping what it sampled."""

@@ -53,7 +53,7 @@ def test_trains_evaluates_and_resumes_at_its_epoch_position(base: dict[str, Any]
     run = tmp_path / "runs" / "exp" / "llama"
     ckpts = sorted((run / "checkpoints").iterdir())
     assert ckpts, "no checkpoint"
-    from mutualrl.trainer import checkpoint
+    from mutualrl.trainer.runtime import checkpoint
 
     state = torch.load(ckpts[-1] / checkpoint.RESUME_FILE, weights_only=True)
     assert state["data"] == {"epoch": 0, "index": 4, "problems": 24, "seed": 0,

@@ -139,8 +139,8 @@ def test_gpu_config_plans_runs_from_checkpoints_without_warm_starts() -> None:
 
 
 def test_gpu_config_runs_validate_as_trainer_configs_with_a_jsonl_task() -> None:
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.datasets import JsonlTaskConfig
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.config.task import JsonlTaskConfig
 
     cfg, _ = load_experiment(CONFIG.with_name("probe-comparison-gpu.yaml"))
     for run in build_plan(cfg, Path("/tmp/x")).runs:
@@ -164,7 +164,7 @@ def test_arms_regime_subsets_and_full_grid() -> None:
     assert plan.runs[2].run_id == "pc-short-prp-chunk-s0"
     full = build_plan(cfg.full(), Path("/tmp/x"))
     assert [r.probe for r in full.runs if r.seed == 0] == cfg.probes
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     for r in full.runs:
         TrainerConfig.model_validate(r.trainer)

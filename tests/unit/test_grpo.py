@@ -16,6 +16,7 @@ from mutualrl.trainer.algos.loss import (
     nonzero_variance_groups,
 )
 from mutualrl.trainer.algos.modes import PAPER_NAMES
+from mutualrl.trainer.config.run import GRPOSettings
 
 torch.set_num_threads(1)
 
@@ -59,8 +60,8 @@ def test_advantages_constant_group_is_zero() -> None:
 
 def test_loss_token_mean_by_hand() -> None:
     adv = group_advantages(REWARDS).reshape(-1)
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, eps_lo=0.2, eps_hi=0.28,
-                    aggregation="token_mean")
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK,
+                    GRPOSettings(eps_lo=0.2, eps_hi=0.28, aggregation="token_mean"))
     total = sum(sum(r) for r in ROW_TOKENS)
     assert abs(float(out.loss) - total / 10) < 1e-6
     assert abs(out.clip_frac_low - 0.1) < 1e-12
@@ -72,19 +73,20 @@ def test_loss_token_mean_by_hand() -> None:
 def test_loss_sequence_mean_and_constant_length_by_hand() -> None:
     adv = group_advantages(REWARDS).reshape(-1)
     per_seq = [sum(r) / len(r) for r in ROW_TOKENS]
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="sequence_mean")
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings(aggregation="sequence_mean"))
     assert abs(float(out.loss) - sum(per_seq) / 6) < 1e-6
-    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, aggregation="constant_length", max_len=4)
+    out = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings(aggregation="constant_length"),
+                    max_len=4)
     assert abs(float(out.loss) - sum(sum(r) for r in ROW_TOKENS) / (6 * 4)) < 1e-6
 
 
 def test_clip_asymmetry_pinned() -> None:
     """Swapping eps_lo and eps_hi changes the two clipped tokens: 1.28A -> 1.2A, 0.8B -> 0.72B."""
     adv = group_advantages(REWARDS).reshape(-1)
-    swapped = grpo_loss(LOGP, LOGP_OLD, adv, MASK, eps_lo=0.28, eps_hi=0.2)
+    swapped = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings(eps_lo=0.28, eps_hi=0.2))
     total = sum(sum(r) for r in ROW_TOKENS) + (1.28 - 1.2) * A + (0.72 - 0.8) * B
     assert abs(float(swapped.loss) - total / 10) < 1e-6
-    normal = grpo_loss(LOGP, LOGP_OLD, adv, MASK, eps_lo=0.2, eps_hi=0.28)
+    normal = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings(eps_lo=0.2, eps_hi=0.28))
     assert abs(float(swapped.loss) - float(normal.loss)) > 1e-3
 
 
@@ -98,7 +100,7 @@ def test_k3_kl_by_hand_and_beta() -> None:
     logp = theta.unsqueeze(0)
     out = grpo_loss(
         logp, logp.detach(), torch.zeros(1, dtype=torch.float64), torch.ones(1, 2),
-        beta=0.1, ref_logp=ref.unsqueeze(0),
+        GRPOSettings(beta=0.1), ref_logp=ref.unsqueeze(0),
     )
     assert abs(float(out.loss) - 0.1 * (1 - math.log(2)) / 2) < 1e-12
     assert abs(out.kl - (1 - math.log(2)) / 2) < 1e-12
@@ -108,7 +110,7 @@ def test_gradient_on_policy_is_advantage_times_score() -> None:
     """At rho = 1 the gradient of the token_mean loss wrt logp is -A / num_tokens per token."""
     logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
-    grpo_loss(logp, logp.detach(), adv, torch.ones(2, 3)).loss.backward()
+    grpo_loss(logp, logp.detach(), adv, torch.ones(2, 3), GRPOSettings()).loss.backward()
     expected = torch.tensor([[-1 / 6] * 3, [2 / 6] * 3], dtype=torch.float64)
     torch.testing.assert_close(logp.grad, expected)
 
@@ -135,8 +137,8 @@ def test_zero_variance_filter() -> None:
 def test_weights_scale_pg_only() -> None:
     adv = group_advantages(REWARDS).reshape(-1)
     w = torch.full((6,), 0.5, dtype=torch.float64)
-    full = grpo_loss(LOGP, LOGP_OLD, adv, MASK)
-    half = grpo_loss(LOGP, LOGP_OLD, adv, MASK, weights=w)
+    full = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings())
+    half = grpo_loss(LOGP, LOGP_OLD, adv, MASK, GRPOSettings(), weights=w)
     assert abs(float(half.loss) - 0.5 * float(full.loss)) < 1e-12
 
 

@@ -60,7 +60,7 @@ def test_every_service_config_takes_the_same_prefix_and_id_rules() -> None:
     from mutualrl.mwra.config import MwraConfig
     from mutualrl.see.config import SeeConfig
     from mutualrl.thl.config import ThlConfig
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     for model in (SeeConfig, ThlConfig, MwraConfig):
         assert model().key_prefix == "mrl"

@@ -15,12 +15,13 @@ import pytest
 import torch
 from tiny_round import PAD, fixed_round, tiny_model
 
-from mutualrl.trainer import checkpoint, lora
 from mutualrl.trainer.algos.xgrpo import RewardStats, xgrpo_advantages
-from mutualrl.trainer.batch import completion_logprobs, pack
-from mutualrl.trainer.config import GRPOSettings, LoraSettings, ProbeSettings
-from mutualrl.trainer.probes import Demos, PeerRows, make_probe
-from mutualrl.trainer.step import optimise
+from mutualrl.trainer.config.run import GRPOSettings, LoraSettings, ProbeSettings
+from mutualrl.trainer.model import lora
+from mutualrl.trainer.model.batch import completion_logprobs, pack
+from mutualrl.trainer.runtime import checkpoint
+from mutualrl.trainer.runtime.step import StepSettings, optimise
+from mutualrl.trainer.sharing.probes import Demos, PeerRows, make_probe
 
 torch.set_num_threads(1)
 TEXT = "12+34=46; 7*8=56."
@@ -110,8 +111,8 @@ def test_every_probe_steps_only_the_adapters(kind: str) -> None:
     grpo = GRPOSettings(beta=0.1, micro_batch_tokens=24, logit_chunk_tokens=5, mini_batches=2,
                         lr=1e-2)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=grpo.lr)
-    out = optimise(model, ref, opt, prompt_ids, data, plan, grpo, ProbeSettings(kind=kind), PAD,
-                   8)
+    out = optimise(model, ref, opt, prompt_ids, data, plan,
+                   StepSettings.of(grpo, ProbeSettings(kind=kind), PAD, 8))
     assert out.stats["kl"] > 0  # the adapted policy differs from its base reference
     if kind == "prp":
         assert out.stats["prp_w_mean"] > 0
@@ -160,7 +161,7 @@ def test_merged_tensors_are_base_plus_scaled_BA(family: str) -> None:
     assert all(torch.allclose(merged[n], reference[n], rtol=0, atol=1e-6) for n in merged)
     assert any(".lora_B." in n for n, _ in model.named_parameters())
 
-    from mutualrl.trainer.rollout import sync_tensors
+    from mutualrl.trainer.engines.base import sync_tensors
 
     synced = dict(sync_tensors(model))
     assert all(torch.equal(synced[n], merged[n]) for n in merged)
@@ -172,7 +173,7 @@ def preset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(out: Path, lora_on: bool = True, beta: float = 0.05, rounds: int = 2):
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     policy: dict = {"name": "A", "preset": "llama-char"}
     if lora_on:
@@ -197,8 +198,8 @@ def _count_models() -> int:
 
 
 def test_session_loads_no_second_model_for_the_reference(tmp_path: Path, preset_cache) -> None:
-    from mutualrl.trainer.presets import ensure_preset
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.presets import ensure_preset
+    from mutualrl.trainer.runtime.session import build_session
 
     ensure_preset("llama-char", preset_cache, 3)  # building it makes a model of its own
     n0 = _count_models()
@@ -219,8 +220,8 @@ def test_session_loads_no_second_model_for_the_reference(tmp_path: Path, preset_
 
 def test_lora_checkpoints_resume_and_export_merged(tmp_path: Path, preset_cache) -> None:
     from mutualrl.cli import main
-    from mutualrl.trainer.loop import train
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.loop import train
+    from mutualrl.trainer.runtime.session import build_session
 
     straight = build_session(_cfg(tmp_path / "a"), "A", cache_dir=preset_cache)
     train(straight)
@@ -274,8 +275,8 @@ def test_activation_checkpointing_through_the_adapters_gives_the_same_step() -> 
         model.train()
         plan = make_probe(ProbeSettings(kind="none"), "A", None).plan(data)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-        optimise(model, None, opt, prompt_ids, data, plan, GRPOSettings(), ProbeSettings(),
-                 PAD, 8)
+        optimise(model, None, opt, prompt_ids, data, plan,
+                 StepSettings.of(GRPOSettings(), ProbeSettings(), PAD, 8))
         after.append({n: p.detach().clone() for n, p in model.named_parameters()
                       if ".lora_" in n})
     assert after[0].keys() == after[1].keys()

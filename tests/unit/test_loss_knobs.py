@@ -19,9 +19,9 @@ from mutualrl.trainer.algos.loss import EPS, SCALES, group_advantages, grpo_loss
 from mutualrl.trainer.algos.modes import SCALES as SCALE_NAMES
 from mutualrl.trainer.algos.prp import pooled_advantages
 from mutualrl.trainer.algos.xgrpo import RewardStats, xgrpo_advantages
-from mutualrl.trainer.batch import completion_logprobs, completion_logprobs_and_entropy, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings, TrainerConfig
-from mutualrl.trainer.probes import PROBES, make_probe
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings, TrainerConfig
+from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.sharing.probes import PROBES, make_probe
 
 torch.set_num_threads(1)
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
@@ -98,16 +98,17 @@ def test_gspo_sequence_ratio_by_hand() -> None:
     log_rho = torch.tensor([[0.3, 0.1, 9.0], [-0.6, -0.3, -0.3]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
-    parts = token_loss(log_rho, logp_old, adv, 0.2, 0.28, level="sequence", mask=mask)
+    parts = token_loss(log_rho, logp_old, adv, GRPOSettings(importance_sampling_level="sequence"),
+                       mask=mask)
     s0, s1 = math.exp(0.2), math.exp(-0.4)  # 1.221 (inside 1.28), 0.670 (below 0.8)
     assert parts.pg[0].tolist() == pytest.approx([-s0] * 3)
     assert -2 * s1 > -2 * 0.8  # A < 0: min takes the clipped branch, 0.8 A
     assert parts.pg[1].tolist() == pytest.approx([2 * 0.8] * 3)
     assert parts.clipped_low[1].all() and not parts.clipped_low[0].any()
-    token = token_loss(log_rho, logp_old, adv, 0.2, 0.28, mask=mask)
+    token = token_loss(log_rho, logp_old, adv, GRPOSettings(), mask=mask)
     assert token.pg[0, 0] == pytest.approx(-1.28)  # token 0 alone is clipped high
-    out = grpo_loss(log_rho, logp_old, adv, mask, level="sequence",
-                    aggregation="sequence_mean")
+    out = grpo_loss(log_rho, logp_old, adv, mask, GRPOSettings(
+        importance_sampling_level="sequence", aggregation="sequence_mean"))
     assert float(out.loss) == pytest.approx((-s0 + 1.6) / 2)
 
 
@@ -133,9 +134,11 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_mean_entropy() -> None:
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     for aggregation in ("token_mean", "sequence_mean", "constant_length"):
-        base = grpo_loss(logp, logp - 0.1, adv, mask, aggregation=aggregation, max_len=4)
-        bonus = grpo_loss(logp, logp - 0.1, adv, mask, aggregation=aggregation, max_len=4,
-                          entropy=entropy, entropy_coef=0.2)
+        base = grpo_loss(logp, logp - 0.1, adv, mask, GRPOSettings(aggregation=aggregation),
+                         max_len=4)
+        bonus = grpo_loss(logp, logp - 0.1, adv, mask,
+                          GRPOSettings(aggregation=aggregation, entropy_coef=0.2),
+                          entropy=entropy, max_len=4)
         mean_h = float((entropy * mask).sum() / mask.sum())
         assert float(bonus.loss) == pytest.approx(float(base.loss) - 0.2 * mean_h, abs=1e-12)
         assert bonus.entropy == pytest.approx(mean_h)
@@ -165,9 +168,9 @@ def test_the_loop_passes_the_knobs_to_the_engine(tmp_path: Path) -> None:
     """One local round with top_k = 1 samples every group's completions alike (the greedy
     one), and with the entropy bonus on, its metric is reported; without truncation the
     samples of a group differ."""
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.rollout import HFEngine
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
 
     def session(out: Path, **grpo: object) -> tuple[Any, list[list[list[int]]]]:
         cfg = TrainerConfig.model_validate({

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from mutualrl.trainer.algos.loss import group_advantages
-from mutualrl.trainer.batch import Batch, completion_logprobs_and_entropy, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.step import Rows, accumulate
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.model.batch import Batch, completion_logprobs_and_entropy, pack
+from mutualrl.trainer.runtime.step import Rows, StepSettings, accumulate
 
 trl = pytest.importorskip("trl")
 
@@ -136,8 +136,8 @@ def _trl_and_ours(r: Round, loss_type: str, level: str = "token", beta: float = 
     grpo = GRPOSettings(aggregation=TRL_AGGREGATION[loss_type], importance_sampling_level=level,
                         beta=beta, entropy_coef=entropy_coef, eps_lo=0.2, eps_hi=0.28,
                         max_new_tokens=MAX_LEN, micro_batch_tokens=40, logit_chunk_tokens=5)
-    stats = accumulate(tr.model, r.rows, list(range(len(r.rows))), grpo, ProbeSettings(), PAD,
-                       MAX_LEN)
+    stats = accumulate(tr.model, r.rows, list(range(len(r.rows))),
+                       StepSettings.of(grpo, ProbeSettings(), PAD, MAX_LEN))
     return float(theirs.detach()), stats["loss"], g_theirs, _grads(tr.model), stats
 
 

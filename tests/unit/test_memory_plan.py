@@ -9,7 +9,13 @@ import pytest
 import yaml
 
 from mutualrl.cli import main
-from mutualrl.trainer.memory import GIB, RELEASED_ENGINE_BYTES, PlanInputs, model_shape, plan
+from mutualrl.trainer.runtime.memory import (
+    GIB,
+    RELEASED_ENGINE_BYTES,
+    PlanInputs,
+    model_shape,
+    plan,
+)
 
 # Llama: vocab 1000, hidden 64, ffn 128, 2 layers, 4 heads / 2 KV heads (head_dim 16), tied.
 # Per layer: q 4096 + k 2048 + v 2048 + o 4096 + gate/up/down 3 x 8192 + 2 norms 128 = 36,992;
@@ -38,7 +44,7 @@ def _inputs(**kw: object) -> PlanInputs:
 
 
 def test_shape_from_config_on_the_meta_device(llama_dir: Path) -> None:
-    from mutualrl.trainer.config import LoraSettings
+    from mutualrl.trainer.config.run import LoraSettings
 
     s = model_shape(llama_dir)
     assert (s.params, s.trainable, s.hidden, s.layers, s.ffn, s.kv_heads, s.head_dim,

@@ -14,10 +14,11 @@ from tiny_round import FakeSample
 
 from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.algos.prp import peer_weights
-from mutualrl.trainer.batch import completion_logprobs, pack
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes import Demos, LossInputs, PeerRows, RoundData
-from mutualrl.trainer.step import (
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.model.batch import completion_logprobs, pack
+from mutualrl.trainer.runtime.step import (
+    StepSettings,
     accumulate,
     enable_activation_checkpointing,
     micro_batches,
@@ -25,7 +26,7 @@ from mutualrl.trainer.step import (
     prepare,
     round_rows,
 )
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.sharing.probes import Demos, LossInputs, PeerRows, RoundData
 
 torch.set_num_threads(1)
 PAD = 0
@@ -114,10 +115,10 @@ def test_micro_batched_gradients_equal_one_shot(kind: str, level: str, aggregati
 
     data, plan = fixed_round(), plan_for(kind, level)
     rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
-    prepare(model, ref, rows, data, plan, micro, probe, PAD)
+    prepare(model, ref, rows, data, plan, StepSettings.of(micro, probe, PAD, MAX_LEN))
     index = list(range(len(rows)))
     assert len(micro_batches(rows, [i for i in index if not rows.demo[i]], 16)) > 3
-    stats = accumulate(model, rows, index, micro, probe, PAD, MAX_LEN)
+    stats = accumulate(model, rows, index, StepSettings.of(micro, probe, PAD, MAX_LEN))
     assert_close(grads(model), expected)
     assert stats["loss"] == pytest.approx(float(out.total.detach()), rel=1e-10)
     assert stats["loss_pg"] == pytest.approx(out.stats["loss_pg"], rel=1e-10, abs=1e-14)
@@ -135,8 +136,9 @@ def test_gspo_and_entropy_bonus_micro_batched_equal_one_shot(kind: str, level: s
     micro = one.model_copy(update={"micro_batch_tokens": 16, "logit_chunk_tokens": 3})
     model, data, plan = tiny_model(), fixed_round(), plan_for(kind, level)
     rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
-    prepare(model, None, rows, data, plan, micro, probe, PAD)
-    stats = accumulate(model, rows, list(range(len(rows))), micro, probe, PAD, MAX_LEN)
+    prepare(model, None, rows, data, plan, StepSettings.of(micro, probe, PAD, MAX_LEN))
+    stats = accumulate(model, rows, list(range(len(rows))),
+                       StepSettings.of(micro, probe, PAD, MAX_LEN))
     assert stats["entropy"] > 0
     micro_batched = grads(model)
     model.zero_grad(set_to_none=True)
@@ -153,13 +155,13 @@ def test_per_micro_batch_denominators_would_differ() -> None:
     model = tiny_model()
     data, plan = fixed_round(), plan_for("none")
     rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
-    prepare(model, None, rows, data, plan, micro, ProbeSettings(), PAD)
+    prepare(model, None, rows, data, plan, StepSettings.of(micro, ProbeSettings(), PAD, MAX_LEN))
     index = list(range(len(rows)))
-    accumulate(model, rows, index, micro, ProbeSettings(), PAD, MAX_LEN)
+    accumulate(model, rows, index, StepSettings.of(micro, ProbeSettings(), PAD, MAX_LEN))
     right = grads(model)
     model.zero_grad(set_to_none=True)
     for mb in micro_batches(rows, index, 16):  # each micro-batch normalised on its own
-        accumulate(model, rows, mb, micro, ProbeSettings(), PAD, MAX_LEN)
+        accumulate(model, rows, mb, StepSettings.of(micro, ProbeSettings(), PAD, MAX_LEN))
     worst = max(float((x - y).abs().max()) for x, y in zip(grads(model), right, strict=True))
     assert worst > 1e-6
 
@@ -176,13 +178,14 @@ def test_rows_the_mask_leaves_out_take_no_forward_and_change_nothing(aggregation
     assert plan.peers is not None
     plan.peers.sender_logp_sum = torch.tensor([-30.0, 0.0, -30.0])
     rows, _ = round_rows(PROMPT_IDS, data, plan, grpo)
-    prepare(model, None, rows, data, plan, grpo, probe, PAD)
+    prepare(model, None, rows, data, plan, StepSettings.of(grpo, probe, PAD, MAX_LEN))
     out = [i for i in range(len(rows)) if not bool(rows.mask[i].any())]
     assert out == [8, 9, 10, 11, 13]  # prompt 2's own group, the dropped peer row
     forwarded: list[int] = []
     hook = model.get_input_embeddings().register_forward_hook(
         lambda _m, args, _o: forwarded.append(int(args[0].shape[0])))
-    stats = accumulate(model, rows, list(range(len(rows))), grpo, probe, PAD, MAX_LEN)
+    stats = accumulate(model, rows, list(range(len(rows))),
+                       StepSettings.of(grpo, probe, PAD, MAX_LEN))
     hook.remove()
     assert sum(forwarded) == len(rows) - len(out)
     skipped = grads(model)
@@ -232,8 +235,8 @@ def test_logprobs_match_row_by_row_reference(chunk: int | None, temperature: flo
 
 
 def test_logprobs_match_the_rollout_engine(tmp_path: Path) -> None:
-    from mutualrl.trainer.presets import ensure_preset, load_policy
-    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
     model, tok = load_policy(ensure_preset("llama-char", tmp_path))
     out = HFEngine(model, tok).generate(["add:37+58=", "s:1=", "rev:3871="], n=3,
@@ -311,7 +314,8 @@ def test_prp_step_mean_weight_is_exp_delta(level: str) -> None:
     probe = ProbeSettings(kind="prp", prp_level=level, prp_weight_mode="truncate", prp_cap=10.0)
     grpo = GRPOSettings(micro_batch_tokens=16, logit_chunk_tokens=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    res = optimise(model, None, opt, PROMPT_IDS, data, plan, grpo, probe, PAD, MAX_LEN)
+    res = optimise(model, None, opt, PROMPT_IDS, data, plan,
+                   StepSettings.of(grpo, probe, PAD, MAX_LEN))
     if level == "chunk":
         assert res.stats["prp_w_mean"] == pytest.approx(math.exp(delta), rel=1e-9)
         assert res.stats["prp_w_n"] == 2 + 2 + 1
@@ -326,8 +330,8 @@ def test_mini_batches_make_the_clip_act() -> None:
     model = tiny_model()
     grpo = GRPOSettings(mini_batches=3, epochs=2, micro_batch_tokens=32)
     opt = torch.optim.AdamW(model.parameters(), lr=0.2)
-    res = optimise(model, None, opt, PROMPT_IDS, fixed_round(), plan_for("none"), grpo,
-                   ProbeSettings(), PAD, MAX_LEN)
+    res = optimise(model, None, opt, PROMPT_IDS, fixed_round(), plan_for("none"),
+                   StepSettings.of(grpo, ProbeSettings(), PAD, MAX_LEN))
     assert len(res.updates) == 6
     first = res.updates[0]
     assert first["clip_frac"] == 0.0
@@ -344,8 +348,8 @@ def test_one_update_equals_the_one_shot_step() -> None:
     a, b = tiny_model(), tiny_model()
     opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2)
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
-    res = optimise(a, None, opt_a, PROMPT_IDS, fixed_round(), plan_for("none"), grpo, probe, PAD,
-                   MAX_LEN)
+    res = optimise(a, None, opt_a, PROMPT_IDS, fixed_round(), plan_for("none"),
+                   StepSettings.of(grpo, probe, PAD, MAX_LEN))
     loss = round_loss(b, None, PROMPT_IDS, fixed_round(), plan_for("none"), grpo, probe, PAD,
                       MAX_LEN)
     loss.total.backward()
@@ -367,7 +371,7 @@ def test_activation_checkpointing_keeps_the_gradients() -> None:
     for model in (plain, ckpt):
         data, plan = fixed_round(), plan_for("sgt")
         rows, _ = round_rows(PROMPT_IDS, data, plan, grpo)
-        prepare(model, None, rows, data, plan, grpo, probe, PAD)
-        accumulate(model, rows, list(range(len(rows))), grpo, probe, PAD, MAX_LEN)
+        prepare(model, None, rows, data, plan, StepSettings.of(grpo, probe, PAD, MAX_LEN))
+        accumulate(model, rows, list(range(len(rows))), StepSettings.of(grpo, probe, PAD, MAX_LEN))
         out.append(grads(model))
     assert_close(out[1], out[0])

@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_round import PAD, fixed_round, tiny_model
 
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings, TrainerConfig
-from mutualrl.trainer.probes import make_probe
-from mutualrl.trainer.session import compute_dtype
-from mutualrl.trainer.step import optimise
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings, TrainerConfig
+from mutualrl.trainer.runtime.session import compute_dtype
+from mutualrl.trainer.runtime.step import StepSettings, optimise
+from mutualrl.trainer.sharing.probes import make_probe
 
 torch.set_num_threads(1)
 
@@ -37,8 +37,8 @@ def _changed_share(param_dtype: torch.dtype, compute: torch.dtype | None, lr: fl
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     touched = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in model.named_parameters()}
     for _ in range(steps):
-        optimise(model, None, opt, prompt_ids, data, plan, grpo, ProbeSettings(), PAD, 8,
-                 compute=compute)
+        optimise(model, None, opt, prompt_ids, data, plan,
+                 StepSettings.of(grpo, ProbeSettings(), PAD, 8, compute=compute))
         for n, p in model.named_parameters():
             if p.grad is not None:
                 touched[n] |= p.grad != 0

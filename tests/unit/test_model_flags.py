@@ -60,7 +60,7 @@ def test_flags_follow_the_fields_and_nest() -> None:
 
 
 def test_sft_flags_are_sftconfig_fields_and_the_old_names_still_work() -> None:
-    from mutualrl.trainer.sft import SFTConfig
+    from mutualrl.trainer.config.sft import SFTConfig
 
     args = build_parser().parse_args(
         ["sft", "--preset", "llama-char", "--regime", "worked", "--steps", "25", "--lr", "3e-3",

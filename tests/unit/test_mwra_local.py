@@ -14,7 +14,7 @@ from mutualrl.cli import main
 from mutualrl.client.local_worker import local_worker
 from mutualrl.common.config import load_section
 from mutualrl.mwra.config import MwraConfig
-from mutualrl.trainer.allocator import apply_allocation
+from mutualrl.trainer.runtime.allocator import apply_allocation
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutualrl.trainer.presets import (
+from mutualrl.trainer.runtime.presets import (
     MARKER,
     PRESETS,
     ensure_preset,

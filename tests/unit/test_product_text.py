@@ -95,7 +95,7 @@ def test_the_scan_covers_the_product() -> None:
     texts = {f.relative_to(ROOT).as_posix() for f in _text_files()}
     assert {"README.md", "docs/design.md", "configs/demo.yaml"} <= texts
     sources = {f.relative_to(ROOT).as_posix() for f in _python_files()}
-    assert "services/trainer/src/mutualrl/trainer/loop.py" in sources
+    assert "services/trainer/src/mutualrl/trainer/runtime/loop.py" in sources
     assert "tests/unit/test_reference_pages.py" in sources
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutualrl.trainer.config import TrainerConfig
-from mutualrl.trainer.dataset_task import DatasetTaskConfig
+from mutualrl.trainer.config.run import TrainerConfig
+from mutualrl.trainer.config.task import DatasetTaskConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -110,3 +110,22 @@ def test_the_docs_build_fails_on_a_field_without_a_docstring(
     with pytest.raises(PluginError, match=r"Careless\.a"):
         pages.on_pre_build({})
     assert pages.main(["--check"]) == 1
+
+
+def test_the_layer_table_has_the_contracts_layers_top_first(tmp_path: Path) -> None:
+    table = pages.render_layers()
+    rows = [line.split(" | ")[0].strip("| `") for line in table.splitlines()[2:]]
+    assert rows == [f"mutualrl.trainer.{layer}" for layer in
+                    ("cli", "runtime", "sharing", "data", "engines", "model", "config", "algos")]
+    assert "| `mutualrl.trainer.engines` | `base`, `factory`, `hf`, `sglang`, `vllm` |" in table
+    assert "`exchange`, `probes/`" in table
+    # a layer without a package docstring cannot be described: the page refuses
+    root = tmp_path / "ws"
+    pkg = root / "svc" / "src" / "mutualrl" / "trainer"
+    (pkg / "top").mkdir(parents=True)
+    (pkg / "top" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text(
+        '[[tool.importlinter.contracts]]\nname = "x"\ntype = "layers"\n'
+        'containers = ["mutualrl.trainer"]\nlayers = ["top"]\n')
+    with pytest.raises(pages.PageError, match=r"mutualrl\.trainer\.top has no package docstring"):
+        pages.render_layers(root)

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from chat_policies import write_problems
 
-from mutualrl.trainer.answers import answers_match
-from mutualrl.trainer.dataset_task import DatasetTask, DatasetTaskConfig
-from mutualrl.trainer.rewards import (
+from mutualrl.trainer.config.task import BUILTIN_REWARDS, DatasetTaskConfig, RewardSpec
+from mutualrl.trainer.data.answers import answers_match
+from mutualrl.trainer.data.dataset_task import DatasetTask
+from mutualrl.trainer.data.rewards import (
+    BUILTINS,
     Batch,
     RewardError,
     RewardSet,
-    RewardSpec,
     boxed_format,
     final_number,
     math_verify,
@@ -36,11 +37,19 @@ DIFFERENT = [("(1,2]", "\\boxed{[1,2]}"), ("\\{1,2\\}", "\\boxed{\\{1,3\\}}"),
              ("\\frac{1}{2}", "\\boxed{2}")]
 
 
+def test_the_config_knows_every_built_in_reward() -> None:
+    """`task.rewards[].fn` is validated against the config's list of built-ins, without
+    importing the reward functions: the list and the functions name the same set."""
+    assert set(BUILTIN_REWARDS) == set(BUILTINS)
+    with pytest.raises(ValueError, match="neither a built-in"):
+        RewardSpec(fn="no_such_reward")
+
+
 @pytest.mark.parametrize(("ref", "completion"), EQUIVALENT)
 def test_math_verify_accepts_what_string_rules_miss(ref: str, completion: str) -> None:
     from math_verify import parse, verify
 
-    from mutualrl.trainer.answers import last_boxed
+    from mutualrl.trainer.data.answers import last_boxed
 
     got = last_boxed(completion) or completion
     assert not answers_match(got, ref)  # today's rules get it wrong
@@ -132,7 +141,7 @@ def test_verified_success_is_the_named_reward_not_the_sum(tmp_path: Path) -> Non
         "max_new_tokens": 4, "success_reward": "math_verify"})
     task = DatasetTask(cfg)
     task.check_rewards()
-    from mutualrl.trainer.rollout import Sample
+    from mutualrl.trainer.engines.base import Sample
 
     p = task.problems[0]  # add:1+0= -> 1
 
@@ -150,9 +159,9 @@ def test_success_records_carry_the_success_reward() -> None:
     """A sample whose weighted sum is below tau but whose success reward reaches it is a
     VERIFIED_SUCCESS for SEE (its record carries the success reward, as SEE's tau check
     reads it), and the stats' max (SGT's gate) is the success reward's."""
-    from mutualrl.trainer.exchange import round_records
-    from mutualrl.trainer.rollout import Sample
-    from mutualrl.trainer.tasks import Prompt
+    from mutualrl.trainer.data.tasks import Prompt
+    from mutualrl.trainer.engines.base import Sample
+    from mutualrl.trainer.sharing.exchange import round_records
     from mutualrl.v1 import experience_pb2 as pb
 
     p = Prompt(id="p", skill="s", text="1+1?", answer="2")

@@ -10,16 +10,11 @@ import pytest
 import torch
 from sample_checks import assert_text_and_offsets
 
-from mutualrl.trainer.presets import ensure_preset, load_policy
-from mutualrl.trainer.rollout import (
-    HFEngine,
-    Sample,
-    _inverse_cdf,
-    _truncate,
-    completion_offsets,
-    make_engine,
-    sglang_sampling_params,
-)
+from mutualrl.trainer.engines.base import Sample, completion_offsets
+from mutualrl.trainer.engines.factory import make_engine
+from mutualrl.trainer.engines.hf import HFEngine, _inverse_cdf, _truncate
+from mutualrl.trainer.engines.sglang import sglang_sampling_params
+from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutualrl.trainer.presets import load_policy
-from mutualrl.trainer.sft import EVAL_FILE, SFTConfig, _Data, run_sft
-from mutualrl.trainer.tasks import TaskConfig
+from mutualrl.trainer.config.sft import SFTConfig
+from mutualrl.trainer.config.task import TaskConfig
+from mutualrl.trainer.runtime.presets import load_policy
+from mutualrl.trainer.runtime.sft import EVAL_FILE, _Data, run_sft
 
 torch.set_num_threads(1)
 
@@ -34,7 +35,7 @@ def test_few_steps_lower_loss_and_save(tmp_path: Path) -> None:
 
 
 def test_data_mix_and_pool(tmp_path: Path) -> None:
-    from mutualrl.trainer.presets import ensure_preset
+    from mutualrl.trainer.runtime.presets import ensure_preset
 
     _, tok = load_policy(ensure_preset("llama-char", tmp_path))
     cfg = SFTConfig(preset="llama-char", task=TaskConfig(regime="worked"),
@@ -70,7 +71,7 @@ def test_warm_start_prompts_render_as_the_policys_rl_prompts(tmp_path: Path) -> 
     from chat_policies import chat_policy
 
     from mutualrl.launch.up import make_launch_plan
-    from mutualrl.trainer.chat import PromptRenderer
+    from mutualrl.trainer.data.chat import PromptRenderer
 
     model_dir = chat_policy("llama-char", tmp_path / "presets", tmp_path / "llama")
     _, tok = load_policy(model_dir)

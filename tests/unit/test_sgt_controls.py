@@ -11,12 +11,12 @@ import pytest
 import torch
 from reference_loss import round_loss
 
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes import Demos, RoundData, make_probe
-from mutualrl.trainer.probes.prp import group_peer_rollouts
-from mutualrl.trainer.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe, draw_own
-from mutualrl.trainer.rollout import Sample
-from mutualrl.trainer.tasks import Prompt
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.engines.base import Sample
+from mutualrl.trainer.sharing.probes import Demos, RoundData, make_probe
+from mutualrl.trainer.sharing.probes.prp import group_peer_rollouts
+from mutualrl.trainer.sharing.probes.sgt import OracleProbe, SGTProbe, SGTSelfProbe, draw_own
 
 torch.set_num_threads(1)
 PAD = 0
@@ -88,7 +88,7 @@ class CharTokens:
 def test_controls_report_what_they_trained_on_not_the_peers_texts() -> None:
     """The transfer matrix counts `rescue_demos/<skill>/<source>`: SGT's peer texts by donor,
     sgt-self's own texts under its own name and skill, the oracle's under `reference`."""
-    from mutualrl.trainer.probes.base import Rescue
+    from mutualrl.trainer.sharing.probes.base import Rescue
 
     probe = make_probe(ProbeSettings(kind="sgt-self", sgt_self_rounds=4), "A", None)
     assert isinstance(probe, SGTSelfProbe)
@@ -151,7 +151,7 @@ def test_prp_cap_counts_per_peer() -> None:
 def test_diagnostics_leave_training_unchanged() -> None:
     """KL to a copy of itself is 0; support is the demos' mean token log-prob; measuring both
     before a step leaves the step's weights and the RNG stream exactly as without."""
-    from mutualrl.trainer.diagnostics import demos_logp, kl_to_start
+    from mutualrl.trainer.runtime.diagnostics import demos_logp, kl_to_start
 
     prompt_ids = [[1, 5, 6], [1, 7]]
     data = round_data(0, [[1.0, 0.0], [0.0, 1.0]])
@@ -187,8 +187,8 @@ def test_diagnostics_leave_training_unchanged() -> None:
 
 
 def test_support_is_the_mean_token_logprob() -> None:
-    from mutualrl.trainer.batch import completion_logprobs, pack
-    from mutualrl.trainer.diagnostics import demos_logp
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
+    from mutualrl.trainer.runtime.diagnostics import demos_logp
 
     model = tiny_model().eval()
     prompt_ids = [[1, 5, 6], [1, 7]]

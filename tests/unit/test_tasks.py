@@ -6,17 +6,8 @@ import random
 
 import pytest
 
-from mutualrl.trainer.tasks import (
-    DEFAULT_SKILLS,
-    N_STYLES,
-    SKILLS,
-    Prompt,
-    Task,
-    TaskConfig,
-    corpus,
-    skill_mix,
-    worked_steps,
-)
+from mutualrl.trainer.config.task import DEFAULT_SKILLS, SKILLS, TaskConfig
+from mutualrl.trainer.data.tasks import N_STYLES, Prompt, Task, corpus, skill_mix, worked_steps
 
 
 def test_prompt_format_short_example() -> None:

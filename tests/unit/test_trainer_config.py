@@ -6,7 +6,7 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from mutualrl.trainer.config import TrainerConfig, load_trainer_config
+from mutualrl.trainer.config.run import TrainerConfig, load_trainer_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -44,7 +44,7 @@ def test_policy_selection_and_validation() -> None:
 
 
 def test_environment_overrides_win_over_the_file(tmp_path) -> None:
-    from mutualrl.trainer.config import load_trainer_config
+    from mutualrl.trainer.config.run import load_trainer_config
 
     path = tmp_path / "run.yaml"
     path.write_text(
@@ -99,9 +99,9 @@ def test_every_field_has_its_environment_variable(tmp_path) -> None:
 def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
     import json
 
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.datasets import JsonlTask, make_task
-    from mutualrl.trainer.tasks import Task
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.data.jsonl import JsonlTask, make_task
+    from mutualrl.trainer.data.tasks import Task
 
     data = tmp_path / "gsm.jsonl"
     data.write_text("\n".join(json.dumps({"question": f"What is {i}+1?",
@@ -119,7 +119,7 @@ def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
 
 
 def test_aggregation_modes_accept_the_paper_names() -> None:
-    from mutualrl.trainer.config import GRPOSettings
+    from mutualrl.trainer.config.run import GRPOSettings
 
     assert GRPOSettings().aggregation == "token_mean"
     for paper, mode in (("dapo", "token_mean"), ("grpo", "sequence_mean"),

@@ -4,8 +4,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from mutualrl.trainer.config import MetricsSettings
-from mutualrl.trainer.metrics import MetricsSink, progress_line
+from mutualrl.trainer.config.run import MetricsSettings
+from mutualrl.trainer.runtime.metrics import MetricsSink, progress_line
 
 
 def test_sinks_write_the_same_values(tmp_path: Path) -> None:

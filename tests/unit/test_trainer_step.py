@@ -9,8 +9,8 @@ from reference_loss import round_loss
 from tiny_round import PAD, fixed_round, tiny_model
 
 from mutualrl.trainer.algos.loss import group_advantages
-from mutualrl.trainer.config import GRPOSettings, ProbeSettings
-from mutualrl.trainer.probes import Demos, make_probe
+from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
+from mutualrl.trainer.sharing.probes import Demos, make_probe
 
 torch.set_num_threads(1)
 
@@ -25,7 +25,7 @@ def loss_of(model: torch.nn.Module, plan_kind: str = "none", grpo: GRPOSettings 
 
 def test_step_changes_weights_and_lowers_loss() -> None:
     from mutualrl.trainer.algos.loss import grpo_loss
-    from mutualrl.trainer.batch import completion_logprobs, pack
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
 
     model = tiny_model()
     prompt_ids, data = fixed_round()
@@ -43,7 +43,8 @@ def test_step_changes_weights_and_lowers_loss() -> None:
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     # The fixed batch's GRPO loss against the pre-step policy (rho = pi_new / pi_old) drops.
     with torch.no_grad():
-        after = grpo_loss(completion_logprobs(model, batch), old, adv, batch.completion_mask)
+        after = grpo_loss(completion_logprobs(model, batch), old, adv, batch.completion_mask,
+                          GRPOSettings())
     assert float(after.loss) < float(first.total.detach()) - 1e-4
 
 
@@ -62,7 +63,7 @@ def test_grpo_settings_change_the_loss() -> None:
 
 
 def test_sgt_step_raises_rescued_likelihood() -> None:
-    from mutualrl.trainer.batch import completion_logprobs, pack
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
 
     model = tiny_model()
     prompt_ids, data = fixed_round()
@@ -88,8 +89,8 @@ def test_sgt_step_raises_rescued_likelihood() -> None:
 @pytest.mark.parametrize("level", ["sequence", "chunk"])
 def test_prp_peer_equal_to_self_has_unit_weights(level: str) -> None:
     """A peer row that is one of our own samples, with our own log-probs: w = 1 (drop mode)."""
-    from mutualrl.trainer.batch import completion_logprobs, pack
-    from mutualrl.trainer.probes import PeerRows
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
+    from mutualrl.trainer.sharing.probes import PeerRows
 
     model = tiny_model()
     prompt_ids, data = fixed_round()
@@ -114,7 +115,7 @@ def preset_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _local_cfg(out, rounds: int = 3, ckpt_every: int = 1):
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     return TrainerConfig.model_validate({
         "run_id": "resume", "output_dir": str(out), "services": {"local": True},
@@ -129,8 +130,8 @@ def _local_cfg(out, rounds: int = 3, ckpt_every: int = 1):
 def test_resume_reproduces_uninterrupted_run(tmp_path, preset_cache) -> None:
     import json
 
-    from mutualrl.trainer.loop import run_round, train
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.runtime.loop import run_round, train
+    from mutualrl.trainer.runtime.session import build_session
 
     straight = build_session(_local_cfg(tmp_path / "a"), "A", cache_dir=preset_cache)
     train(straight)
@@ -188,7 +189,7 @@ def test_kl_to_frozen_reference() -> None:
 def test_ratio_to_behaviour_logprobs() -> None:
     """With the sampler's log-probs equal to the trainer's, the loss is the on-policy one;
     stale behaviour log-probs make rho != 1 and move it."""
-    from mutualrl.trainer.batch import completion_logprobs, pack
+    from mutualrl.trainer.model.batch import completion_logprobs, pack
 
     model = tiny_model()
     prompt_ids, data = fixed_round()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.trainer.answers import (
+from mutualrl.trainer.config.task import JsonlTaskConfig, TaskConfig
+from mutualrl.trainer.data.answers import (
     after_hashes,
     answers_match,
     last_boxed,
@@ -15,8 +16,8 @@ from mutualrl.trainer.answers import (
     normalize,
     to_number,
 )
-from mutualrl.trainer.datasets import JsonlTask, JsonlTaskConfig, make_task
-from mutualrl.trainer.tasks import Task, TaskConfig
+from mutualrl.trainer.data.jsonl import JsonlTask, make_task
+from mutualrl.trainer.data.tasks import Task
 
 
 @pytest.mark.parametrize(

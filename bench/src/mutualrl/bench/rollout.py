@@ -104,9 +104,9 @@ def run_bench(prompts: int = 8, group: int = 8, new_tokens: int = 128, repeats: 
 
     from mutualrl.bench.memory import prompt_texts
     from mutualrl.bench.trainer import _RssPeaks
-    from mutualrl.trainer.presets import load_policy, n_params
-    from mutualrl.trainer.rollout import HFEngine
-    from mutualrl.trainer.vllm_engine import VLLMEngine
+    from mutualrl.trainer.engines.hf import HFEngine
+    from mutualrl.trainer.engines.vllm import VLLMEngine
+    from mutualrl.trainer.runtime.presets import load_policy, n_params
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)

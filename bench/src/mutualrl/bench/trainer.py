@@ -58,9 +58,10 @@ class _RssPeaks:
 
 
 def _ours(model_dir: Path, out: Path, seed: int) -> Any:
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.session import build_session
-    from mutualrl.trainer.tasks import Task, TaskConfig
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.config.task import TaskConfig
+    from mutualrl.trainer.data.tasks import Task
+    from mutualrl.trainer.runtime.session import build_session
 
     class BenchTask(Task):
         def reward(self, prompt: Any, text: str, finish_reason: str) -> float:
@@ -90,7 +91,7 @@ def trl_trainer(model_dir: Path, out: Path, seed: int, steps: int, prompts: list
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from mutualrl.trainer.presets import load_policy
+    from mutualrl.trainer.runtime.presets import load_policy
 
     model, tok = load_policy(model_dir)
 
@@ -119,9 +120,9 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
     import torch
     from transformers import TrainerCallback
 
-    from mutualrl.trainer.loop import run_round
-    from mutualrl.trainer.presets import ensure_preset, n_params
-    from mutualrl.trainer.tasks import Task
+    from mutualrl.trainer.data.tasks import Task
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.presets import ensure_preset, n_params
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="mutualrl-bench-"))

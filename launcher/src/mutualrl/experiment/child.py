@@ -1,6 +1,6 @@
 """Entry point of the processes the experiment starts: `python -m mutualrl.experiment.child
 train|sft ...` runs the trainer's own `mutualrl train` / `mutualrl sft` handlers (registered
-by mutualrl.trainer.cli), without loading every other command module."""
+by mutualrl.trainer.cli.main), without loading every other command module."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mutualrl.common.commands import Commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from mutualrl.trainer.cli import register
+    from mutualrl.trainer.cli.main import register
 
     parser = argparse.ArgumentParser(prog="mutualrl-experiment-child")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level.")

@@ -34,7 +34,7 @@ class PolicySpec(Config):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,32}$")
     """Policy id (SEE records, MWRA, output paths, table rows)."""
     preset: str | None = None
-    """Tiny built-in preset (mutualrl.trainer.presets); or give `model_path`."""
+    """Tiny built-in preset (mutualrl.trainer.runtime.presets); or give `model_path`."""
     model_path: Path | None = None
     """A local Hugging Face model directory (GPU config)."""
     strong_skills: list[str] = Field(default_factory=list)

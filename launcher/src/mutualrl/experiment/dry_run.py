@@ -16,8 +16,8 @@ def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | N
             prompt_tokens: int, out: Path) -> int:
     """Print each regime's plans; 2 when a policy does not fit (the message names the fields),
     0 otherwise. Runs of a regime differ only in probe and seed, which the plan does not read."""
-    from mutualrl.trainer.config import TrainerConfig
-    from mutualrl.trainer.dry_run import memory_plans
+    from mutualrl.trainer.cli.dry_run import memory_plans
+    from mutualrl.trainer.config.run import TrainerConfig
 
     plan = build_plan(cfg, out)
     grid = "; ".join(f"{r}: {', '.join(cfg.regime_probes(r))}" for r in cfg.active_regimes())

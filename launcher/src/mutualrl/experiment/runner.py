@@ -535,7 +535,7 @@ def run_experiment(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, consol
 def _run_locked(cfg: ExperimentConfig, raw: dict[str, Any], out: Path, console: Any,
                 quick: bool, warm_only: bool, redis_url: str | None, token: str | None) -> int:
     from mutualrl.launch.local_redis import RedisMissing
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     plan = build_plan(cfg, out)
     for spec in plan.runs:  # every run's trainer section must validate before anything starts

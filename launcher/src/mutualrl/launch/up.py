@@ -87,7 +87,7 @@ def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> li
 def make_launch_plan(config: Path, redis_url: str | None,
               token: str | None) -> tuple[LaunchPlan, list[ProcessSpec]]:
     """Read the run YAML, choose ports, write the effective YAML, list the processes."""
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     raw = load_yaml(config)
     up = UpConfig.model_validate(raw.get("up") or {})
@@ -278,7 +278,7 @@ def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> 
     would have: their policy tokens may not create runs (`mutualrl.see.grpc.access`)."""
     from mutualrl.client.see import SeeClient
     from mutualrl.common.channel import ClientOptions
-    from mutualrl.trainer.config import TrainerConfig
+    from mutualrl.trainer.config.run import TrainerConfig
 
     cfg = TrainerConfig.model_validate(trainer)
     client = SeeClient(ClientOptions(address=see, token=secret))

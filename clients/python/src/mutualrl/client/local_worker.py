@@ -3,7 +3,7 @@
 Local and cluster mode go through the same code: an `Allocation` always carries `threads` (CPU
 threads for torch), `rollout_budget` (samples this round), `worker_ids`/`slices` and
 `rollout_addresses` (cluster mode: where the policy's GPUs and rollout servers are). The trainer
-applies an allocation with `mutualrl.trainer.allocator.apply_allocation`.
+applies an allocation with `mutualrl.trainer.runtime.allocator.apply_allocation`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ A trainer's round::
     mwra = MwraClient("mwra:50053", token=token)
     mwra.register_policy(run, "qwen", trainer_id=pod, rollout_budget=64)
     alloc = mwra.get_allocation(run, "qwen", round=k)
-    budget = mutualrl.trainer.allocator.apply_allocation(alloc)      # threads + rollout budget
+    budget = mutualrl.trainer.runtime.allocator.apply_allocation(alloc)  # threads + budget
     ...                                                       # the round
     mwra.report_step_cost(run, "qwen", k, seconds=dt, tokens=n, samples=budget,
                           units=alloc.units)

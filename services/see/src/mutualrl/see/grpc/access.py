@@ -8,7 +8,7 @@ open runs under any id (each one holding streams and keys until its TTL) and wou
 run's policies, tau and retention for everyone by being first. Whoever holds the secret creates
 the run (`mutualrl up` does, before it starts the trainers); a trainer holding a policy token
 only checks, through GetRun, that its run exists and lists its policy
-(`mutualrl.trainer.exchange.PeerExchange.join`)."""
+(`mutualrl.trainer.sharing.exchange.PeerExchange.join`)."""
 
 from __future__ import annotations
 

@@ -11,16 +11,19 @@
 4. **aggregation**: sum_i c_i sum_t l_it m_it, which for the modes of `AGGREGATORS` is the
    reduction `aggregate` takes in one call.
 
-`grpo_loss` is 3-4 in one call over a padded batch; `trainer.step` takes the same sum over
-micro-batches. Tensors are padded: ``[B, T]`` per-token values with a ``mask`` (1 = real
-completion token that enters the loss); a batch of ``P`` prompts x ``G`` samples has rows
-``B = P * G`` (prompt-major). Only torch is imported here.
+`grpo_loss` is 3-4 in one call over a padded batch; `runtime.step` takes the same sum over
+micro-batches. The knobs come as one settings object (`TokenLossSettings`, `LossSettings`:
+`config.GRPOSettings` has them), as `algos.prp.WeightSettings` does. Tensors are padded:
+``[B, T]`` per-token values with a ``mask`` (1 = real completion token that enters the loss);
+a batch of ``P`` prompts x ``G`` samples has rows ``B = P * G`` (prompt-major). Only torch is
+imported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -162,28 +165,40 @@ class TokenLoss:
     """Bool: rho > 1 + eps_hi with A > 0."""
 
 
+class TokenLossSettings(Protocol):
+    """The token loss's knobs (`config.GRPOSettings` has them)."""
+
+    eps_lo: float
+    """rho is clipped at 1 - eps_lo (negative advantages)."""
+    eps_hi: float
+    """rho is clipped at 1 + eps_hi (positive advantages)."""
+    beta: float
+    """Weight of the k3 KL to the reference."""
+    importance_sampling_level: RatioLevel
+    """The ratio per token or per sequence (`RATIOS`)."""
+
+
 def token_loss(
     logp: Tensor,
     logp_old: Tensor,
     advantages: Tensor,
-    eps_lo: float = 0.2,
-    eps_hi: float = 0.28,
-    beta: float = 0.0,
+    s: TokenLossSettings,
     ref_logp: Tensor | None = None,
     weights: Tensor | None = None,
-    level: RatioLevel = "token",
     mask: Tensor | None = None,
 ) -> TokenLoss:
     """GRPO loss per token: -min(rho A, clip(rho, 1-eps_lo, 1+eps_hi) A) + beta * KL_t, with
-    log rho the `level`'s ratio of logp - logp_old (docs/design.md (2), (3); GSPO: the mean
-    over the row's ``mask``ed tokens, every token of a row then carries the same value).
+    log rho the ratio of logp - logp_old that `s.importance_sampling_level` names
+    (docs/design.md (2), (3); GSPO: the mean over the row's ``mask``ed tokens, every token of a
+    row then carries the same value); the knobs are `s`'s.
 
     ``advantages`` is ``[B]`` (one per sequence) or ``[B, T]``. ``weights`` (``[B]`` or
     ``[B, T]``, treated as constants) multiply the policy-gradient part: PRP's importance
     weights for peer samples; KL is not weighted because it regularises the receiver itself.
     """
+    eps_lo, eps_hi, beta = s.eps_lo, s.eps_hi, s.beta
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    rho = torch.exp(RATIOS[level](logp - logp_old, mask))
+    rho = torch.exp(RATIOS[s.importance_sampling_level](logp - logp_old, mask))
     clipped = torch.clamp(rho, 1.0 - eps_lo, 1.0 + eps_hi)
     pg = (-torch.min(rho * adv, clipped * adv)).expand_as(logp)
     if weights is not None:
@@ -257,30 +272,35 @@ class GRPOLoss:
     """Token-mean entropy over real tokens (0 when none is given)."""
 
 
+class LossSettings(TokenLossSettings, Protocol):
+    """The whole loss's knobs: the token loss's, the reduction and the entropy bonus
+    (`config.GRPOSettings` has them)."""
+
+    aggregation: Aggregation
+    """How the per-token losses reduce (`AGGREGATORS`)."""
+    entropy_coef: float
+    """Weight of the entropy bonus (0: none)."""
+
+
 def grpo_loss(
     logp: Tensor,
     logp_old: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    eps_lo: float = 0.2,
-    eps_hi: float = 0.28,
-    beta: float = 0.0,
+    s: LossSettings,
     ref_logp: Tensor | None = None,
-    aggregation: str = "token_mean",
-    max_len: int | None = None,
     weights: Tensor | None = None,
-    level: RatioLevel = "token",
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
+    max_len: int | None = None,
 ) -> GRPOLoss:
     """token_loss + aggregate (+ the entropy bonus of ``entropy``, ``[B, T]``, when
-    ``entropy_coef`` is not 0), with statistics (docs/design.md (2)-(4)). ``mask`` may already
-    exclude filtered groups."""
-    parts = token_loss(logp, logp_old, advantages, eps_lo, eps_hi, beta, ref_logp, weights,
-                       level, mask)
+    ``s.entropy_coef`` is not 0), with statistics (docs/design.md (2)-(4)). ``mask`` may
+    already exclude filtered groups; ``max_len`` is `constant_length`'s constant."""
+    aggregation = s.aggregation
+    parts = token_loss(logp, logp_old, advantages, s, ref_logp, weights, mask)
     loss = aggregate(parts.total, mask, aggregation, max_len)
-    if entropy is not None and entropy_coef != 0.0:
-        loss = loss + entropy_bonus(entropy, mask, entropy_coef)
+    if entropy is not None and s.entropy_coef != 0.0:
+        loss = loss + entropy_bonus(entropy, mask, s.entropy_coef)
     with torch.no_grad():
         m = mask.to(logp.dtype)
         n = m.sum().clamp(min=1.0)

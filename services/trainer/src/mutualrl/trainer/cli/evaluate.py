@@ -1,0 +1,100 @@
+"""`mutualrl eval -c CONFIG --policy NAME [--checkpoint N | --model DIR]`: one policy's
+benchmarks (`eval.benchmarks`) alone, no services, written as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mutualrl.common.commands import Commands
+
+
+def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, Any]:
+    """Every benchmark of `cfg.eval` on the model in `model_dir`, rendered and scored as the
+    policy's training run does."""
+    import torch
+
+    from mutualrl.trainer.config.task import DatasetTaskConfig
+    from mutualrl.trainer.data.chat import renderer_for
+    from mutualrl.trainer.data.dataset_task import DatasetTask
+    from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
+    from mutualrl.trainer.data.jsonl import make_task
+    from mutualrl.trainer.engines.factory import make_engine
+    from mutualrl.trainer.runtime.distributed import SINGLE
+    from mutualrl.trainer.runtime.presets import load_policy
+
+    cfg = cfg.for_policy(policy_name)
+    policy = cfg.policy(policy_name)
+    if not cfg.eval.benchmarks:
+        raise ValueError("eval.benchmarks: the config lists no benchmark to evaluate")
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(policy.threads)
+    model, tok = load_policy(model_dir, policy.dtype, policy.device)
+    model.eval()
+    render = renderer_for(tok, policy)
+    task: Any = DatasetTask(cfg.task) if isinstance(cfg.task, DatasetTaskConfig) \
+        else make_task(cfg.task)
+    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(model_dir))
+    max_new = cfg.grpo.max_new_tokens or task.max_new_tokens
+    out: dict[str, Any] = {"policy": policy.name, "model": str(model_dir), "benchmarks": {}}
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for bench in cfg.eval.benchmarks:
+            problems = benchmark_task(bench, task)
+            out["benchmarks"][bench.name] = run_benchmark(
+                bench, problems, render, engine, SINGLE, max_new, cfg.probe.tau, cfg.seed)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from mutualrl.trainer.config.run import load_trainer_config
+    from mutualrl.trainer.runtime import checkpoint
+    from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
+    from mutualrl.trainer.runtime.session import policy_dir
+
+    cfg = load_trainer_config(args.config)
+    policy = cfg.policy(args.policy)
+    with tempfile.TemporaryDirectory(prefix="mutualrl-eval-") as tmp:
+        try:
+            if args.model is not None:
+                model_dir, label = args.model, "model"
+            elif args.checkpoint is not None or args.latest:
+                ckpt = find_checkpoint(cfg.run_dir(policy.name).parent, policy.name,
+                                       args.checkpoint)
+                model_dir = ckpt / checkpoint.POLICY_DIR
+                if not model_dir.is_dir():  # a LoRA checkpoint: merged into its base first
+                    model_dir = export(ckpt, Path(tmp) / "merged")
+                label = f"round{checkpoint.round_of(ckpt)}"
+            else:
+                model_dir = policy_dir(policy, cfg.output_dir / "presets", cfg.seed)
+                label = "start"
+            result = evaluate_policy(cfg, policy.name, Path(model_dir))
+        except (ExportError, ValueError, FileNotFoundError) as err:
+            print(f"mutualrl eval: {err}", file=sys.stderr)
+            return 2
+    path = args.out or cfg.run_dir(policy.name) / f"eval-{label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps({**result, "out": str(path)}, indent=2))
+    return 0
+
+
+def register_eval_command(commands: Commands) -> None:
+    e = commands.add(("eval",), "Evaluate one policy on the config's eval.benchmarks (avg@n, "
+                     "pass@k per skill) and write JSON; needs no services.", _eval)
+    e.add_argument("-c", "--config", type=Path, required=True, help="The run YAML.")
+    e.add_argument("--policy", required=True, help="Policy name.")
+    which = e.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=int, default=None,
+                       help="The policy's checkpoint after N rounds of this run.")
+    which.add_argument("--latest", action="store_true", help="Its latest checkpoint.")
+    which.add_argument("--model", type=Path, default=None,
+                       help="A save_pretrained model directory (default: the policy's start).")
+    e.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default <output_dir>/<run_id>/<policy>/eval-<which>.json).")

@@ -1,0 +1,90 @@
+"""Each policy's rendering of a problem: its own chat template, or plain text.
+
+A problem crosses between policies as text (and chat messages), never as one policy's tokens:
+every policy turns it into its own prompt tokens here, with its tokenizer's
+`apply_chat_template(..., add_generation_prompt=True)` (or a template file of the policy's
+config, with the policy's template arguments such as Qwen3's `enable_thinking`), or in `text`
+mode by tokenizing the problem text as it is. The rollouts, the loss, SGT demonstrations and PRP
+rows all condition on these tokens, and SFT warm starts render through the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mutualrl.trainer.config.run import PromptFormat
+from mutualrl.trainer.data.tasks import Prompt
+
+
+class ChatTemplateError(ValueError):
+    """A policy's chat template is missing or does not render a problem."""
+
+
+def messages_of(prompt: Prompt) -> list[dict[str, str]]:
+    """The problem as chat messages (one user turn of its text when it has none)."""
+    if prompt.messages:
+        return [{"role": role, "content": content} for role, content in prompt.messages]
+    return [{"role": "user", "content": prompt.text}]
+
+
+class PromptRenderer:
+    """One policy's prompts: problem -> the token ids its rollouts and loss condition on."""
+
+    def __init__(self, tokenizer: Any, policy: str, prompt_format: PromptFormat = "auto",
+                 chat_template: Path | str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.template: str | None = None
+        if chat_template is not None:
+            path = Path(chat_template)
+            if not path.is_file():
+                raise ChatTemplateError(
+                    f"policies[{policy}].chat_template: {path} is not a file (a Jinja template)")
+            self.template = path.read_text(encoding="utf-8")
+        has_template = self.template is not None or bool(getattr(tokenizer, "chat_template",
+                                                                 None))
+        if prompt_format == "chat" and not has_template:
+            raise ChatTemplateError(
+                f"policies[{policy}].prompt_format: chat, but the tokenizer has no "
+                "chat_template and the policy gives no chat_template file")
+        self.chat = prompt_format == "chat" or (prompt_format == "auto" and has_template)
+        self.kwargs = dict(template_kwargs or {})
+
+    def text(self, prompt: Prompt) -> str:
+        """The rendered prompt as text (chat mode: the template's output)."""
+        if not self.chat:
+            return prompt.text
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages_of(prompt), chat_template=self.template, add_generation_prompt=True,
+                tokenize=False, **self.kwargs)
+        except Exception as err:  # jinja2 errors, template raise_exception(), bad kwargs
+            raise ChatTemplateError(
+                f"policies[{self.policy}]: the chat template does not render problem "
+                f"{prompt.id!r}: {type(err).__name__}: {err}") from err
+        if not isinstance(out, str) or not out:
+            raise ChatTemplateError(
+                f"policies[{self.policy}]: the chat template rendered problem {prompt.id!r} "
+                "to nothing")
+        return out
+
+    def ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids. A chat rendering already holds the template's special tokens
+        (BOS included where the template writes it), so it is tokenized without adding any, as
+        `apply_chat_template(tokenize=True)` does; plain text gets the tokenizer's usual
+        special tokens."""
+        if not self.chat:
+            return list(self.tokenizer(prompt.text)["input_ids"])
+        return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
+
+    def many(self, prompts: list[Prompt]) -> list[list[int]]:
+        return [self.ids(p) for p in prompts]
+
+
+def renderer_for(tokenizer: Any, policy: Any) -> PromptRenderer:
+    """The renderer of a policy's config (`mutualrl.trainer.config.run.PolicySettings`)."""
+    return PromptRenderer(tokenizer, policy.name, policy.prompt_format, policy.chat_template,
+                          policy.chat_template_kwargs)

@@ -1,7 +1,0 @@
-"""Probe `none`: plain GRPO, no peer reads (the baseline every probe reduces to)."""
-
-from mutualrl.trainer.probes.base import Probe
-
-
-class NoneProbe(Probe):
-    kind = "none"

@@ -1,0 +1,291 @@
+"""The memory plan of one policy's trainer (`mutualrl train --dry-run`): what a round holds on
+its device, from the model's config alone (no weights loaded), against the device's size.
+
+Two phases peak separately:
+
+- rollout: weights + optimizer state (+ a frozen reference copy) stay resident while the
+  engine samples: SGLang's or vLLM's share of the device (`sglang.mem_fraction_static`,
+  `vllm.gpu_memory_utilization`: its copy of the weights and its KV cache), or the HF
+  engine's KV cache for every row of the round at once;
+- training: weights + gradients + optimizer state (+ reference) + the activations of one
+  micro-batch + one logit chunk, next to the engine's share, or only to what a released
+  engine keeps (`sglang.release_memory`, `vllm.release_memory`).
+
+The weights are the master weights (`policies[].dtype`): under mixed precision (float32
+master, bf16 `compute_dtype`) parameters, gradients and AdamW's two moments are float32 and
+only activations, FSDP2's gathered units and the engine's copy are bf16.
+
+Estimates, per token and layer of a decoder (bytes b of the activation dtype): a checkpointed
+layer keeps its input (h values); a layer in backward, or every layer without checkpointing,
+holds about 8h + 2 kv + 4 ffn values (norm inputs/outputs, q, k, v, attention output, residual,
+gate, up, activation, product), attention scores not materialised (SDPA). A logit chunk holds
+the head's output (b), its float32 copy and the float32 gradient (4 + 4) per vocabulary entry.
+AdamW keeps two moments in the parameter (master) dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_NAMES = {4: "float32", 2: "16-bit"}
+RESERVE_BYTES = GIB
+"""CUDA context and allocator slack, beside `RESERVE_FRACTION` of the device."""
+RESERVE_FRACTION = 0.05
+RELEASED_ENGINE_BYTES = 2 * GIB
+"""What a released SGLang or vLLM engine still holds (CUDA graphs, buffers, its context)."""
+POOLED_ENGINES = ("sglang", "vllm")
+"""Engines that take a share of the device for their own weights and KV cache."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs from a model's config."""
+
+    params: int
+    """Parameters (tied embeddings once)."""
+    trainable: int
+    """Parameters that get gradients and optimizer state (LoRA: the adapters)."""
+    hidden: int
+    layers: int
+    ffn: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The config fields the plan reads (one policy, its overrides applied)."""
+
+    dtype_bytes: int
+    """Bytes of a master weight (`policies[].dtype`): parameters, gradients, AdamW moments."""
+    act_bytes: int
+    """Compute bytes (`policies[].compute_dtype`): activations, FSDP2's gathered units."""
+    micro_batch_tokens: int
+    logit_chunk_tokens: int
+    activation_checkpointing: bool
+    reference_copy: bool
+    """A frozen full copy for the KL / diagnostics (not with LoRA: its base is the reference)."""
+    rows: int
+    """Rollouts per round (prompts_per_round x group_size)."""
+    seq_tokens: int
+    """Prompt allowance + max_new_tokens: one rollout's length."""
+    engine: str
+    mem_fraction_static: float
+    """The engine's share of the device (SGLang's `mem_fraction_static`, vLLM's
+    `gpu_memory_utilization`)."""
+    release_memory: bool
+    nproc: int = 1
+    """Data-parallel ranks (`policies[].nproc`); the plan is then one rank's (one device's)."""
+    engine_bytes: int = 0
+    """Bytes of a weight in the engine's own copy (bf16 when served from an fp32 master);
+    0: the master's."""
+    engine_pool_bytes: int | None = None
+    """An explicit engine share in bytes (vLLM on a CPU: `vllm.kv_cache_gib` + its copy of
+    the weights), instead of a fraction of the device."""
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per item, the two phase peaks and the verdict against `device_bytes`."""
+
+    items: dict[str, int]
+    rollout_peak: int
+    train_peak: int
+    device_bytes: int
+    reserve: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    rows_at_once: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """K and V of every layer for one token."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
+def layer_activation_values(shape: ModelShape) -> int:
+    """Values one layer holds per token for its backward (see the module docstring)."""
+    return 8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.ffn
+
+
+def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
+    """The memory plan of one policy on a device of `device_bytes`."""
+    b, a = x.dtype_bytes, x.act_bytes
+    n = max(1, x.nproc)
+    full = shape.params * b
+    # FSDP2 (nproc > 1): each rank holds 1/n of weights, gradients and optimizer state; the
+    # root unit (embeddings, a tied head) stays gathered from forward to backward and one
+    # block is gathered at a time, with their unsharded gradients before the reduce-scatter.
+    weights = -(-full // n)
+    grads = -(-shape.trainable * b // n)
+    optim = -(-2 * shape.trainable * b // n)
+    block = max(shape.params - shape.vocab * shape.hidden, 0) // max(shape.layers, 1)
+    gathered = 2 * (shape.vocab * shape.hidden + block) * a if n > 1 else 0
+    rollout_weights = full if n > 1 else 0  # sampling and the sync gather the whole model
+    rows = -(-x.rows // n)  # each rank samples its share
+    reference = full if x.reference_copy else 0
+    per_layer = layer_activation_values(shape) * x.micro_batch_tokens * a
+    if x.activation_checkpointing:
+        acts = shape.layers * shape.hidden * x.micro_batch_tokens * a + per_layer
+    else:
+        acts = shape.layers * per_layer
+    logits = x.logit_chunk_tokens * shape.vocab * (a + 8)
+    # A pooled engine's KV cache is in the dtype it serves; the HF engine's in the weights'.
+    kv_tok = kv_bytes_per_token(shape, (x.engine_bytes or b) if x.engine in POOLED_ENGINES
+                                else b)
+    round_kv = rows * x.seq_tokens * kv_tok
+    items = {"weights": weights, "gradients": grads, "optimizer": optim,
+             "reference": reference, "activations": acts, "logit_chunk": logits}
+    if n > 1:
+        items["gathered"] = gathered
+    resident = weights + optim + reference
+    problems: list[str] = []
+    if x.engine in POOLED_ENGINES:
+        copy = shape.params * (x.engine_bytes or b)
+        if x.engine_pool_bytes is not None:
+            static = x.engine_pool_bytes + copy
+            pool = x.engine_pool_bytes
+        else:
+            static = int(x.mem_fraction_static * device_bytes)
+            # The engine starts after the trainer loaded its weights; its KV pool is what is
+            # left of its share once those and its own copy of the weights are counted.
+            pool = static - weights - reference - copy
+        rows_at_once = min(rows, max(pool, 0) // max(x.seq_tokens * kv_tok, 1))
+        items["engine"] = static
+        items["kv_cache"] = max(pool, 0)
+        rollout = resident + rollout_weights + static
+        train = resident + gathered + grads + acts + logits + (
+            RELEASED_ENGINE_BYTES if x.release_memory else static)
+        if rows_at_once < 1:
+            problems.append(
+                f"{_ENGINE_NAMES[x.engine]}'s KV pool ({_gib(pool)}) cannot hold one rollout "
+                f"of {x.seq_tokens} tokens: raise {_share_field(x)}")
+    else:
+        pool = round_kv
+        rows_at_once = rows
+        items["kv_cache"] = round_kv
+        rollout = resident + rollout_weights + round_kv
+        train = resident + gathered + grads + acts + logits
+    reserve = RESERVE_BYTES + int(RESERVE_FRACTION * device_bytes)
+    room = device_bytes - reserve
+    if train > room:
+        fix = ["grpo.micro_batch_tokens", "grpo.logit_chunk_tokens"]
+        if not x.activation_checkpointing:
+            fix.append("grpo.activation_checkpointing: true")
+        if x.engine in POOLED_ENGINES and not x.release_memory:
+            fix.append(f"policies[].{x.engine}.release_memory: true")
+        if x.engine in POOLED_ENGINES:
+            fix.append(_share_field(x))
+        if x.nproc == 1:
+            fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
+        fix.append("policies[].lora")
+        problems.append(f"training needs {_gib(train)} of {_gib(room)} usable: lower or set "
+                        + ", ".join(fix))
+    if rollout > room:
+        fix = ([_share_field(x)] if x.engine in POOLED_ENGINES
+               else ["grpo.prompts_per_round", "grpo.max_new_tokens"])
+        if x.nproc == 1:
+            fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
+        fix.append("policies[].lora")
+        problems.append(f"rollouts need {_gib(rollout)} of {_gib(room)} usable: lower "
+                        + ", ".join(fix))
+    return MemoryPlan(items=items, rollout_peak=rollout, train_peak=train,
+                      device_bytes=device_bytes, reserve=reserve, kv_bytes_per_token=kv_tok,
+                      kv_pool_bytes=max(pool, 0), rows_at_once=int(rows_at_once),
+                      problems=problems)
+
+
+_ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
+def _share_field(x: PlanInputs) -> str:
+    if x.engine == "vllm":
+        return ("policies[].vllm.kv_cache_gib" if x.engine_pool_bytes is not None
+                else "policies[].vllm.gpu_memory_utilization")
+    return "policies[].sglang.mem_fraction_static"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
+    """The plan as a few aligned lines."""
+    per_rank = f", 1/{x.nproc} per rank (FSDP2)" if x.nproc > 1 else ""
+    master = f"{_DTYPE_NAMES[x.dtype_bytes]} master"
+    rows = [
+        ("parameters", p.items["weights"],
+         f"{shape.params:,} x {x.dtype_bytes} B ({master}){per_rank}"),
+        ("gradients", p.items["gradients"], f"{shape.trainable:,} trainable, {master}"),
+        ("optimizer state", p.items["optimizer"], f"AdamW, 2 moments, {master}"),
+        ("reference copy", p.items["reference"],
+         "frozen copy" if x.reference_copy else "none (beta 0, or LoRA base)"),
+        ("activations / micro-batch", p.items["activations"],
+         f"{x.micro_batch_tokens:,} tokens, checkpointing "
+         f"{'on' if x.activation_checkpointing else 'off'}"),
+        ("logit chunk", p.items["logit_chunk"],
+         f"{x.logit_chunk_tokens:,} tokens x {shape.vocab:,} vocab"),
+        ("KV cache", p.items["kv_cache"],
+         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.nproc):,} "
+         f"rollouts of {x.seq_tokens:,} tokens at once"),
+    ]
+    if "gathered" in p.items:
+        rows.append(("gathered units", p.items["gathered"],
+                     "root (embeddings, head) + one block, with their gradients; sampling "
+                     "gathers the whole model"))
+    if "engine" in p.items:
+        engine = _ENGINE_NAMES[x.engine]
+        share = (f"{_share_field(x).rsplit('.', 1)[1]} {x.mem_fraction_static}"
+                 if x.engine_pool_bytes is None else "explicit KV size")
+        copy = _DTYPE_NAMES[x.engine_bytes or x.dtype_bytes]
+        rows.append((f"{engine} pool", p.items["engine"],
+                     f"{share}, its weights in {copy}, released in training: "
+                     f"{'yes' if x.release_memory else 'no'}"))
+    out = [f"policy {name}: device {_gib(p.device_bytes)} "
+           f"(reserve {_gib(p.reserve)} for context and fragmentation)"]
+    out += [f"  {k:<26}{v / GIB:>9.2f} GiB  {note}" for k, v, note in rows]
+    out.append(f"  {'peak, rollouts':<26}{p.rollout_peak / GIB:>9.2f} GiB")
+    out.append(f"  {'peak, training':<26}{p.train_peak / GIB:>9.2f} GiB")
+    how = (f"FSDP2 over {x.nproc} devices (one rank each)" if x.nproc > 1
+           else "one device, optimizer state on it")
+    out.append(f"  fits: {how}" if p.fits else "  DOES NOT FIT: " + "; ".join(p.problems))
+    return "\n".join(out)
+
+
+def model_shape(path: str | Path, lora: Any = None) -> ModelShape:
+    """The shape of the model saved at `path`, from its config: parameters are counted on the
+    meta device (nothing is allocated or read), LoRA adapters added as `lora` would add them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if lora is not None:
+        from mutualrl.trainer.model.lora import wrap
+
+        peft_model = wrap(model, lora)
+        trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0))
+    heads = int(getattr(text, "num_attention_heads", 0) or getattr(text, "n_head", 0))
+    head_dim = int(getattr(text, "head_dim", 0) or hidden // max(heads, 1))
+    return ModelShape(
+        params=params, trainable=trainable, hidden=hidden,
+        layers=int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0)),
+        ffn=int(getattr(text, "intermediate_size", 0) or getattr(text, "n_inner", None)
+                or 4 * hidden),
+        kv_heads=int(getattr(text, "num_key_value_heads", 0) or heads), head_dim=head_dim,
+        vocab=int(text.vocab_size))

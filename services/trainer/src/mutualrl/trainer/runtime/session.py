@@ -1,0 +1,341 @@
+"""Everything one policy's trainer holds, built from its config: model, reference, optimizer,
+schedule, rollout engine, task, probe, peer exchange, allocator, metrics, checkpoints.
+
+`loop.py` walks a round over these; keeping construction here keeps the loop readable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mutualrl.trainer.config.run import BenchmarkSettings, PolicySettings, TrainerConfig
+from mutualrl.trainer.config.task import DatasetTaskConfig
+from mutualrl.trainer.data.chat import PromptRenderer, renderer_for
+from mutualrl.trainer.data.dataset_task import DatasetTask
+from mutualrl.trainer.data.evaluation import benchmark_task
+from mutualrl.trainer.data.jsonl import JsonlTask, make_task
+from mutualrl.trainer.data.tasks import Task
+from mutualrl.trainer.model import lora
+from mutualrl.trainer.runtime import checkpoint, dist_checkpoint
+from mutualrl.trainer.runtime.allocator import AllocatorClient
+from mutualrl.trainer.runtime.determinism import fix_kernels
+from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
+from mutualrl.trainer.runtime.metrics import MetricsSink
+from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
+from mutualrl.trainer.sharing.exchange import PeerExchange
+from mutualrl.trainer.sharing.probes import Probe, make_probe
+
+log = logging.getLogger(__name__)
+
+
+def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
+    """Where the policy's weights and tokenizer load from: its warm start (`sft_checkpoint`),
+    else its `model_path`, else its preset (built once, offline, into `cache_dir`)."""
+    if policy.sft_checkpoint is not None:
+        return policy.sft_checkpoint
+    if policy.model_path is not None:
+        return policy.model_path
+    from mutualrl.trainer.runtime.presets import ensure_preset
+
+    assert policy.preset is not None
+    return ensure_preset(policy.preset, cache_dir, seed)
+
+
+def compute_dtype(policy: PolicySettings) -> torch.dtype | None:
+    """The lower-precision compute dtype of mixed precision (`compute_dtype` below `dtype`),
+    or None when forward passes run in the parameters' dtype."""
+    if policy.compute != policy.dtype:
+        return getattr(torch, policy.compute)
+    return None
+
+
+def vllm_engine_kwargs(policy: PolicySettings, device: str, seed: int) -> dict[str, Any]:
+    """`VLLMEngine`'s arguments from the policy's `vllm` settings: bf16 served from a float32
+    master under mixed precision; each data-parallel rank seeds its own engine."""
+    v = policy.vllm
+    return {"policy": policy.name, "device": device, "dtype": v.dtype or policy.compute,
+            "seed": seed, "max_model_len": v.max_model_len,
+            "kv_cache_gib": v.kv_cache_gib, "gpu_memory_utilization": v.gpu_memory_utilization,
+            "release_memory": v.release_memory, "enforce_eager": v.enforce_eager,
+            **v.engine_args}
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """Multiplier of the peak lr at optimizer step s (warm-up, then constant/linear/cosine)."""
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
+        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return f
+
+
+@dataclass
+class Session:
+    cfg: TrainerConfig
+    policy: PolicySettings
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    engine: Any
+    task: Task | JsonlTask | DatasetTask
+    probe: Probe
+    exchange: PeerExchange | None
+    allocator: AllocatorClient
+    metrics: MetricsSink | NullMetrics
+    run_dir: Path
+    tokenizer_id: str
+    max_new_tokens: int
+    base_dir: Path | None = None
+    """The directory the policy's weights started from (a LoRA adapter's base)."""
+    renderer: PromptRenderer | None = None
+    """The policy's rendering of problems (its chat template, or plain text)."""
+    benchmarks: list[tuple[BenchmarkSettings, DatasetTask]] = field(default_factory=list)
+    """(settings, problems) of each of `eval.benchmarks`."""
+    start_round: int = 0
+    dist: Dist = SINGLE
+    """This process's rank among the policy's data-parallel ranks (`SINGLE`: one process)."""
+    compute: torch.dtype | None = None
+    """The dtype forward passes autocast to (mixed precision in one process); None: the
+    parameters' own (also under FSDP2, whose MixedPrecisionPolicy casts instead)."""
+
+    def render(self, prompts: list[Any]) -> list[list[int]]:
+        """The prompts in this policy's own rendering (token ids)."""
+        assert self.renderer is not None
+        return self.renderer.many(prompts)
+
+    def step_settings(self) -> StepSettings:
+        """The settings of the round's updates (runtime.step): the policy's config, tokenizer
+        and ranks."""
+        return StepSettings.of(self.cfg.grpo, self.cfg.probe, self.tokenizer.pad_token_id,
+                               self.max_new_tokens, self.dist, self.compute)
+
+    def shown(self, prompts: list[Any]) -> list[str | None] | None:
+        """The chat renderings of the prompts as text, for people (None: plain text)."""
+        if self.renderer is None or not self.renderer.chat:
+            return None
+        return [self.renderer.text(p) for p in prompts]
+
+    def save(self, rounds_done: int) -> Path:
+        extra = {
+            "probe": self.probe.state_dict(),
+            "see_consumer": (self.exchange.consumer, self.exchange.last_delivery_id)
+            if self.exchange else None,
+            "policy": self.policy.name,
+        }
+        if isinstance(self.task, DatasetTask):  # the epoch position: resume keeps the order
+            extra["data"] = self.task.state_dict(rounds_done, self.cfg.grpo.prompts_per_round,
+                                                 self.cfg.seed)
+        if self.dist.active:  # every rank writes its shards
+            return dist_checkpoint.save(
+                self.run_dir / "checkpoints", rounds_done, self.model, self.tokenizer,
+                self.optimizer, self.scheduler, extra, self.cfg.checkpoint.keep, self.dist,
+                base=self.base_dir)
+        return checkpoint.save(self.run_dir / "checkpoints", rounds_done, self.model,
+                               self.tokenizer, self.optimizer, self.scheduler, extra,
+                               self.cfg.checkpoint.keep, base=self.base_dir)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.allocator.close()
+        if self.exchange is not None:
+            self.exchange.close()
+
+
+class NullMetrics:
+    """The metrics of ranks other than 0: rank 0 logs the round for the policy."""
+
+    def log(self, round_k: int, values: dict[str, float]) -> None:
+        pass
+
+    def truncate_from(self, round_k: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _metrics_sink(cfg: TrainerConfig, policy: str, run_dir: Path) -> MetricsSink:
+    reporter = None
+    svc = cfg.services
+    if cfg.metrics.see and not svc.local:  # the run exists by now (PeerExchange.join made it)
+        from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
+
+        reporter = SeeMetricsReporter(svc.see, cfg.run_id, policy, svc.token, svc.timeout)
+    try:
+        return MetricsSink(run_dir, policy, cfg.metrics, reporter, cfg.run_id,
+                           cfg.model_dump(mode="json", exclude={"services": {"token"}}))
+    except BaseException:  # e.g. metrics.wandb set without wandb installed
+        if reporter is not None:
+            reporter.close(timeout=0.1)
+        raise
+
+
+def build_session(
+    cfg: TrainerConfig, policy_name: str | None = None, resume: bool = False,
+    cache_dir: Path | None = None, dist: Dist = SINGLE, device: str | None = None,
+) -> Session:
+    """The session of one policy; with `dist` active, of this rank: the model is sharded over
+    the ranks, and only rank 0 talks to SEE/THL/MWRA and writes metrics. `device` replaces
+    the policy's (a rank's own GPU)."""
+    from mutualrl.trainer.engines.factory import make_engine
+    from mutualrl.trainer.runtime.presets import load_policy
+
+    cfg = cfg.for_policy(policy_name)  # the policy's own grpo / probe overrides applied
+    policy = cfg.policy(policy_name)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    deterministic = cfg.exchange.mode == "deterministic"
+    if deterministic:
+        fix_kernels(policy.device if device is None else device)
+    torch.set_num_threads(policy.threads)
+    run_dir = cfg.run_dir(policy.name)
+    cache = cache_dir or cfg.output_dir / "presets"
+
+    # Rank 0 alone builds a missing preset: transformers' save_pretrained writes only on rank 0
+    # once torch.distributed is up, so another rank's build would be an empty model directory.
+    start = dist.from_main(lambda: policy_dir(policy, cache, cfg.seed))
+    if dist.active and policy.lora is not None:
+        raise ValueError(f"policy {policy.name}: lora with nproc > 1 is not supported yet "
+                         "(FSDP2 shards full fine-tuning only); set nproc: 1 or drop lora")
+    dev = device or policy.device
+    model, tok = load_policy(start, policy.dtype, dev)
+    if policy.lora is not None:
+        model = lora.wrap(model, policy.lora)
+    model.train()
+    if cfg.grpo.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    ref_model: Any = None
+    # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
+    # diagnostic measures against the same copy. A LoRA policy's base is that point already.
+    if cfg.grpo.beta > 0 or cfg.diagnostics.kl_every > 0:
+        if policy.lora is not None:
+            ref_model = lora.BaseReference(model)
+        else:
+            ref_model, _ = load_policy(start, policy.dtype, dev)
+            ref_model.eval().requires_grad_(False)
+    g = cfg.grpo
+
+    def make_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=g.lr,
+                                 betas=g.adam_betas, weight_decay=g.weight_decay)
+
+    def make_scheduler(opt: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
+
+    last = checkpoint.latest(run_dir / "checkpoints") if resume else None
+    plain_resume: tuple[dict[str, Any], dict[str, Any]] | None = None
+    if dist.active:
+        if last is not None and not dist_checkpoint.is_dcp(last):
+            # A one-process checkpoint: load it whole, then shard it with the model.
+            plain_resume = dist_checkpoint.plain_optimizer_state(
+                last, model, make_optimizer, make_scheduler)
+        shard(model, compute_dtype(policy))
+    optimizer = make_optimizer(model)
+    scheduler = make_scheduler(optimizer)
+    renderer = renderer_for(tok, policy)
+    task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
+        prepare_dataset_task(cfg, cache)
+    # One rendering now: a chat template that does not render stops the trainer before round 0.
+    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])
+    max_new = g.max_new_tokens or task.max_new_tokens
+    benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
+    engine_kw: dict[str, Any] = {}
+    if policy.rollout_engine == "sglang":
+        sg = policy.sglang
+        engine_kw = {"mem_fraction_static": sg.mem_fraction_static,
+                     "release_memory": sg.release_memory, "dtype": policy.compute,
+                     **sg.engine_args}
+        if dist.active:  # each rank's engine on the rank's own GPU
+            engine_kw.setdefault("base_gpu_id", torch.device(dev).index or 0)
+    elif policy.rollout_engine == "vllm":
+        engine_kw = vllm_engine_kwargs(policy, dev, cfg.seed + dist.rank)
+    engine = make_engine(policy.rollout_engine, model, tok, model_path=str(start), **engine_kw)
+    log.info("%s: rollouts on %s", policy.name, policy.rollout_engine)
+    tokenizer_id = cfg.tokenizer_id(policy.name)
+    exchange = None
+    svc = cfg.services
+    local = svc.local or not dist.main  # one rank talks to the services for the policy
+    if not local:  # even probe `none` publishes: peers may read this policy
+        exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
+                                svc.token, svc.timeout, cfg.probe.tau)
+        # A THL service learns each tokenizer from its own trainer; the in-process engine
+        # knows only what this process registers, so it gets every policy's.
+        tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {
+            cfg.tokenizer_id(p.name): str(policy_dir(p, cache, cfg.seed)) for p in cfg.policies}
+        exchange.join([p.name for p in cfg.policies], tokenizers)
+    allocator = AllocatorClient(
+        None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
+        g.group_size * g.prompts_per_round, svc.token, svc.timeout,
+        peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
+        fixed_compute=deterministic)
+    session = Session(
+        cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
+        optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
+        probe=make_probe(cfg.probe, policy.name, exchange, task=task,
+                         scale=cfg.grpo.scale_rewards, sharing=cfg.exchange),
+        exchange=exchange,
+        allocator=allocator,
+        metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
+        run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
+        base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
+        renderer=renderer, benchmarks=benchmarks, dist=dist,
+        compute=None if dist.active else compute_dtype(policy))
+    if last is not None:
+        if plain_resume is not None:
+            named, state = plain_resume
+            dist_checkpoint.load_full_optimizer(model, optimizer, named)
+            scheduler.load_state_dict(state["scheduler"])
+        elif dist_checkpoint.is_dcp(last):  # written by N ranks, read by any number
+            state = dist_checkpoint.load(last, model, optimizer, scheduler)
+        else:
+            state = checkpoint.load(last, model, optimizer, scheduler)
+        session.probe.load_state_dict(state.get("probe") or {})
+        if isinstance(task, DatasetTask) and state.get("data"):
+            task.load_state_dict(state["data"], int(state["round"]), g.prompts_per_round)
+        if exchange is not None and state.get("see_consumer"):
+            exchange.consumer, exchange.last_delivery_id = state["see_consumer"]
+        session.start_round = int(state["round"])
+        with gathered(model):
+            engine.sync_weights(model)  # an engine with its own copy (SGLang) starts at `start`
+        session.metrics.truncate_from(session.start_round)
+        log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
+    return session
+
+
+def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
+    """The run's table with the problems some policy renders longer than its
+    `max_prompt_tokens` dropped (every trainer drops the same ones: each renders with every
+    policy's tokenizer), and its reward functions called once, so that a problem shows before
+    round 0."""
+    from mutualrl.thl.tokenizers import load_tokenizer
+
+    assert isinstance(cfg.task, DatasetTaskConfig)
+    task = DatasetTask(cfg.task)
+    task.check_rewards()
+    checks = []
+    for p in cfg.policies:
+        if p.max_prompt_tokens is None:
+            continue
+        r = renderer_for(load_tokenizer(policy_dir(p, cache, cfg.seed)), p)
+        checks.append(lambda prompt, r=r, limit=p.max_prompt_tokens: len(r.ids(prompt)) > limit)
+    if checks:
+        n = task.drop_overlong(checks)
+        log.info("task.dataset: %d of %d problems dropped as longer than a policy's "
+                 "max_prompt_tokens", n, n + len(task.problems))
+    return task

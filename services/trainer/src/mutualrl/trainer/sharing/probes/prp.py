@@ -1,0 +1,113 @@
+"""Probe `prp`: peer rollouts join own groups with importance weights (computed in the loss,
+where the receiver's current log-probs of the peer tokens are at hand)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from mutualrl.trainer.algos.prp import pooled_advantages
+from mutualrl.trainer.sharing.exchange import PeerExchange, PeerRollout
+from mutualrl.trainer.sharing.probes.base import LossInputs, PeerRows, Probe, RoundData, index_of
+
+_BATCH = 4096  # peer rollouts one fetch takes
+
+
+class PRPProbe(Probe):
+    kind = "prp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: list[PeerRollout] = []
+        """Rollouts of rounds this policy has not reached yet (a faster peer is ahead): SEE
+        hands a record out once, so they wait here for their round."""
+
+    def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
+        s = self.settings
+        where = index_of(data.prompts)
+        # Bounded wait until peers have published this round, then read their rollouts.
+        _, _, complete = ex.peer_stats(data.round, list(where), deadline, data.peers_now)
+        fetched = ex.peer_rollouts(
+            data.round, s.max_staleness_rounds,
+            max_records=_BATCH, deadline=deadline)
+        pool = self.pending + fetched
+        if self.deterministic:  # the whole round, in a fixed order (the stream's is arrival)
+            more = fetched
+            while len(more) == _BATCH:
+                more = ex.peer_rollouts(data.round, s.max_staleness_rounds, _BATCH, deadline)
+                pool += more
+            pool.sort(key=record_order)
+        per_prompt, self.pending = group_peer_rollouts(
+            pool, where, data.round, s.prp_max_peer_per_prompt)
+        chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
+        prompt_index = [i for i in sorted(per_prompt) for _ in per_prompt[i]]
+        peer_rewards = [
+            torch.tensor([r.reward for r in per_prompt.get(i, [])], dtype=data.rewards.dtype)
+            for i in range(len(data.prompts))
+        ]
+        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards, scale=self.scale)
+        stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
+                 # what arrived by now (asynchronous) or the rollouts of the rounds read
+                 **({"peer_read": float(len(pool) - len(self.pending))} if self.deterministic
+                    else {"peer_fetched": float(len(fetched))}),
+                 "fallback": float(not complete and not chosen)}
+        if not chosen:
+            return LossInputs(advantages=own_adv, stats=stats)
+        chunk = s.prp_level == "chunk"
+        aligned = ex.align(chosen, chunk_level=chunk)
+        stats["thl_multi_token_chunk_share"] = sum(
+            a.multi_token_chunk_share for a in aligned) / len(aligned)
+        peers = PeerRows(
+            prompt_index=prompt_index,
+            token_ids=[a.token_ids for a in aligned],
+            advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
+            sender_logp_sum=torch.tensor([a.sender_logp_sum for a in aligned],
+                                         dtype=torch.float64),
+            token_chunk=[a.token_chunk for a in aligned] if chunk else None,
+            chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
+        )
+        return LossInputs(advantages=own_adv, peers=peers, stats=stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Plain dicts: resume state loads with torch.load(weights_only=True).
+        return {**super().state_dict(), "pending": [asdict(r) for r in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pending = [
+            PeerRollout(**{**r, "offsets": [tuple(o) for o in r["offsets"]]})
+            for r in state.get("pending", [])]
+
+
+def record_order(r: PeerRollout) -> tuple[int, str, int, int, str]:
+    """A peer rollout's place in a fixed order: round, policy, then prompt and sample index
+    from its record id (`<policy>/<round>/<prompt>/<sample>/r`)."""
+    parts = r.record_id.split("/")
+    try:
+        prompt, sample = int(parts[-3]), int(parts[-2])
+    except (IndexError, ValueError):
+        prompt = sample = -1
+    return r.round, r.policy, prompt, sample, r.record_id
+
+
+def group_peer_rollouts(
+    pool: list[PeerRollout], where: dict[str, int], round_k: int, cap: int
+) -> tuple[dict[int, list[PeerRollout]], list[PeerRollout]]:
+    """Peer rollouts by the index of the own prompt they answer, at most `cap` of each peer per
+    prompt (so every peer gets a say, however many peers there are), and the rollouts of later
+    rounds, kept for their round. Rollouts of prompts not in `where` are dropped."""
+    per_prompt: dict[int, list[PeerRollout]] = {}
+    later: list[PeerRollout] = []
+    taken: dict[tuple[int, str], int] = {}
+    for r in pool:
+        if r.round > round_k:
+            later.append(r)
+            continue
+        i = where.get(r.prompt_id)  # rollouts of other rounds' prompts have no group here
+        if i is None or taken.get((i, r.policy), 0) >= cap:
+            continue
+        taken[(i, r.policy)] = taken.get((i, r.policy), 0) + 1
+        per_prompt.setdefault(i, []).append(r)
+    return per_prompt, later

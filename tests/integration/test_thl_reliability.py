@@ -1,9 +1,9 @@
 """THL under odd and hostile input, over real gRPC (port 0) with registrations in the real Redis:
 registration confined to `tokenizer_roots` with one answer whatever lies outside them, the
 files a load opens checked too (a tokenizer.json or a directory linked out of the roots, a FIFO:
-refused, also when planted after the registration), odd paths refused as INVALID_ARGUMENT, Retokenize and AlignTrace batches too large to answer refused before
-the work, and BERT-family tokenizers whose tokenizer.json truncates and pads encoded
-whole."""
+refused, also when planted after the registration), odd paths refused as INVALID_ARGUMENT,
+Retokenize and AlignTrace batches too large to answer refused before the work, and
+BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole."""
 
 from __future__ import annotations
 

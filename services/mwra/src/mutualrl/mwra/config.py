@@ -28,6 +28,9 @@ WORKER_BYTES = MAX_LABEL_BYTES + 64 * 8 + 128 + 128 + MAX_ADDRESS_CHARS + 128
 SLICE_BYTES = 2 * (128 + MAX_ADDRESS_CHARS) + 16
 """What one worker adds to one policy's Allocation at most: its id and address, twice (the
 slice and the flat lists), and the units."""
+HOLDER_BYTES = 2 * 128 + 16
+"""What one policy holding a worker adds to its WorkerState: its id in `holder` and in
+`units_by_policy`."""
 POLICY_BYTES = 2 * 1024
 """A PolicyInfo and an Allocation's own fields at most (ids, counts, strategy)."""
 
@@ -35,7 +38,8 @@ POLICY_BYTES = 2 * 1024
 def table_bound(workers: int, policies: int) -> int:
     """The largest AllocationTable a run of `workers` and `policies` can have: every policy
     may hold a slice of every worker."""
-    return workers * WORKER_BYTES + policies * (POLICY_BYTES + workers * SLICE_BYTES) + 1024
+    return (workers * WORKER_BYTES + policies * POLICY_BYTES
+            + workers * policies * (SLICE_BYTES + HOLDER_BYTES) + 1024)
 
 
 def _short_pool_alias(value: Any) -> Any:
@@ -121,7 +125,7 @@ class MwraConfig(ServiceConfig):
     `worker.worker_id` (DeregisterWorker or DeleteRun frees room). With `max_policies` it
     bounds a run's state, what each call loads, and the largest answer (ListAllocations: each
     policy's slices of every worker), which must fit `max_message_bytes`."""
-    max_policies: int = Field(default=256, ge=1, le=65_536)
+    max_policies: int = Field(default=128, ge=1, le=65_536)
     """Most policies one run holds (RegisterPolicy beyond: RESOURCE_EXHAUSTED naming
     `policy_id`)."""
     max_round_ahead: int = Field(default=DEFAULT_MAX_ROUND_AHEAD, ge=1, le=MAX_ROUND)

@@ -164,32 +164,31 @@ class RunRegistry:
         """Up to `size` runs in id order after run id `after`, within `budget` bytes (None:
         no bound; at least one run), and the id the next page starts after (None: no more).
         The registry holds run ids only (each run is made by its secret's holder), so the ids
-        are read whole and the configs a page at a time."""
+        are read whole and the configs `size` at a time; runs that expired leave it here."""
         reg = registry_key(self.cfg.key_prefix)
         async with redis_op("list_runs"):
             run_ids = sorted(rid for rid in (s(x) for x in await self.r.smembers(reg))
                              if after is None or rid > after)
-            if not run_ids:
-                return [], None
-            rest = len(run_ids) > size
-            run_ids = run_ids[:size]
-            # One GET per run (their keys lie in different cluster slots: no MGET).
-            async with self.r.pipeline(transaction=False) as pipe:
-                for rid in run_ids:
-                    pipe.get(self.keys(rid).config)
-                raws = await pipe.execute()
-            gone = [rid for rid, raw in zip(run_ids, raws, strict=True) if raw is None]
-            if gone:  # expired runs leave the registry lazily
-                await self.r.srem(reg, *gone)
         room = Budget(budget if budget is not None else 1 << 62)
         runs: list[pb.Run] = []
-        for raw in raws:
-            if raw is None:
-                continue
-            if not room.take(len(raw) + 8):
-                return runs, runs[-1].config.run_id
-            runs.append(pb.Run.FromString(raw))
-        return runs, run_ids[-1] if rest else None
+        for lo in range(0, len(run_ids), size):
+            part = run_ids[lo:lo + size]
+            async with redis_op("list_runs"):
+                # One GET per run (their keys lie in different cluster slots: no MGET).
+                async with self.r.pipeline(transaction=False) as pipe:
+                    for rid in part:
+                        pipe.get(self.keys(rid).config)
+                    raws = await pipe.execute()
+                gone = [rid for rid, raw in zip(part, raws, strict=True) if raw is None]
+                if gone:  # expired runs leave the registry lazily
+                    await self.r.srem(reg, *gone)
+            for raw in raws:
+                if raw is None:
+                    continue
+                if len(runs) >= size or not room.take(len(raw) + 8):
+                    return runs, runs[-1].config.run_id
+                runs.append(pb.Run.FromString(raw))
+        return runs, None
 
     async def delete(self, run_id: str) -> int:
         """Delete every key of the run and its registry entry; returns the keys deleted.

@@ -1,4 +1,4 @@
-"""#14 item 12: THL's memory stays bounded whatever clients send. A `mutualrl thl serve` process
+"""THL's memory stays bounded whatever clients send. A `mutualrl thl serve` process
 (port 0, registrations in the real Redis) takes many registrations of a large tokenizer, used
 in turn so the cache churns, and concurrent Retokenize / AlignTrace calls of up to its per-call
 text limit, byte-per-token worst cases and oversized ones among them. Its peak RSS (VmHWM from
@@ -201,3 +201,25 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
     assert codes["OK"] >= 24 + 4
     check_cache()
     assert _metric(metrics_port, "mutualrl_thl_inflight_request_bytes") == 0
+
+
+@pytest.mark.timeout(600)
+def test_thl_peak_on_4_mib_of_emoji_one_call_and_three_at_once() -> None:
+    """THL with its default limits on the largest Retokenize they let through, 4 MiB of emoji
+    in four 1 MiB texts (3.1 M tokens): one call and three at once peak under the bound
+    docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with AlignTrace
+    and repeats). Inputs beyond the limits are refused before any work."""
+    from mutualrl.bench.thl_memory import BOUND_MIB, run_memory
+
+    out = run_memory(repeats=1, scenarios=(("retokenize", 1), ("retokenize", 3)))
+    print(json.dumps(out, indent=1))
+    for name, figures in out["scenarios"].items():
+        assert figures["tokens_per_call"] == 3 * (1 << 20), name
+        assert figures["peak_mib"] < BOUND_MIB, (name, figures)
+    assert {name: r["code"] for name, r in out["refusals"].items()} == {
+        "texts over max_request_text_bytes (5 x 1 MiB)": "INVALID_ARGUMENT",
+        "one text over max_text_bytes (1 MiB + 4 B)": "INVALID_ARGUMENT",
+        "1 M source tokens for a 64 kB text": "INVALID_ARGUMENT",
+        "1 M source tokens, one value missing": "INVALID_ARGUMENT",
+        "4 x 1 MiB of emoji, 1 M source tokens each (answer over 64 MiB)":
+            "RESOURCE_EXHAUSTED"}

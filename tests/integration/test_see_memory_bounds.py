@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
+from mutualrl.bench.testing.process import reset_peak, status, stop
 from mutualrl.bench.testing.see import (
     make_config,
     rollout,
@@ -225,13 +226,6 @@ async def test_round_stats_run_stats_and_runs_come_in_pages(
 # ---- a SEE process of its own: its resident memory ----------------------------------------
 
 
-def _status(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
-    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    assert found, field
-    return int(found.group(1)) * 1024
-
-
 @pytest.fixture
 def see_process(tmp_path: Path, redis_url: str, run_id: str) -> Iterator[tuple[int, str]]:
     """(pid, address) of a `mutualrl see serve` with SEE's default limits."""
@@ -249,12 +243,7 @@ def see_process(tmp_path: Path, redis_url: str, run_id: str) -> Iterator[tuple[i
         assert found
         yield proc.pid, f"127.0.0.1:{found.group(1)}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 @pytest.mark.slow
@@ -271,11 +260,11 @@ def test_verified_successes_take_one_records_bytes_at_max_per_prompt_1(
         for i in range(0, 100, 20):
             see.publish(run_id, recs[i:i + 20])
         see.successes(run_id, "c", ["q0"], max_per_prompt=1)  # warm: the code paths, a page
-        before = _status(pid, "VmRSS")
+        before = status(pid, "VmRSS")
         # VmHWM is the process's high-water mark since start: reset it to its RSS now.
-        Path(f"/proc/{pid}/clear_refs").write_text("5", encoding="ascii")
+        reset_peak(pid)
         got = see.successes(run_id, "c", ["q"], max_per_prompt=1)
-        growth = _status(pid, "VmHWM") - before
+        growth = status(pid, "VmHWM") - before
         assert [r.record_id for r in got["q"]] == [recs[0].record_id]
         print(f"SEE RSS {before / MiB:.0f} MiB; growth answering 1 of 100 x 1 MiB "
               f"successes: {growth / MiB:.1f} MiB (bound {SUCCESS_GROWTH_BOUND / MiB:.0f})")

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from mutualrl.bench.testing.process import status, stop
 from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
@@ -60,13 +61,6 @@ def _big_tokenizer(target: Path, n_words: int = 30_000) -> Path:
     (target / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}), encoding="utf-8")
     return target
-
-
-def _status(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
-    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    assert m, field
-    return int(m.group(1)) * 1024
 
 
 def _metric(port: int, name: str) -> float:
@@ -110,12 +104,7 @@ def thl(tmp_path: Path, redis_url: str, run_id: str
         assert found, log.read_text()
         yield proc.pid, f"127.0.0.1:{m.group(1)}", int(found.group(1)), root, budget
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 def _texts(rng: random.Random, total: int, count: int) -> list[str]:
@@ -172,7 +161,7 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
             assert len(out[0].token_ids) == 4
             check_cache()
         cache_bytes = _metric(metrics_port, "mutualrl_thl_tokenizer_cache_bytes")
-        baseline = _status(pid, "VmRSS")
+        baseline = status(pid, "VmRSS")
 
         rng = random.Random(11)
 
@@ -190,9 +179,9 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
                                         texts[:4]), ("texts",))
 
         await asyncio.gather(*(worker(k) for k in range(4)))
-    peak = _status(pid, "VmHWM")
+    peak = status(pid, "VmHWM")
     print(f"THL RSS: baseline {baseline / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, "
-          f"now {_status(pid, 'VmRSS') / MiB:.0f} MiB; cache {cache_bytes / MiB:.1f} MiB; "
+          f"now {status(pid, 'VmRSS') / MiB:.0f} MiB; cache {cache_bytes / MiB:.1f} MiB; "
           f"refusals {dict(codes)}")
     assert peak < RSS_BOUND, (peak / MiB, baseline / MiB)
     assert peak - baseline < GROWTH_BOUND, (peak / MiB, baseline / MiB)

@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from mutualrl.bench.testing.process import status, stop
 from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common import alignment_wire as wire
@@ -47,14 +48,6 @@ BOUND_MIB = 640
 """The peak docs/reliability.md states for THL with its default limits."""
 TEXT = "\U0001f389" * (MiB // 4)
 """1 MiB of emoji: three byte-level BPE tokens each."""
-
-
-def _status(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
-    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    if found is None:
-        raise RuntimeError(f"no {field} in /proc/{pid}/status")
-    return int(found.group(1)) * 1024
 
 
 @contextmanager
@@ -78,12 +71,7 @@ def thl_process(root: Path, **limits: Any) -> Iterator[tuple[int, str]]:
             raise RuntimeError((work / "thl.log").read_text())
         yield proc.pid, f"127.0.0.1:{ready.group(1)}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -107,7 +95,7 @@ async def _scenario(root: Path, kind: str, at_once: int) -> dict[str, Any]:
                 items = [TraceItem(t, r.token_ids, np.full(len(r.token_ids), -0.5), r.offsets)
                          for t, r in zip(texts, engine.retokenize("bpe", texts), strict=True)]
                 del engine
-            base = _status(pid, "VmRSS")
+            base = status(pid, "VmRSS")
 
             retries = 0
 
@@ -128,7 +116,7 @@ async def _scenario(root: Path, kind: str, at_once: int) -> dict[str, Any]:
             start = time.perf_counter()
             tokens = await asyncio.gather(*(one() for _ in range(at_once)))
             seconds = time.perf_counter() - start
-        peak = _status(pid, "VmHWM")
+        peak = status(pid, "VmHWM")
     return {"base_mib": base / MiB, "peak_mib": peak / MiB, "growth_mib": (peak - base) / MiB,
             "seconds": seconds, "tokens_per_call": tokens[0], "retries": retries}
 

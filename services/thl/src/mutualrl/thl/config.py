@@ -67,11 +67,14 @@ class ThlConfig(ServiceConfig):
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])
     """Directories RegisterTokenizer may read from: a path a client sends must lie under one of
     them, also after following symlinks, or the call is INVALID_ARGUMENT (the same answer
-    whether or not anything exists there). Relative entries resolve against THL's working
-    directory. The default covers `runs/` (the trainer's default `output_dir`) and `/data/run`
-    (the run volume of the Compose and Kubernetes deployments); `mutualrl up` adds the run's
-    `output_dir` and every policy's `model_path` and `sft_checkpoint`. An empty list refuses
-    every registration over gRPC (start-up `tokenizers` still load)."""
+    whether or not anything exists there), and so must every file a load opens, resolved (a
+    file or directory linked out of the roots, a FIFO or device: refused). Relative entries
+    resolve against THL's working directory. The default covers `runs/` (the trainer's default
+    `output_dir`) and `/data/run` (the run volume of the Compose and Kubernetes deployments);
+    `mutualrl up` adds the run's `output_dir` and every policy's `model_path` and
+    `sft_checkpoint`, with the directories their files link into (a Hugging Face cache
+    snapshot links into the cache's `blobs/`). An empty list refuses every registration over
+    gRPC (start-up `tokenizers` still load)."""
     tokenizers: dict[TokenizerId, str] = Field(default_factory=dict)
     """Tokenizers to register at start-up: id -> local path (directory or tokenizer.json);
     an id already registered with another path is overwritten."""

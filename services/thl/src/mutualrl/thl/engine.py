@@ -187,6 +187,20 @@ def align_response_bound(texts: Sequence[str], source_tokens: Sequence[int],
     return total
 
 
+def item_texts(items: Sequence[TraceItem]) -> builtins.list[str]:
+    """The items' texts: `items.texts()` when the sequence has it (the servicer's items, which
+    convert their arrays only when an item is read), else each item's."""
+    texts = getattr(items, "texts", None)
+    return list(texts()) if texts is not None else [it.text for it in items]
+
+
+def source_counts(items: Sequence[TraceItem]) -> builtins.list[int]:
+    """The items' source token counts (`items.source_counts()` when it has it, as `item_texts`)."""
+    counts = getattr(items, "source_counts", None)
+    return (list(counts()) if counts is not None
+            else [int(np.asarray(it.source_token_ids).size) for it in items])
+
+
 def _given(item: TraceItem) -> bool:
     """The item carries its source offsets (otherwise THL re-encodes its text)."""
     return item.source_offsets is not None and np.asarray(item.source_offsets).size > 0
@@ -290,12 +304,12 @@ class AlignmentEngine:
             raise InvalidArgument("placement", f"{quote(placement)} is not one of {PLACEMENTS}")
         src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
         tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
-        texts = [it.text for it in items]
+        texts, counts = item_texts(items), source_counts(items)
         self.check_texts(texts, "items")
         self._check_items(src, items)
         if not answer_checked:
-            self.check_align_answer(tgt, texts, [len(it.source_token_ids) for it in items])
-        memory.trim_after(sum(len(it.source_token_ids) for it in items))
+            self.check_align_answer(tgt, texts, counts)
+        memory.trim_after(sum(counts))
         blocks = encode_blocks(texts, max(1, self.limits.align_block_items))
         return self._aligned(src, tgt, items, blocks, mode, placement)
 
@@ -323,7 +337,7 @@ class AlignmentEngine:
                  ) -> Iterator[AlignedTrace]:
         """The items' alignments, block by block; a block's items are read from `items` only
         now (the servicer's items convert from the request as they are read)."""
-        texts = [it.text for it in items]
+        texts = item_texts(items)
         for lo, hi in blocks:
             block = [items[i] for i in range(lo, hi)]
             encs = encode_block(tgt.backend, texts[lo:hi])

@@ -134,6 +134,14 @@ class _RequestItems(Sequence[TraceItem]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def texts(self) -> list[str]:
+        """Every item's text, without converting its arrays."""
+        return [it.text for it in self._items]
+
+    def source_counts(self) -> list[int]:
+        """Every item's source token count, without converting its arrays."""
+        return [len(it.source_token_ids) for it in self._items]
+
     @overload
     def __getitem__(self, index: int) -> TraceItem: ...
 
@@ -249,11 +257,10 @@ class AlignmentServicer:
         with _trimmed(request.ByteSize()):
             # The answer's size first, from the request's own counts: a call refused for it is
             # refused before its arrays are converted.
+            items = _RequestItems(request.items)
             self.engine.check_align_answer(
                 self.engine.registry.get(request.target_tokenizer_id, "target_tokenizer_id"),
-                [it.text for it in request.items],
-                [len(it.source_token_ids) for it in request.items])
-            items = _RequestItems(request.items)
+                items.texts(), items.source_counts())
             target = request.target_tokenizer_id
             out: list[bytes] = []
             residuals: list[Residual] = []

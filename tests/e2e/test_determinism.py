@@ -142,7 +142,8 @@ def _same_params(a: Run, b: Run) -> bool:
     (("A", "B"), {"kind": "prp", "prp_weight_mode": "truncate", "prp_level": "chunk"}, 1),
     (("A", "B", "C"), {"kind": "sgt"}, 1),
     (("A", "B", "C"), {"kind": "prp", "prp_weight_mode": "truncate"}, 0),
-], ids=["sgt-n2-s0", "prp-n2-s1", "sgt-n3-s1", "prp-n3-s0"])
+    (("A", "B"), {"kind": "hacpo"}, 1),
+], ids=["sgt-n2-s0", "prp-n2-s1", "sgt-n3-s1", "prp-n3-s0", "hacpo-n2-s1"])
 def test_same_seed_same_run_whatever_the_timing(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path, names: tuple[str, ...],
         probe: dict[str, Any], staleness: int) -> None:

@@ -25,8 +25,12 @@ CONFIG = ROOT / "configs" / "probe-comparison.yaml"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # What each probe must take from its peer (SEE counts a record as taken when it is delivered).
 TAKES = {"xgrpo": "REWARD_STATS", "sgt": "VERIFIED_SUCCESS", "sgt-self": "VERIFIED_SUCCESS",
-         "oracle": "VERIFIED_SUCCESS", "prp-chunk": "ROLLOUT"}
-SHORT = ["none", "xgrpo", "sgt", "sgt-self", "oracle"]
+         "oracle": "VERIFIED_SUCCESS", "prp-chunk": "ROLLOUT", "hacpo": "ROLLOUT",
+         "hacpo-naive": "ROLLOUT", "sapo": "ROLLOUT", "ftis": "ROLLOUT"}
+SHORT = ["none", "xgrpo", "sgt", "sgt-self", "oracle", "hacpo", "hacpo-naive", "sapo", "ftis"]
+# Each published method's own per-round diagnostic, reported for both policies.
+COLLAB = {"hacpo": "hacpo_s_below", "hacpo-naive": "hacpo_row_weight", "sapo": "sapo_groups",
+          "ftis": "ftis_kl"}
 THREE = ["gpt2-bpe", "llama-char", "qwen2-unigram"]
 
 
@@ -96,15 +100,19 @@ def test_outputs_have_the_schema(quick_run: tuple[Path, str, float]) -> None:
             assert "kl_warm" in pe["diagnostics"] and "grad_norm" in pe["diagnostics"]
             if p != "none":
                 assert pe["vs_none"]["mean"] is not None
+            if p in COLLAB:
+                assert COLLAB[p] in pe["diagnostics"], (p, pol, sorted(pe["diagnostics"]))
         assert 0.0 <= e["both"]["final"]["mean"] <= 1.0
         assert e["wall_s"]["mean"] > 0
+        if p != "none":  # every arm's wall time against GRPO's of the same seed
+            assert e["wall_vs_none"]["mean"] > 0
         curve = reg["curves"][p][pols[0]]
         assert curve["rounds"] == [0, 2, 4]
     for p in ("sgt", "sgt-self", "oracle"):
         d = reg["probes"][p]["policies"]["llama-char"]["diagnostics"]
         assert d["rescues_per_round"]["mean"] > 0 and "loss_sgt" in d, p
-    assert {(c["a"], c["b"]) for c in reg["contrasts"]} == {("sgt", "sgt-self"),
-                                                           ("oracle", "sgt"), ("sgt", "none")}
+    assert {(c["a"], c["b"]) for c in reg["contrasts"]} == {
+        ("sgt", "sgt-self"), ("oracle", "sgt"), ("sgt", "none"), ("hacpo", "hacpo-naive")}
     assert set(reg["transfer"]) == {"sgt", "sgt-self", "oracle"}
     assert "rev" in reg["transfer"]["sgt"]["llama-char"]["gpt2-bpe"]["skills"]
     assert set(reg["tradeoff"]["arms"]) == set(SHORT)
@@ -112,7 +120,7 @@ def test_outputs_have_the_schema(quick_run: tuple[Path, str, float]) -> None:
     for heading in ("## Regime `short`", "## Regime `short3`", "Warm start",
                     "Final held-out reward@1", "transfer matrix", "Controls", "sgt − sgt-self",
                     "Transfer matrix under `sgt`", "Stability–support", "Probe diagnostics",
-                    "Records through SEE"):
+                    "Records through SEE", "Wall time per run", "HACPO, SAPO and F-TIS"):
         assert heading in md, heading
     assert (out / "curves.png").stat().st_size > 10_000
     assert (out / "tradeoff-short.png").stat().st_size > 20_000

@@ -227,6 +227,37 @@ def test_prp_pools_peer_rollouts_through_thl(services: _Services,
     assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
 
 
+@pytest.mark.parametrize("kind", ["hacpo", "sapo", "ftis"])
+def test_published_methods_train_on_each_others_rollouts(
+        services: _Services, warm_policies: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    """HACPO, SAPO and F-TIS through SEE and the THL service, both ways: each policy reads its
+    peer's rollouts (HACPO its reward statistics too) and trains on them in its own tokens."""
+    from mutualrl.v1 import experience_pb2 as pb
+
+    stats, rows = _run_pair(services, warm_policies, {"kind": kind}, tmp_path)
+    moved = _transfers(stats, pb.ROLLOUT)
+    assert moved.get(("A", "B"), 0) > 0 and moved.get(("B", "A"), 0) > 0
+    for n, peer in (("A", "B"), ("B", "A")):
+        read = [r for r in rows[n] if "peer_read" in r or "peer_fetched" in r]
+        assert read, n
+        if kind == "hacpo":
+            # Every peer row joins the group, and both capabilities are known every round.
+            assert all(r["peer_samples"] > 0 for r in rows[n][1:]), n
+            assert all(f"hacpo_P/{peer}" in r and f"hacpo_P/{n}" in r for r in rows[n][1:]), n
+            assert any(0.0 <= r.get("hacpo_s_below", -1.0) <= 1.0 for r in rows[n]), n
+        elif kind == "sapo":
+            # Whole groups come in; those with equal rewards are dropped.
+            assert sum(r.get("sapo_groups", 0.0) + r.get("sapo_groups_dropped", 0.0)
+                       for r in rows[n]) > 0, n
+        else:
+            assert sum(r["peer_samples"] for r in rows[n]) > 0, n
+            assert any(r.get("ftis_kl", 0.0) > 0 for r in rows[n]), n
+            assert any(r.get("thl_multi_token_chunk_share", 0.0) > 0 for r in rows[n]), n
+    if kind == "hacpo":
+        stats_moved = _transfers(stats, pb.REWARD_STATS)
+        assert stats_moved.get(("A", "B"), 0) > 0 and stats_moved.get(("B", "A"), 0) > 0
+
+
 def test_sgt_controls_train_on_own_successes_and_reference_answers(
         services: _Services, warm_policies: dict[str, Path], tmp_path: Path) -> None:
     """sgt-self and oracle read what SGT reads (the prompts it would rescue) and train on

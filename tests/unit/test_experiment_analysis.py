@@ -185,3 +185,30 @@ def test_controls_transfer_matrix_and_tradeoff_for_three_policies(tmp_path: Path
         assert text in md, text
     (png,) = plot_tradeoff(results, tmp_path)
     assert png.name == "tradeoff-w3.png" and png.stat().st_size > 20_000
+
+
+def test_wall_time_against_none_and_the_published_methods_diagnostics() -> None:
+    """Every arm's wall time is paired with GRPO's of the same seed; HACPO's, SAPO's and
+    F-TIS's own per-round diagnostics get their table, for the arms that report them."""
+    runs = []
+    for seed in (0, 1, 2):
+        runs.append(_run("none", seed, a_rev=0.0, b_add=0.0))
+        hacpo = _run("hacpo", seed, a_rev=0.1, b_add=0.0, hacpo_s_below=0.75,
+                     hacpo_log_s=-2.0, hacpo_row_weight=1.5)
+        hacpo.wall_s = 2 * (10.0 + seed)  # twice GRPO's of its seed
+        runs.append(hacpo)
+        runs.append(_run("ftis", seed, a_rev=0.1, b_add=0.0, ftis_truncated=0.1, ftis_kl=3.0,
+                         ftis_filtered=1.0))
+    s = summarize_regime(runs, ["A", "B"], WARM, ["none", "hacpo", "ftis"])
+    assert s["probes"]["hacpo"]["wall_vs_none"]["mean"] == pytest.approx(2.0)
+    assert s["probes"]["ftis"]["wall_vs_none"]["mean"] == pytest.approx(1.0)
+    assert "wall_vs_none" not in s["probes"]["none"]
+    d = s["probes"]["hacpo"]["policies"]["A"]["diagnostics"]
+    assert d["hacpo_s_below"]["mean"] == pytest.approx(0.75)
+    md = render_markdown({"experiment": "x", "regimes": {"short": s}, "meta": {}})
+    assert "| hacpo | 22 [" in md.split("### Wall time per run")[1]
+    assert "2.00×" in md
+    table = md.split("### HACPO, SAPO and F-TIS diagnostics")[1].split("###")[0]
+    assert "| hacpo | A | 0.75 | -2 | 1.5 | — |" in table
+    assert "| ftis | B | — | — | — | — | — | 0.1 | 3 | 1 |" in table
+    assert "| none |" not in table

@@ -74,6 +74,18 @@ def plan_for(kind: str, level: str = "sequence") -> LossInputs:
             token_chunk=[[0, 0, 1], [0, 1], [0, 1, 1]] if level == "chunk" else None,
             chunk_sender_logp=([[-6.1, -2.8], [-3.1, -3.5], [-3.2, -5.9]]
                                if level == "chunk" else None))
+    if kind in ("hacpo", "hacpo-naive", "sapo", "ftis"):
+        # The receiver gives these rows about -3.2 a token: sender means of -3 put HACPO's
+        # sequence ratios around exp(-0.2), some inside its clip band [0.8, 1], some outside.
+        plan.peers = PeerRows(
+            prompt_index=[0, 1, 2], token_ids=[[10, 11, 2], [17, 2], [7, 8, 2]],
+            advantages=torch.tensor([0.7, -0.4, 0.2]),
+            sender_logp_sum=torch.tensor([-9.0, -6.0, -9.0]), method=kind,
+            sender_tokens=torch.tensor([3.0, 2.0, 3.0]),
+            capability=torch.tensor([0.5, 2.0, 1.0]) if kind == "hacpo" else None,
+            token_chunk=[[0, 0, 1], [0, 1], [0, 1, 1]] if kind == "ftis" else None,
+            chunk_sender_logp=([[-6.1, -2.8], [-3.1, -3.5], [-3.2, -5.9]]
+                               if kind == "ftis" else None))
     if kind in ("sgt", "oracle"):
         plan.demos = Demos(prompt_index=[1, 1, 0], token_ids=[[16, 18, 2], [19, 2], [12, 13]])
     if kind == "sgt-self":
@@ -95,7 +107,9 @@ def assert_close(a: list[torch.Tensor], b: list[torch.Tensor], rel: float = 1e-1
 
 
 CASES = [("none", "sequence"), ("xgrpo", "sequence"), ("prp", "sequence"), ("prp", "chunk"),
-         ("sgt", "sequence"), ("sgt-self", "sequence"), ("oracle", "sequence")]
+         ("sgt", "sequence"), ("sgt-self", "sequence"), ("oracle", "sequence"),
+         ("hacpo", "sequence"), ("hacpo-naive", "sequence"), ("sapo", "sequence"),
+         ("ftis", "chunk")]
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_length"])
@@ -375,3 +389,52 @@ def test_activation_checkpointing_keeps_the_gradients() -> None:
         accumulate(model, rows, list(range(len(rows))), StepSettings.of(grpo, probe, PAD, MAX_LEN))
         out.append(grads(model))
     assert_close(out[1], out[0])
+
+
+def test_hacpo_peer_rows_follow_the_update_index() -> None:
+    """HACPO's lower clip rises with the round's update m: at m = 8 (l = 1) no peer row's ratio
+    is inside its band, so its rows add no gradient; at m = 0 two of three do."""
+    probe = ProbeSettings(kind="hacpo")
+    grpo = GRPOSettings(micro_batch_tokens=16)
+    model, data, plan = tiny_model(), fixed_round(), plan_for("hacpo")
+    rows, _ = round_rows(PROMPT_IDS, data, plan, grpo)
+    st = StepSettings.of(grpo, probe, PAD, MAX_LEN)
+    stats = prepare(model, None, rows, data, plan, st)
+    assert stats["hacpo_s_below"] == pytest.approx(1 / 3) and stats["hacpo_s_above"] == 0.0
+    index = list(range(len(rows)))
+    grads_at: dict[int, list[torch.Tensor]] = {}
+    for update in (0, 8):
+        model.zero_grad(set_to_none=True)
+        accumulate(model, rows, index, st, update=update)
+        grads_at[update] = grads(model)
+    # The same round without its peer rows' advantages: the gradient of own rows alone.
+    model.zero_grad(set_to_none=True)
+    rows.advantages[~rows.own] = 0.0
+    accumulate(model, rows, index, st, update=8)
+    assert_close(grads_at[8], grads(model))
+    worst = max(float((a - b).abs().max()) for a, b in zip(grads_at[0], grads_at[8],
+                                                           strict=True))
+    assert worst > 1e-6
+
+
+def test_ftis_gate_leaves_negative_peer_rows_out_of_the_step() -> None:
+    """A KL gate below every row's estimate filters the negative peer row (row 1), keeps the
+    positive ones, and the micro-batched gradient is still the one-shot loss's."""
+    probe = ProbeSettings(kind="ftis", ftis_kl_gate=0.0, ftis_cap=1.5)
+    one = GRPOSettings()
+    micro = one.model_copy(update={"micro_batch_tokens": 16, "logit_chunk_tokens": 3})
+    model, data, plan = tiny_model(), fixed_round(), plan_for("ftis")
+    rows, _ = round_rows(PROMPT_IDS, data, plan, micro)
+    st = StepSettings.of(micro, probe, PAD, MAX_LEN)
+    stats = prepare(model, None, rows, data, plan, st)
+    peer = [i for i in range(len(rows)) if not rows.own[i]]
+    assert stats["ftis_filtered"] == 1.0
+    assert [bool(rows.mask[i].any()) for i in peer] == [True, False, True]
+    assert float(rows.weights[peer].max()) <= 1.5
+    accumulate(model, rows, list(range(len(rows))), st)
+    micro_batched = grads(model)
+    model.zero_grad(set_to_none=True)
+    one_shot = round_loss(model, None, PROMPT_IDS, fixed_round(), plan_for("ftis"), one, probe,
+                          PAD, MAX_LEN)
+    one_shot.total.backward()
+    assert_close(micro_batched, grads(model))

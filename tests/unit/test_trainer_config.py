@@ -11,7 +11,8 @@ from mutualrl.trainer.config.run import TrainerConfig, load_trainer_config
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "trainer-local.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "trainer-local.yaml", "papers/hacpo-math.yaml",
+                                  "papers/sapo-swarm.yaml", "papers/ftis-gsm8k.yaml"])
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_trainer_config(CONFIGS / name)
     assert cfg.policy(cfg.policies[0].name).name == cfg.policies[0].name
@@ -160,3 +161,31 @@ def test_policy_names_are_unique() -> None:
     with pytest.raises(ValidationError, match="unique"):
         TrainerConfig.model_validate({"policies": [{"name": "A", "preset": "gpt2-bpe"},
                                                    {"name": "A", "preset": "llama-char"}]})
+
+
+@pytest.mark.parametrize(("probe", "field"), [
+    ({"kind": "hacpo", "hacpo_ratio_min": 5.0, "hacpo_ratio_max": 2.0},
+     r"probe\.hacpo_ratio_min=5 exceeds probe\.hacpo_ratio_max=2"),
+    ({"kind": "ftis", "ftis_cap": 0.0}, r"probe\.ftis_cap\n  Input should be greater than 0"),
+    ({"kind": "ftis", "ftis_cap": -1.0}, r"probe\.ftis_cap"),
+    ({"kind": "ftis", "ftis_kl_gate": -1.0},
+     r"probe\.ftis_kl_gate\n  Input should be greater than or equal to 0"),
+    ({"kind": "hacpo", "hacpo_delta": 1.5}, r"probe\.hacpo_delta\n"),
+    ({"kind": "sapo", "sapo_max_groups": 0}, r"probe\.sapo_max_groups\n"),
+])
+def test_collaborative_probe_settings_out_of_range_are_refused_at_load(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], probe: dict, field: str) -> None:
+    """A capability clip with low > high, C <= 0, a negative KL gate (and the other knobs'
+    bounds) stop `mutualrl train` before round 0 with exit 2 and the field's name."""
+    import yaml
+
+    from mutualrl.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {
+        "probe": probe, "services": {"local": True},
+        "policies": [{"name": "A", "preset": "gpt2-bpe"}]}}))
+    with pytest.raises(ValidationError, match=field):
+        load_trainer_config(path)
+    assert main(["train", "-c", str(path), "--policy", "A"]) == 2
+    assert "probe." in capsys.readouterr().err

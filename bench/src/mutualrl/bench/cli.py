@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -169,11 +170,15 @@ def _rounds_bench(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else None
     if args.probes:
-        res = bench_probes(args.probes.split(","), args.modes.split(","), int(args.n),
+        if args.n is not None and "," in args.n:
+            print(f"mutualrl bench rounds: --n {args.n}: with --probes, --n is one policy count",
+                  file=sys.stderr)
+            return 2
+        res = bench_probes(args.probes.split(","), args.modes.split(","), int(args.n or 2),
                            args.rounds, args.slots, args.staleness, args.repeats, out)
     else:
-        res = bench_rounds([int(n) for n in args.n.split(",")], args.rounds, args.slots, out,
-                           short_pool=args.short_pool)
+        res = bench_rounds([int(n) for n in (args.n or "2,3,4").split(",")], args.rounds,
+                           args.slots, out, short_pool=args.short_pool)
     print(_emit(res, args.json))
     return 0
 
@@ -182,7 +187,8 @@ def _rounds(commands: Commands) -> None:
     b = commands.add(["bench", "rounds"], "Round time of N policies through `mutualrl up` on "
                      "fewer CPU units than policies, against their steps one after another.",
                      _rounds_bench)
-    b.add_argument("--n", default="2,3,4", help="Comma-separated policy counts (2-4).")
+    b.add_argument("--n", default=None, help="Comma-separated policy counts (2-4; default "
+                   "2,3,4); with --probes one count (default 2).")
     b.add_argument("--rounds", type=int, default=30, help="Rounds per run.")
     b.add_argument("--slots", type=int, default=2, help="CPU units MWRA's worker offers.")
     b.add_argument("--short-pool", default="auto",

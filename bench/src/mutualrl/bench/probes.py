@@ -1,4 +1,4 @@
-"""`mutualrl bench rounds --probes none,sgt,prp`: what sharing costs in round time.
+"""`mutualrl bench rounds --probes none,sgt,prp,hacpo,sapo`: what sharing costs in round time.
 
 The same N tiny policies (`bench.PRESETS`), seed and pool train once per probe and exchange
 mode through `mutualrl up`; each run's round time is the pace of the round barrier
@@ -6,7 +6,8 @@ mode through `mutualrl up`; each run's round time is the pace of the round barri
 in the same mode and repeat: ratio = round time of the probe / round time of GRPO. Repeats
 interleave the runs (mode by mode, probe by probe) so that drift in machine load hits every
 probe alike; figures are medians over repeats. Targets, deterministic mode with staleness 1:
-SGT/GRPO <= 1.05, PRP/GRPO <= 1.3.
+SGT/GRPO <= 1.05, PRP/GRPO <= 1.3, and the same 1.3 for HACPO, SAPO and F-TIS, which read and
+score peer rows as PRP does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from mutualrl.bench.rounds import together
 
-TARGETS = {"sgt": 1.05, "prp": 1.3}
+TARGETS = {"sgt": 1.05, "prp": 1.3, "hacpo": 1.3, "sapo": 1.3, "ftis": 1.3}
 """Round-time ratio to GRPO each probe should stay within (deterministic mode, s = 1)."""
 
 

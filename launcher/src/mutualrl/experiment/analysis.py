@@ -38,7 +38,18 @@ DIAGNOSTICS: dict[str, str] = {
     "support_logp": "support_logp",
     "kl_warm": "kl_warm",
     "grad_norm": "grad_norm",
+    "hacpo_s_below": "hacpo_s_below",
+    "hacpo_log_s": "hacpo_log_s",
+    "hacpo_row_weight": "hacpo_row_weight",
+    "sapo_groups": "sapo_groups",
+    "sapo_groups_dropped": "sapo_groups_dropped",
+    "ftis_truncated": "ftis_truncated",
+    "ftis_kl": "ftis_kl",
+    "ftis_filtered": "ftis_filtered",
 }
+COLLAB = ("hacpo_s_below", "hacpo_log_s", "hacpo_row_weight", "sapo_groups",
+          "sapo_groups_dropped", "ftis_truncated", "ftis_kl", "ftis_filtered")
+"""The published collaborative methods' diagnostics (HACPO, SAPO, F-TIS)."""
 
 
 @dataclass
@@ -171,6 +182,9 @@ def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
                 [_best_both(by_probe[p][s], policies) for s in paired],
                 [_best_both(by_probe[CONTROL][s], policies) for s in paired])
         entry["wall_s"] = est([by_probe[p][s].wall_s for s in seeds])
+        if p != CONTROL:  # a run's wall time against GRPO's of the same seed
+            entry["wall_vs_none"] = est([by_probe[p][s].wall_s / by_probe[CONTROL][s].wall_s
+                                         for s in paired if by_probe[CONTROL][s].wall_s > 0])
         entry["see"] = see_summary([by_probe[p][s].see for s in seeds], policies)
         out["probes"][p] = entry
     out["curves"] = curves(by_probe, policies, warm)
@@ -386,6 +400,16 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                    f"{fmt(b['best'])} | {fmt(b.get('vs_none_best'), True)}"
                    f"{_mark(b.get('vs_none_best'))} |")
     out.append("")
+    out += ["### Wall time per run (paired by seed)", "",
+            "| probe | wall s | × none |", "|---|---|---|"]
+    for p in probes:
+        e = reg["probes"][p]
+        wall, ratio = e.get("wall_s"), e.get("wall_vs_none")
+        out.append(f"| {p} | "
+                   + ("—" if not wall else
+                      f"{wall['mean']:.0f} [{wall['lo']:.0f}, {wall['hi']:.0f}]")
+                   + f" | {'—' if not ratio else format(ratio['mean'], '.2f') + '×'} |")
+    out.append("")
     out += ["### Per-skill transfer matrix (final reward@1; gain vs warm start; gain vs none)",
             "", "Rows: policy and skill (`*` strong at warm start). Each cell: final, "
             "(Δ warm start), [Δ none, paired].", "",
@@ -449,6 +473,7 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                        f"{g('prp_w_mean')} | {g('prp_w_var')} | {g('prp_w_kept')} | "
                        f"{g('prp_w_clipped')} | {g('thl_residual')} |")
     out.append("")
+    out += collab_markdown(reg, probes, pols)
     out += ["### Records through SEE (mean per run): published per policy, taken per kind", "",
             "| probe | published (policy: ROLLOUT / REWARD_STATS / VERIFIED_SUCCESS) | "
             "taken (kind: taker←source n) |", "|---|---|---|"]
@@ -464,6 +489,32 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
         out.append(f"| {p} | {pub or '—'} | {tk} |")
     out.append("")
     return out
+
+
+def collab_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str]
+                    ) -> list[str]:
+    """The published methods' own diagnostics (per-round means, averaged over seeds), for the
+    arms that report them: HACPO's share of peer ratios below the clip band, mean log ratio and
+    row weight; SAPO's peer groups taken and dropped; F-TIS's truncated chunks, KL estimate
+    and filtered rows."""
+    rows = []
+    for p in probes:
+        for pol in pols:
+            d = reg["probes"][p]["policies"][pol]["diagnostics"]
+            if not any(n in d for n in COLLAB):
+                continue
+
+            def g(name: str, d: dict[str, Any] = d) -> str:
+                v = d.get(name)
+                return "—" if not v else f"{v['mean']:.3g}"
+
+            rows.append(f"| {p} | {pol} | " + " | ".join(g(n) for n in COLLAB) + " |")
+    if not rows:
+        return []
+    return ["### HACPO, SAPO and F-TIS diagnostics (per-round means, averaged over seeds)", "",
+            "| probe | policy | HACPO s < l₀ | HACPO log s | HACPO row w | SAPO groups | "
+            "SAPO dropped | F-TIS truncated | F-TIS KL | F-TIS filtered |",
+            "|---|" + "---|" * 9, *rows, ""]
 
 
 def transfer_summary(reg: dict[str, Any]) -> dict[str, list[tuple[str, str, float]]]:

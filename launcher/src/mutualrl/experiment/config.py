@@ -3,7 +3,8 @@
 An experiment is a grid: regimes x probes x seeds. Every cell is one run (its own run_id) of
 the same heterogeneous policies through the same SEE / THL / MWRA; only the probe differs
 between cells of a (regime, seed), and the seed fixes prompt order, init / warm start and
-sampling, so probes are compared on paired seeds. Pure: no network, no torch.
+sampling, so probes are compared on paired seeds. Pure: no network, no torch (the probe kinds
+come from the trainer's config schema, a leaf without either).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import Field, model_validator
 
 from mutualrl.common.config import Config, load_yaml
+from mutualrl.trainer.config.run import ProbeKind
 
-PROBES: tuple[str, ...] = ("none", "prp", "xgrpo", "sgt", "sgt-self", "oracle")
+PROBES: tuple[str, ...] = get_args(ProbeKind)
 """Probe kinds (ProbeSettings.kind)."""
 CONTROL = "none"
 ARMS: dict[str, dict[str, Any]] = {
@@ -120,9 +122,9 @@ class ExperimentConfig(Config):
     """Run ids are <run_prefix>-<regime>-<probe>-s<seed>; a unique prefix keeps experiments
     apart in one Redis (the e2e test passes one)."""
     probes: list[str] = Field(default_factory=lambda: ["none", "prp", "xgrpo", "sgt"])
-    """Arms compared: probe kinds (none, prp, xgrpo, sgt, sgt-self, oracle), the built-in arms
-    prp-seq / prp-chunk, or names defined in `arms`. `none` (plain GRPO) is the control every
-    "− none" column is paired against."""
+    """Arms compared: probe kinds (none, prp, xgrpo, sgt, sgt-self, oracle, hacpo, hacpo-naive,
+    sapo, ftis), the built-in arms prp-seq / prp-chunk, or names defined in `arms`. `none`
+    (plain GRPO) is the control every "− none" column is paired against."""
     arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named arms: ProbeSettings fields with a `kind` (e.g. `prp-none: {kind: prp,
     prp_weight_mode: none}`); they join (and may replace) the built-in ones."""

@@ -170,11 +170,28 @@ class WeightSettings(Protocol):
     prp_cap: float
 
 
-def _receiver_chunk_logp(logp: Tensor, token_chunk: Tensor, n_chunks: int) -> Tensor:
+def receiver_chunk_logp(logp: Tensor, token_chunk: Tensor, n_chunks: int) -> Tensor:
     """[M, C] sum of receiver token log-probs per chunk (padding chunk index -1 adds nothing)."""
     idx = token_chunk.clamp(min=0)
     vals = torch.where(token_chunk >= 0, logp, torch.zeros_like(logp))
     return logp.new_zeros(logp.shape[0], n_chunks).scatter_add(-1, idx, vals)
+
+
+def chunk_tables(token_chunk: list[list[int]], chunk_sender_logp: list[list[float]],
+                 like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Padded tables of the peer rows' chunks for receiver log-probs ``like`` (``[M, T]``):
+    each token's chunk index ``[M, T]`` (-1 on padding), the sender's log-prob of each chunk
+    ``[M, C]`` and which chunks are real ``[M, C]``."""
+    m_rows, t = like.shape
+    n_chunks = max(max((len(c) for c in chunk_sender_logp), default=1), 1)
+    index = torch.full((m_rows, t), -1, dtype=torch.long, device=like.device)
+    send = like.new_zeros(m_rows, n_chunks)
+    valid = torch.zeros(m_rows, n_chunks, dtype=torch.bool, device=like.device)
+    for i, (tc, sc) in enumerate(zip(token_chunk, chunk_sender_logp, strict=True)):
+        index[i, : len(tc)] = torch.tensor(tc, dtype=torch.long)
+        send[i, : len(sc)] = torch.tensor(sc, dtype=like.dtype)
+        valid[i, : len(sc)] = True
+    return index, send, valid
 
 
 def peer_weights(logp: Tensor, mask: Tensor, peers: PeerLogps, s: WeightSettings
@@ -194,16 +211,9 @@ def peer_weights(logp: Tensor, mask: Tensor, peers: PeerLogps, s: WeightSettings
         keep = w.kept.unsqueeze(-1).expand_as(mask)
     else:
         assert peers.token_chunk is not None and peers.chunk_sender_logp is not None
-        t = lp.shape[1]
-        n_chunks = max(max((len(c) for c in peers.chunk_sender_logp), default=1), 1)
-        token_chunk = torch.full((lp.shape[0], t), -1, dtype=torch.long, device=lp.device)
-        send = lp.new_zeros(lp.shape[0], n_chunks)
-        chunk_valid = torch.zeros(lp.shape[0], n_chunks, dtype=torch.bool, device=lp.device)
-        for i, (tc, sc) in enumerate(zip(peers.token_chunk, peers.chunk_sender_logp, strict=True)):
-            token_chunk[i, : len(tc)] = torch.tensor(tc, dtype=torch.long)
-            send[i, : len(sc)] = torch.tensor(sc, dtype=torch.float64)
-            chunk_valid[i, : len(sc)] = True
-        recv = _receiver_chunk_logp(lp, token_chunk, n_chunks)
+        token_chunk, send, chunk_valid = chunk_tables(peers.token_chunk,
+                                                      peers.chunk_sender_logp, lp)
+        recv = receiver_chunk_logp(lp, token_chunk, send.shape[1])
         w = apply_weight_mode(chunk_log_weight(recv, send), s.prp_weight_mode, s.prp_delta,
                               s.prp_cap)
         stats = weight_stats(w, chunk_valid)

@@ -24,7 +24,11 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         return _dry_run(args)
-    cfg = load_trainer_config(args.config)
+    try:
+        cfg = load_trainer_config(args.config)
+    except ValueError as err:  # pydantic's ValidationError too: it names the field
+        print(f"mutualrl train: config {args.config}: {err}", file=sys.stderr)
+        return 2
     if args.rounds is not None:
         cfg.grpo.rounds = args.rounds
     policy = cfg.policy(args.policy)

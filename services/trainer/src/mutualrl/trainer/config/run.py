@@ -142,16 +142,26 @@ class GRPOSettings(Config):
         return aggregation_mode(value) if isinstance(value, str) else value
 
 
+ProbeKind = Literal["none", "xgrpo", "sgt", "prp", "sgt-self", "oracle", "hacpo", "hacpo-naive",
+                    "sapo", "ftis"]
+"""The sharing probes (`ProbeSettings.kind`)."""
+
+
 class ProbeSettings(Config):
     """Which sharing probe runs on top of GRPO, and its knobs."""
 
-    kind: Literal["none", "xgrpo", "sgt", "prp", "sgt-self", "oracle"] = "none"
+    kind: ProbeKind = "none"
     """none: plain GRPO; xgrpo: pooled advantage baseline; sgt: success-gated transfer;
     prp: peer rollout pooling with importance weights. Two controls of SGT: sgt-self (the same
     lambda and the same number of NLL demonstrations per round as SGT would use, drawn from this
     policy's own verified successes of earlier rounds: SGT's supervision and compute without
     peer information) and oracle (NLL on the task's reference answer for the prompts SGT would
-    rescue: the ceiling of a perfect peer)."""
+    rescue: the ceiling of a perfect peer). The published collaborative methods
+    (docs/algorithms.md): hacpo (every peer response joins the group, capability-weighted
+    baseline, clipped sequence ratio), hacpo-naive (its ablation: the plain pooled group, no
+    capability weight), sapo (peers' whole groups as groups of their own, no importance
+    weight) and ftis (per-source groups, truncated importance weights, negative samples
+    filtered by a KL gate)."""
     tau: float = 1.0
     """Success threshold: a sample is a success when reward >= tau (SGT's gate)."""
     sgt_lambda: float = Field(0.5, ge=0)
@@ -176,6 +186,59 @@ class ProbeSettings(Config):
     sgt_self_rounds: int = Field(50, ge=1)
     """sgt-self: own verified successes of this many most recent earlier rounds are the pool
     its demonstrations are drawn from."""
+
+    # HACPO (Zhang et al., "Heterogeneous Agent Collaborative Reinforcement Learning", arXiv
+    # 2603.02604); defaults from the authors' recipe (github.com/zzx-peter/HACRL-code, branch
+    # verl-v1, recipe/hacpo). Peer rows per prompt are capped by prp_max_peer_per_prompt.
+    hacpo_window: int = Field(5, ge=1)
+    """HACPO: a policy's capability P is its mean reward over its last this many rounds
+    (§3.1, agent-capability-aware advantage estimation; the recipe's window_size 5)."""
+    hacpo_ratio_min: float = Field(0.1, gt=0)
+    """HACPO: lower clip of the capability ratios P_k / P_j (baseline) and P_j / P_k (row
+    weight) (§3.2, model capabilities discrepancy coefficient; the recipe's ratio_min)."""
+    hacpo_ratio_max: float = Field(10.0, gt=0)
+    """HACPO: upper clip of the capability ratios (the recipe's ratio_max)."""
+    hacpo_alpha: float = Field(1.0, ge=0)
+    """HACPO: exponent of the stop-gradient ratio factor sg(s)^alpha on peer rows (§3.3,
+    exponential importance sampling; the recipe's alpha)."""
+    hacpo_delta: float = Field(0.2, ge=0, le=1)
+    """HACPO: a peer row's ratio is clipped to [1 - delta + m * delta_step, 1] at the round's
+    update m (§3.4, stepwise clipping; the recipe's cross_clip_delta)."""
+    hacpo_delta_step: float = Field(0.025, ge=0)
+    """HACPO: how much the lower clip rises per update of the round (the recipe's
+    cross_clip_step)."""
+    hacpo_max_log_ratio: float = Field(10.0, gt=0)
+    """HACPO: the log of a peer row's sequence ratio is clamped to +-this before the clip (the
+    recipe's max_abs_log_ratio)."""
+    hacpo_baseline_cap: float | None = 1.0
+    """HACPO: a capability-weighted baseline above this falls back to the learner's own mean
+    reward for the prompt (the recipe's binary_baseline_guard, for rewards in [0, 1]); None:
+    no guard."""
+
+    # SAPO (Gensyn AI Team, "Sharing is Caring: Efficient LM Post-Training with Collective RL
+    # Experience Sharing", arXiv 2509.08721; github.com/gensyn-ai/rl-swarm).
+    sapo_max_groups: int | None = Field(None, ge=1)
+    """SAPO: at most this many peer groups ((peer, prompt) groups of whole completions) join a
+    round, drawn uniformly (the paper's J external rollouts per round; its best setting was 4
+    local and 4 external); None: every group."""
+    sapo_drop_zero_advantage: bool = True
+    """SAPO: leave out peer groups whose advantages are all 0 (the paper filters them)."""
+
+    # F-TIS ("F-TIS: Harnessing Diverse Models in Collaborative GRPO", arXiv 2605.22537).
+    ftis_cap: float = Field(2.0, gt=0)
+    """F-TIS: C of the truncated importance weight min(pi_theta / pi_gen, C) on a peer token
+    (per THL chunk across tokenizers)."""
+    ftis_kl_gate: float = Field(50.0, ge=0)
+    """F-TIS: g: a peer sample with a negative advantage is left out when its KL estimate
+    (docs/algorithms.md) exceeds this."""
+
+    @model_validator(mode="after")
+    def _ranges_hold(self) -> ProbeSettings:
+        if self.hacpo_ratio_min > self.hacpo_ratio_max:
+            raise ValueError(
+                f"probe.hacpo_ratio_min={self.hacpo_ratio_min:g} exceeds probe.hacpo_ratio_max="
+                f"{self.hacpo_ratio_max:g}: the capability clip needs low <= high")
+        return self
 
 
 class ExchangeSettings(Config):

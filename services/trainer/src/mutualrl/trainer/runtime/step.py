@@ -8,10 +8,13 @@ fixed before any forward pass, so summing the micro-batches' losses gives the mi
 exactly, whatever the split: token-mean denominators are global, never per micro-batch. A row
 is never split, so GSPO's sequence ratio sees all of its tokens.
 
-Rows are own samples and PRP's peer rows (the policy-gradient rows) and SGT's demonstrations.
-`logp_old`, the ratio's denominator, is the pre-update log-prob of each row (or the sampler's
-with `ratio_to_behaviour`), taken once before the first update, so the clip acts from the
-second mini-batch on. PRP's importance weights use the same pre-update log-probs.
+Rows are own samples and peer rows (PRP, HACPO, SAPO, F-TIS: the policy-gradient rows) and
+SGT's demonstrations. `logp_old`, the ratio's denominator, is the pre-update log-prob of each
+row (or the sampler's with `ratio_to_behaviour`), taken once before the first update, so the
+clip acts from the second mini-batch on. The peer method's row weights (`algos.methods`: PRP's
+importance weights, HACPO's capability ratios, F-TIS's truncated weights and KL gate) use the
+same pre-update log-probs; a method with a token loss of its own (HACPO) computes its peer rows'
+per-token values with it, own rows always with GRPO's.
 
 Data parallel (`dist`): the coefficients are the whole mini-batch's, so the ranks may split its
 rows any way: each scores a contiguous block of them, pre-update log-probs are summed over the
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor
 
 from mutualrl.trainer.algos.loss import nonzero_variance_groups, row_coefficients, token_loss
-from mutualrl.trainer.algos.prp import WeightSettings, peer_weights
+from mutualrl.trainer.algos.methods import METHODS, PeerSettings, splice
 from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
 from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, block
@@ -40,13 +43,14 @@ from mutualrl.trainer.sharing.probes.base import LossInputs, RoundData
 @dataclass(frozen=True)
 class StepSettings:
     """What the round's updates need besides the round itself, fixed for a run: the loss's
-    knobs and how rows are batched (`grpo`), PRP's weight knobs, SGT's lambda, the padding
+    knobs and how rows are batched (`grpo`), the peer methods' knobs, SGT's lambda, the padding
     token, the completion budget (`constant_length`'s constant), the data-parallel ranks and
     the compute dtype."""
 
     grpo: GRPOSettings
-    weights: WeightSettings
-    """PRP's importance-weight knobs (`ProbeSettings` has them)."""
+    weights: PeerSettings
+    """The peer methods' knobs (PRP's importance weights, HACPO, SAPO, F-TIS:
+    `ProbeSettings` has them)."""
     sgt_lambda: float
     """Weight of SGT's demonstration term (docs/design.md (7))."""
     pad_id: int
@@ -85,6 +89,11 @@ class Rows:
     """[N, T] pre-update log-probs (None: the detached current ones, one update per round)."""
     ref_logp: Tensor | None = None
     """[N, T] reference log-probs (beta > 0)."""
+    peer_method: str = "prp"
+    """The function set of `algos.methods.METHODS` the peer rows are trained with."""
+    behaviour: Tensor | None = None
+    """[N, T] the sender's log-probs as the peer method's token loss takes them (HACPO);
+    None when it has no token loss of its own."""
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -143,7 +152,8 @@ def round_rows(prompt_ids: Sequence[Sequence[int]], data: RoundData, plan: LossI
         advantages=torch.tensor(adv, dtype=torch.float64), mask=mask,
         weights=torch.ones(n, t, dtype=torch.float64),
         demo=torch.arange(n) >= n_pg, group=torch.tensor(groups, dtype=torch.long),
-        own=torch.arange(n) < len(own)), stats
+        own=torch.arange(n) < len(own),
+        peer_method=peers.method if peers is not None else "prp"), stats
 
 
 def micro_batches(rows: Rows, index: Sequence[int], budget: int) -> list[list[int]]:
@@ -216,7 +226,8 @@ def _lockstep(rows: Rows, index: Sequence[int], budget: int, dist: Dist
 def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Rows,
             data: RoundData, plan: LossInputs, st: StepSettings) -> dict[str, float]:
     """Everything fixed before the first update: logp_old (when more than one update or a
-    sampler ratio needs it), reference log-probs, PRP weights; returns the weights' stats."""
+    sampler ratio needs it), reference log-probs, the peer method's row weights; returns the
+    weights' stats."""
     grpo = st.grpo
     device = next(model.parameters()).device  # the reference's too (a LoRA base owns none)
     pg = [i for i in range(len(rows)) if not rows.demo[i]]
@@ -228,10 +239,14 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
         old = score(model, rows, pg if several else peer, st, device)
         if peer:
             assert plan.peers is not None
-            w, keep, wstats = peer_weights(old[peer], rows.mask[peer], plan.peers, st.weights)
-            rows.weights[peer] = w.to(rows.weights)
-            rows.mask[peer] = keep.to(rows.mask)
-            stats.update({f"prp_w_{k}": float(v) for k, v in wstats.items()})
+            prep = METHODS[rows.peer_method].weights(old[peer], rows.mask[peer], plan.peers,
+                                                     st.weights)
+            rows.weights[peer] = prep.weights.to(rows.weights)
+            rows.mask[peer] = prep.keep.to(rows.mask)
+            if prep.behaviour is not None:
+                rows.behaviour = torch.zeros_like(rows.mask)
+                rows.behaviour[peer] = prep.behaviour.to(rows.behaviour)
+            stats.update({k: float(v) for k, v in prep.stats.items()})
         if grpo.ratio_to_behaviour:
             for i, s in enumerate(c for row in data.samples for c in row):
                 old[i] = 0.0
@@ -242,10 +257,11 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     return stats
 
 
-def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: StepSettings
-               ) -> dict[str, float]:
+def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: StepSettings,
+               update: int = 0) -> dict[str, float]:
     """Backpropagate the loss of mini-batch `index` micro-batch by micro-batch (gradients add
-    up in .grad); returns its loss parts and the ratio statistics."""
+    up in .grad); returns its loss parts and the ratio statistics. `update`: the round's
+    optimizer step this is (0-based; HACPO's stepwise clip reads it)."""
     grpo, dist = st.grpo, st.dist
     device = next(model.parameters()).device
     idx = torch.tensor(list(index), dtype=torch.long)
@@ -263,6 +279,7 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
     with_entropy = grpo.entropy_coef != 0.0
     # The bonus is a token mean over the mini-batch's policy-gradient tokens (TRL's).
     entropy_c = grpo.entropy_coef / max(float(rows.mask[pg].sum()), 1.0) if pg else 0.0
+    peer_loss = METHODS[rows.peer_method].token_loss if rows.behaviour is not None else None
     for kind, temperature in ((pg, grpo.temperature), (demo, 1.0)):
         if not kind:  # the same on every rank: all know the mini-batch
             continue
@@ -289,8 +306,14 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
                 old = (rows.logp_old[mb, :t].to(logp) if rows.logp_old is not None
                        else logp.detach())
                 ref = rows.ref_logp[mb, :t].to(logp) if rows.ref_logp is not None else None
-                parts = token_loss(logp, old, rows.advantages[mb].to(logp), grpo, ref,
-                                   rows.weights[mb, :t].to(logp), m)
+                adv = rows.advantages[mb].to(logp)
+                weights = rows.weights[mb, :t].to(logp)
+                parts = token_loss(logp, old, adv, grpo, ref, weights, m)
+                peer_rows = ~rows.own[mb]
+                if peer_loss is not None and rows.behaviour is not None and bool(peer_rows.any()):
+                    theirs = peer_loss(logp, rows.behaviour[mb, :t].to(logp), adv, weights, m,
+                                       st.weights, update)
+                    parts = splice(parts, theirs, peer_rows.to(logp.device))
                 loss = (parts.total * m * c).sum()
                 if entropy is not None:
                     loss = loss - entropy_c * (entropy * m).sum()
@@ -332,7 +355,7 @@ def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
     for _ in range(grpo.epochs):
         for index in mini_batches(rows, grpo.mini_batches):
             optimizer.zero_grad(set_to_none=True)
-            u = accumulate(model, rows, index, st)
+            u = accumulate(model, rows, index, st, update=len(updates))
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.grad_clip)
             # A sharded model's norm is a DTensor (replicated after clipping's reduction).
             u["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor")

@@ -57,6 +57,8 @@ class PeerRollout:
     record_id: str = ""
     """SEE record id (`<policy>/<round>/<prompt>/<sample>/r`): a fixed order of the peer's
     samples, unlike the stream's delivery ids."""
+    truncated: bool = False
+    """The sender's token budget ran out (finish reason LENGTH): never a success."""
 
 
 @dataclass
@@ -66,6 +68,8 @@ class AlignedPeer:
     token_ids: list[int]
     sender_logp_sum: float
     """Sum of the sender's token log-probs over the whole text (mass conserved by THL)."""
+    sender_tokens: int = 0
+    """How many sender tokens `sender_logp_sum` covers (its EOS included when it counts)."""
     token_chunk: list[int] = field(default_factory=list)
     """Chunk index of every receiver token (chunk level only)."""
     chunk_sender_logp: list[float] = field(default_factory=list)
@@ -256,15 +260,7 @@ class PeerExchange:
         """Pooled peer reward stats per prompt (own excluded), peers' max reward per prompt,
         and whether every expected peer had published when the call returned (waits up to
         deadline). `expect`: the policies to wait for (None: every policy of the run)."""
-        left = remaining(deadline)
-        t0 = time.monotonic()
-        try:
-            resp = self.client.round_stats(
-                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
-                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-                expect_policies=list(expect or []), timeout=left + 1.0)
-        finally:
-            self.waited_s += time.monotonic() - t0
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}
         for p in resp.prompts:
@@ -276,6 +272,38 @@ class PeerExchange:
                     RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
                 best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(s.max))
         return pooled, best, bool(resp.complete)
+
+    def _round_stats(self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+                     expect: Sequence[str] | None) -> Any:
+        """SEE's reward stats of round `round_k` for `prompt_ids` as this policy sees them,
+        waiting (bounded by `deadline`, counted in `waited_s`) for the expected policies."""
+        left = remaining(deadline)
+        t0 = time.monotonic()
+        try:
+            return self.client.round_stats(
+                self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
+                wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
+                expect_policies=list(expect or []), timeout=left + 1.0)
+        finally:
+            self.waited_s += time.monotonic() - t0
+
+    def policy_stats(
+        self, round_k: int, prompt_ids: Sequence[str], deadline: float,
+        expect: Sequence[str] | None = None,
+    ) -> tuple[dict[str, RewardStats], bool]:
+        """Each peer's reward stats of round `round_k` pooled over `prompt_ids` (own excluded;
+        peers that published none are absent), and whether every expected peer had published
+        when the call returned (waits up to deadline, as `peer_stats`)."""
+        resp = self._round_stats(round_k, prompt_ids, deadline, expect)
+        per_policy: dict[str, RewardStats] = {}
+        for p in resp.prompts:
+            for ps in p.policies:
+                if ps.policy_id == self.policy:
+                    continue
+                s = ps.stats
+                per_policy[ps.policy_id] = per_policy.get(ps.policy_id, RewardStats()).merge(
+                    RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
+        return per_policy, bool(resp.complete)
 
     def peer_successes(
         self, prompt_ids: Sequence[str], min_round: int, max_per_prompt: int, deadline: float,
@@ -325,7 +353,8 @@ class PeerExchange:
                                      ta.offset_ends(d.record).tolist(), strict=True)),
                     logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
                     stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
-                    record_id=d.record.record_id)
+                    record_id=d.record.record_id,
+                    truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
                 for d in resp.deliveries
             ]
             if page:
@@ -392,14 +421,17 @@ class PeerExchange:
                 chunk_logp = ch.value.tolist()
                 send = rollouts[i].logprobs
                 send_sum = float(sum(send[:n]))
+                counted = n
                 if n < len(send) and eos is not None:
                     token_chunk.append(len(chunk_logp))
                     chunk_logp.append(float(send[n]))
                     token_ids.append(eos)
                     send_sum += float(send[n])
+                    counted += 1
                 slots[i] = AlignedPeer(
                     token_ids=token_ids,
                     sender_logp_sum=send_sum,
+                    sender_tokens=counted,
                     token_chunk=token_chunk if chunk_level else [],
                     chunk_sender_logp=chunk_logp if chunk_level else [],
                     multi_token_chunk_share=tr.residual.multi_token_chunk_share)

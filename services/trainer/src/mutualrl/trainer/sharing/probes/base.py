@@ -58,18 +58,37 @@ class RoundData:
 
 @dataclass
 class PeerRows:
-    """PRP: peer completions in the receiver's tokens joining own groups."""
+    """Peer completions in the receiver's tokens joining the policy-gradient batch (PRP, HACPO,
+    SAPO, F-TIS: `method` names whose function set of `algos.methods` trains them)."""
 
     prompt_index: list[int]
     token_ids: list[list[int]]
     advantages: Tensor
-    """[M] advantage of each peer row over own + peer rewards."""
+    """[M] advantage of each peer row (how: the method's)."""
     sender_logp_sum: Tensor
     """[M] sender's sequence log-prob (sequence-level weights)."""
     token_chunk: list[list[int]] | None = None
     """Chunk level: chunk index per receiver token."""
     chunk_sender_logp: list[list[float]] | None = None
     """Chunk level: sender log-prob per chunk."""
+    method: str = "prp"
+    """The function set of `algos.methods.METHODS` the rows are trained with."""
+    sender_tokens: Tensor | None = None
+    """[M] how many sender tokens `sender_logp_sum` covers (HACPO's sender mean)."""
+    capability: Tensor | None = None
+    """[M] HACPO: the row weight clip(P_sender / P_receiver)."""
+
+
+@dataclass
+class PeerGroup:
+    """The peer rows of one own prompt, as `algos.methods` forms advantages from them."""
+
+    rewards: Tensor
+    """[M] each row's reward."""
+    source: list[str]
+    """[M] each row's sending policy."""
+    baseline_weight: Tensor | None = None
+    """[M] HACPO: each reward's weight in the learner's baseline, clip(P_receiver / P_sender)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Probe `prp`: peer rollouts join own groups with importance weights (computed in the loss,
-where the receiver's current log-probs of the peer tokens are at hand)."""
+where the receiver's current log-probs of the peer tokens are at hand), and `RolloutProbe`, what
+every probe that trains on peers' rollouts (PRP, HACPO, SAPO, F-TIS) reads and how."""
 
 from __future__ import annotations
 
@@ -8,15 +9,24 @@ from typing import Any
 
 import torch
 
-from mutualrl.trainer.algos.prp import pooled_advantages
+from mutualrl.trainer.algos.methods import METHODS
 from mutualrl.trainer.sharing.exchange import PeerExchange, PeerRollout
-from mutualrl.trainer.sharing.probes.base import LossInputs, PeerRows, Probe, RoundData, index_of
+from mutualrl.trainer.sharing.probes.base import (
+    LossInputs,
+    PeerGroup,
+    PeerRows,
+    Probe,
+    RoundData,
+    index_of,
+)
 
 _BATCH = 4096  # peer rollouts one fetch takes
 
 
-class PRPProbe(Probe):
-    kind = "prp"
+class RolloutProbe(Probe):
+    """Reads the peers' rollouts of the round (SEE's ROLLOUT records: text, tokens, behaviour
+    log-probs, reward) and groups them by the own prompt they answer; `build` makes the loss
+    inputs of a method from them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -24,11 +34,19 @@ class PRPProbe(Probe):
         """Rollouts of rounds this policy has not reached yet (a faster peer is ahead): SEE
         hands a record out once, so they wait here for their round."""
 
+    def cap(self) -> int:
+        """At most this many rollouts of each peer join one prompt."""
+        return self.settings.prp_max_peer_per_prompt
+
+    def wait(self, data: RoundData, ex: PeerExchange, deadline: float) -> bool:
+        """Bounded wait until the peers have published this round; True when all had."""
+        return bool(ex.peer_stats(data.round, [p.id for p in data.prompts], deadline,
+                                  data.peers_now)[-1])
+
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         s = self.settings
         where = index_of(data.prompts)
-        # Bounded wait until peers have published this round, then read their rollouts.
-        _, _, complete = ex.peer_stats(data.round, list(where), deadline, data.peers_now)
+        complete = self.wait(data, ex, deadline)
         fetched = ex.peer_rollouts(
             data.round, s.max_staleness_rounds,
             max_records=_BATCH, deadline=deadline)
@@ -39,27 +57,47 @@ class PRPProbe(Probe):
                 more = ex.peer_rollouts(data.round, s.max_staleness_rounds, _BATCH, deadline)
                 pool += more
             pool.sort(key=record_order)
-        per_prompt, self.pending = group_peer_rollouts(
-            pool, where, data.round, s.prp_max_peer_per_prompt)
-        chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
-        prompt_index = [i for i in sorted(per_prompt) for _ in per_prompt[i]]
-        peer_rewards = [
-            torch.tensor([r.reward for r in per_prompt.get(i, [])], dtype=data.rewards.dtype)
-            for i in range(len(data.prompts))
-        ]
-        own_adv, peer_adv = pooled_advantages(data.rewards, peer_rewards, scale=self.scale)
-        stats = {"peer_samples": float(len(chosen)), "peers_complete": float(complete),
+        per_prompt, self.pending = group_peer_rollouts(pool, where, data.round, self.cap())
+        n = sum(map(len, per_prompt.values()))
+        stats = {"peer_samples": float(n), "peers_complete": float(complete),
                  # what arrived by now (asynchronous) or the rollouts of the rounds read
                  **({"peer_read": float(len(pool) - len(self.pending))} if self.deterministic
                     else {"peer_fetched": float(len(fetched))}),
-                 "fallback": float(not complete and not chosen)}
-        if not chosen:
-            return LossInputs(advantages=own_adv, stats=stats)
-        chunk = s.prp_level == "chunk"
+                 "fallback": float(not complete and not n)}
+        return self.build(data, ex, per_prompt, stats)
+
+    def build(self, data: RoundData, ex: PeerExchange,
+              per_prompt: dict[int, list[PeerRollout]], stats: dict[str, float]) -> LossInputs:
+        raise NotImplementedError
+
+    def advantages(self, data: RoundData, per_prompt: dict[int, list[PeerRollout]],
+                   rewards: dict[int, list[float]] | None = None,
+                   baseline: dict[int, list[float]] | None = None
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Own advantages and each prompt's peer advantages by this probe's method, from the
+        senders' rewards (or `rewards`, prompt -> one per rollout) and HACPO's `baseline`
+        weights."""
+        dtype = data.rewards.dtype
+        groups = [PeerGroup(
+            rewards=torch.tensor(
+                (rewards or {}).get(i, [r.reward for r in per_prompt.get(i, [])]), dtype=dtype),
+            source=[r.policy for r in per_prompt.get(i, [])],
+            baseline_weight=(None if baseline is None or i not in baseline
+                             else torch.tensor(baseline[i], dtype=dtype)))
+            for i in range(len(data.prompts))]
+        return METHODS[self.kind].advantages(data.rewards, groups, self.scale, self.settings)
+
+    def peer_rows(self, ex: PeerExchange, per_prompt: dict[int, list[PeerRollout]],
+                  peer_adv: list[torch.Tensor], stats: dict[str, float], chunk: bool,
+                  **extra: Any) -> PeerRows:
+        """The rollouts of `per_prompt` in this policy's tokens (THL), with their advantages
+        and the sender's log-probs per sequence (and per chunk with `chunk`), for this probe's
+        method; records THL's residual in `stats`. `extra`: further PeerRows fields."""
+        chosen, prompt_index = flatten(per_prompt)
         aligned = ex.align(chosen, chunk_level=chunk)
         stats["thl_multi_token_chunk_share"] = sum(
             a.multi_token_chunk_share for a in aligned) / len(aligned)
-        peers = PeerRows(
+        return PeerRows(
             prompt_index=prompt_index,
             token_ids=[a.token_ids for a in aligned],
             advantages=torch.cat([peer_adv[i] for i in sorted(per_prompt)]),
@@ -67,8 +105,9 @@ class PRPProbe(Probe):
                                          dtype=torch.float64),
             token_chunk=[a.token_chunk for a in aligned] if chunk else None,
             chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
-        )
-        return LossInputs(advantages=own_adv, peers=peers, stats=stats)
+            method=self.kind,
+            sender_tokens=torch.tensor([a.sender_tokens for a in aligned], dtype=torch.float64),
+            **extra)
 
     def state_dict(self) -> dict[str, Any]:
         # Plain dicts: resume state loads with torch.load(weights_only=True).
@@ -79,6 +118,25 @@ class PRPProbe(Probe):
         self.pending = [
             PeerRollout(**{**r, "offsets": [tuple(o) for o in r["offsets"]]})
             for r in state.get("pending", [])]
+
+
+class PRPProbe(RolloutProbe):
+    kind = "prp"
+
+    def build(self, data: RoundData, ex: PeerExchange,
+              per_prompt: dict[int, list[PeerRollout]], stats: dict[str, float]) -> LossInputs:
+        own_adv, peer_adv = self.advantages(data, per_prompt)
+        if not per_prompt:
+            return LossInputs(advantages=own_adv, stats=stats)
+        peers = self.peer_rows(ex, per_prompt, peer_adv, stats,
+                               chunk=self.settings.prp_level == "chunk")
+        return LossInputs(advantages=own_adv, peers=peers, stats=stats)
+
+
+def flatten(per_prompt: dict[int, list[PeerRollout]]) -> tuple[list[PeerRollout], list[int]]:
+    """The rollouts prompt by prompt (in prompt order) and the own prompt of each."""
+    chosen = [r for i in sorted(per_prompt) for r in per_prompt[i]]
+    return chosen, [i for i in sorted(per_prompt) for _ in per_prompt[i]]
 
 
 def record_order(r: PeerRollout) -> tuple[int, str, int, int, str]:

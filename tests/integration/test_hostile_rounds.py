@@ -65,6 +65,7 @@ async def test_see_rounds_stay_within_the_horizon(see: Any, run_id: str) -> None
         too_far = current + AHEAD + 1
         await _invalid(c.round_stats(run_id, too_far, ["q"]), "round")
         await _invalid(c.successes(run_id, "a", ["q"], min_round=too_far), "min_round")
+        assert await c.successes(run_id, "a", ["q"], min_round=-(2**63)) == {"q": []}
         await _invalid(c.fetch_rollouts(run_id, "a", "w", current_round=too_far),
                        "current_round")
         await _invalid(c.fetch_rollouts(run_id, "a", "w", max_round_lag=2**63 - 1),

@@ -135,7 +135,9 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
                                    context: grpc.aio.ServicerContext) -> pb.SuccessesResponse:
         with _count_refusals("GetVerifiedSuccesses"):
             requests.check_successes(request, await self.store.get_run(request.run_id))
-            await self.store.runs.check_round(request.run_id, request.min_round, "min_round")
+            if request.min_round > 0:  # (0 or below: no filter, as before)
+                await self.store.runs.check_round(request.run_id, request.min_round,
+                                                  "min_round")
             return await self.store.successes(request)
 
     @grpc_errors

@@ -126,7 +126,7 @@ async def test_delete_run_removes_exactly_that_run(stacks: tuple[Stack, Stack],
         async with AsyncThlClient(a.thl.address) as thl:
             ids = {t.tokenizer_id for t in await thl.list()}
             assert f"{run}/a" not in ids and f"{other}/a" in ids
-        async with AsyncSeeClient(a.see.address, retries=0) as see:
+        async with AsyncSeeClient(a.see.address, outage_budget=0) as see:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await see.get_run(run)
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -135,7 +135,7 @@ async def test_delete_run_removes_exactly_that_run(stacks: tuple[Stack, Stack],
         # A second delete finds nothing: NOT_FOUND from each service, 0 from the helper.
         for client_cls, srv in ((AsyncSeeClient, a.see), (AsyncThlClient, a.thl),
                                 (AsyncMwraClient, a.mwra)):
-            async with client_cls(srv.address, retries=0) as c:
+            async with client_cls(srv.address, outage_budget=0) as c:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await c.delete_run(run)
                 assert err.value.code() == grpc.StatusCode.NOT_FOUND, client_cls
@@ -155,7 +155,7 @@ async def test_thl_keeps_a_registration_another_run_or_a_pin_holds(
     a, _ = stacks
     paths = trained_tokenizers()
     r1, r2 = f"r1-{uuid.uuid4().hex[:6]}", f"r2-{uuid.uuid4().hex[:6]}"
-    async with AsyncThlClient(a.thl.address, retries=0) as thl:
+    async with AsyncThlClient(a.thl.address, outage_budget=0) as thl:
         await thl.register("shared", paths["wordpiece"], run_id=r1)
         await thl.register("shared", paths["wordpiece"], run_id=r2)
         await thl.register("pinned", paths["unigram"])

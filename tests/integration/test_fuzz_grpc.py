@@ -557,8 +557,8 @@ def _recreate(stack: Stack) -> None:
     from mutualrl.client.see import ClientOptions, SeeClient
 
     see = stack.addresses["mutualrl.v1.ExperienceExchange"]
-    delete_run(stack.run_id, see=see, token=ADMIN, retries=0)
-    with SeeClient(ClientOptions(address=see, token=ADMIN, retries=0)) as client:
+    delete_run(stack.run_id, see=see, token=ADMIN, outage_budget=0)
+    with SeeClient(ClientOptions(address=see, token=ADMIN, outage_budget=0)) as client:
         client.create_run(stack.run_id, ["p0", "p1"], 0.5)
     for method in METHODS:
         if method.name.startswith("Register") and method.full_name not in KNOWN:

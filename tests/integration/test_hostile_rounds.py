@@ -37,7 +37,7 @@ async def see(redis_url: str) -> AsyncIterator[Any]:
 
 
 def _see_client(see: Any, token: str = SECRET) -> AsyncSeeClient:
-    return AsyncSeeClient(ClientOptions(address=see.address, retries=0, token=token))
+    return AsyncSeeClient(ClientOptions(address=see.address, outage_budget=0, token=token))
 
 
 async def _invalid(call: Any, field: str) -> str:
@@ -143,7 +143,7 @@ async def mwra(redis_url: str) -> AsyncIterator[Any]:
 
 
 async def test_mwra_rounds_stay_within_the_horizon(mwra: Any, run_id: str) -> None:
-    async with AsyncMwraClient(ClientOptions(address=mwra.address, retries=0,
+    async with AsyncMwraClient(ClientOptions(address=mwra.address, outage_budget=0,
                                              token=SECRET)) as c:
         await c.register_worker(run_id, "w0", cpu_slots=4)
         await c.register_policy(run_id, "a")
@@ -175,7 +175,7 @@ async def test_mwra_rounds_stay_within_the_horizon(mwra: Any, run_id: str) -> No
                                                           for i in range(8)})
         assert (err.value.details() or "").startswith("worker.labels:")
     # A policy's token denied on another policy's 10 kB id: a bounded PERMISSION_DENIED.
-    async with AsyncMwraClient(ClientOptions(address=mwra.address, retries=0,
+    async with AsyncMwraClient(ClientOptions(address=mwra.address, outage_budget=0,
                                              token=derive_token(SECRET, "policy:a"))) as c:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.deregister_policy(run_id, "x" * 10_000)

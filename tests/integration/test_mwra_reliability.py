@@ -43,7 +43,7 @@ async def server(redis_url: str, run_id: str) -> AsyncIterator[MwraServer]:
 
 
 def _client(srv: MwraServer) -> AsyncMwraClient:
-    return AsyncMwraClient(ClientOptions(address=srv.address, timeout=20, retries=0))
+    return AsyncMwraClient(ClientOptions(address=srv.address, timeout=20, outage_budget=0))
 
 
 async def _invalid(field: str, call: Any) -> None:

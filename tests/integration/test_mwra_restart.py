@@ -52,7 +52,7 @@ def test_sigkilled_mwra_restarts_with_the_same_allocation(tmp_path: Path, redis_
         "  smoothing: 1.0\n", encoding="utf-8")
     proc, addr = _start(config)
     try:
-        with MwraClient(ClientOptions(address=addr, timeout=15, retries=2)) as c:
+        with MwraClient(ClientOptions(address=addr, timeout=15)) as c:
             c.register_worker(run_id, "gpu-node-0", cpu_slots=16, gpu_count=4, gpu_kind="H200",
                               rollout_address="10.0.0.5:30000")
             c.register_worker(run_id, "gpu-node-1", cpu_slots=16, gpu_count=4, gpu_kind="H200")
@@ -81,7 +81,7 @@ def test_sigkilled_mwra_restarts_with_the_same_allocation(tmp_path: Path, redis_
 
     proc2, addr2 = _start(config)
     try:
-        with MwraClient(ClientOptions(address=addr2, timeout=15, retries=2)) as c:
+        with MwraClient(ClientOptions(address=addr2, timeout=15)) as c:
             t0 = time.monotonic()
             after = {p: c.get_allocation(run_id, p, 1) for p in ("big", "small")}
             # same round: served from Redis at once (the new replica need not lead for that)

@@ -42,8 +42,21 @@ async def server(redis_url: str) -> AsyncIterator[MwraServer]:
 
 
 def _client(srv: MwraServer, **kw: object) -> AsyncMwraClient:
-    return AsyncMwraClient(ClientOptions(address=srv.address, timeout=10, retries=2,
+    return AsyncMwraClient(ClientOptions(address=srv.address, timeout=10,
                                          backoff_base=0.05, **kw))
+
+
+async def test_a_round_reported_again_is_folded_once(server: MwraServer, run_id: str) -> None:
+    """A client retries ReportStepCost after a lost answer, a resumed trainer redoes a round:
+    the round's first report stands, the cost average moves once per round."""
+    async with _client(server) as c:
+        await c.register_policy(run_id, "p")
+        first = await c.report_step_cost(run_id, "p", 0, 2.0, units=1)
+        again = await c.report_step_cost(run_id, "p", 0, 8.0, units=1)
+        assert (again.reports, again.smoothed_cost) == (first.reports, first.smoothed_cost) \
+            == (1, pytest.approx(2.0))
+        later = await c.report_step_cost(run_id, "p", 1, 4.0, units=1)
+        assert later.reports == 2 and later.last_round == 1
 
 
 async def test_register_report_and_balanced_rebalance_between_rounds(server: MwraServer,
@@ -414,7 +427,7 @@ async def test_unreachable_redis_is_unavailable_and_server_recovers(server: Mwra
         good = server.coordinator.store
         server.coordinator.store = MwraStore.from_url("redis://127.0.0.1:1/0", timeout=0.5)
         try:
-            no_retry = AsyncMwraClient(ClientOptions(address=server.address, retries=0))
+            no_retry = AsyncMwraClient(ClientOptions(address=server.address, outage_budget=0))
             await _expect(grpc.StatusCode.UNAVAILABLE, "redis",
                           no_retry.get_allocation(run_id, "p", 0))
             await no_retry.close()

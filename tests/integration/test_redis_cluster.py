@@ -45,7 +45,7 @@ def _rid() -> str:
 
 async def test_see_on_a_cluster(cluster: redis_servers.Cluster) -> None:
     async with running_see(make_config(cluster.url)) as see, \
-            AsyncSeeClient(ClientOptions(address=see.address, retries=0)) as c:
+            AsyncSeeClient(ClientOptions(address=see.address, outage_budget=0)) as c:
         runs = [_rid() for _ in range(4)]  # spread over the cluster's slots
         for run_id in runs:
             await c.create_run(run_id, ["a", "b"], tau=0.5)
@@ -159,7 +159,7 @@ async def test_two_replicas_share_a_run_and_survive_a_sigkill(
             f"ipv4:127.0.0.1:{port2},127.0.0.1:{port1}"]
 
     def client(i: int) -> AsyncSeeClient:
-        return AsyncSeeClient(ClientOptions(address=both[i % 2], timeout=20, retries=4,
+        return AsyncSeeClient(ClientOptions(address=both[i % 2], timeout=20,
                                             backoff_base=0.05))
 
     run_id = _rid()

@@ -53,7 +53,8 @@ async def see(redis_url: str) -> AsyncIterator[Any]:
 
 
 def _see(srv: Any, token: str) -> AsyncSeeClient:
-    return AsyncSeeClient(ClientOptions(address=srv.address, token=token, retries=0, timeout=10))
+    return AsyncSeeClient(ClientOptions(address=srv.address, token=token, outage_budget=0,
+                                        timeout=10))
 
 
 async def _code(coro: Any) -> grpc.StatusCode:
@@ -133,15 +134,15 @@ async def test_thl_and_mwra_honour_the_same_scopes(redis_url: str, run_id: str) 
     mwra = await start_mwra(MwraConfig.model_validate(common))
     read, tok_a = derive_token(SECRET, "read"), derive_token(SECRET, "policy:a")
     try:
-        async with AsyncThlClient(thl.address, token=read, retries=0) as t:
+        async with AsyncThlClient(thl.address, token=read, outage_budget=0) as t:
             assert await t.list() == []
             assert await _code(t.register("x", "/nowhere")) == DENIED
-        async with AsyncMwraClient(mwra.address, token=tok_a, retries=0) as m:
+        async with AsyncMwraClient(mwra.address, token=tok_a, outage_budget=0) as m:
             assert await _code(m.register_policy(run_id, "b")) == DENIED
             assert await _code(m.register_worker(run_id, "w0", cpu_slots=1)) == DENIED
             info = await m.register_policy(run_id, "a")
             assert info.policy_id == "a"
-        async with AsyncMwraClient(mwra.address, token=read, retries=0) as m:
+        async with AsyncMwraClient(mwra.address, token=read, outage_budget=0) as m:
             assert await _code(m.register_policy(run_id, "a")) == DENIED
             table = await m.list_allocations(run_id)
             assert table is not None
@@ -165,7 +166,7 @@ async def test_policy_token_registers_only_its_own_tokenizer(redis_url: str, run
                                     tokenizer_roots=[tempfile.gettempdir()]))
     tok_a = derive_token(SECRET, "policy:a")
     try:
-        async with AsyncThlClient(thl.address, token=tok_a, retries=0) as a:
+        async with AsyncThlClient(thl.address, token=tok_a, outage_budget=0) as a:
             info = await a.register(f"{run_id}/a", paths["char"], overwrite=True, run_id=run_id)
             assert info.tokenizer_id == f"{run_id}/a"
             for tid, run in ((f"{run_id}/b", run_id),  # another policy of the run
@@ -180,7 +181,7 @@ async def test_policy_token_registers_only_its_own_tokenizer(redis_url: str, run
                 else:
                     raise AssertionError(f"{tid} for run {run!r} was registered")
             assert [t.tokenizer_id for t in await a.list()] == [f"{run_id}/a"]
-        async with AsyncThlClient(thl.address, token=SECRET, retries=0) as admin:
+        async with AsyncThlClient(thl.address, token=SECRET, outage_budget=0) as admin:
             b = await admin.register(f"{run_id}/b", paths["char"], run_id=run_id)
             assert b.tokenizer_id == f"{run_id}/b"
     finally:

@@ -59,7 +59,7 @@ def see_sync(redis_url: str) -> Iterator[Any]:
 
 @pytest.fixture
 def c(see_sync: Any) -> Iterator[SeeClient]:
-    with SeeClient(ClientOptions(address=see_sync.address, retries=0, timeout=10)) as client:
+    with SeeClient(ClientOptions(address=see_sync.address, outage_budget=0, timeout=10)) as client:
         yield client
 
 

@@ -36,7 +36,7 @@ async def test_a_wait_longer_than_the_socket_timeout_succeeds(see: Any, run_id: 
 async def test_blocked_fetches_are_bounded_and_never_starve_publish(see: Any,
                                                                     run_id: str) -> None:
     async with AsyncSeeClient(ClientOptions(address=see.address, timeout=30,
-                                            retries=0)) as c:
+                                            outage_budget=0)) as c:
         await c.create_run(run_id, ["a", "b"])
 
         async def fetch(i: int) -> Any:

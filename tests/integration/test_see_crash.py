@@ -67,7 +67,7 @@ def _crash_and_restart(proc: subprocess.Popen[bytes], cfg: Path, port: int, rest
                        redis_url: str, run_id: str) -> None:
     acked: list[str] = []
     errors: list[grpc.StatusCode] = []
-    opts = ClientOptions(address=f"127.0.0.1:{port}", retries=0, timeout=5, token=None)
+    opts = ClientOptions(address=f"127.0.0.1:{port}", outage_budget=0, timeout=5, token=None)
     with SeeClient(opts) as c:
         c.create_run(run_id, ["a", "b"], tau=1.0)
 
@@ -122,7 +122,7 @@ def _crash_and_restart(proc: subprocess.Popen[bytes], cfg: Path, port: int, rest
                 break
             cursor = page["next_cursor"]
         assert set(acked) <= listed and len(listed) == held
-        with SeeClient(opts.model_copy(update={"retries": 3})) as c:
+        with SeeClient(opts.model_copy(update={"outage_budget": 30.0})) as c:
             assert c.run_stats(run_id).policies[0].published["ROLLOUT"] == held
             again = c.publish(run_id, [rollout("a", 0, f"p{i}", i, n_tokens=32)
                                        for i in range(20)])

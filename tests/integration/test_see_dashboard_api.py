@@ -143,7 +143,8 @@ async def test_report_metrics_refuses_bad_rows_naming_the_field(see: Any, run_id
     async with httpx.AsyncClient(base_url=see.rest_url, headers=AUTH) as h:
         assert (await h.get(f"/v1/runs/{run_id}/metrics")).json()["rows"] == []
     # Without the token: UNAUTHENTICATED.
-    async with AsyncSeeClient(ClientOptions(address=see.address, token="wrong", retries=0)) as c:
+    async with AsyncSeeClient(ClientOptions(address=see.address, token="wrong",
+                                            outage_budget=0)) as c:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.report_metrics(run_id, [metric_row("a", 0, {"x": 1.0})])
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -57,7 +57,7 @@ async def see(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
 @pytest.fixture
 async def client(see: Any) -> AsyncIterator[AsyncSeeClient]:
-    async with AsyncSeeClient(ClientOptions(address=see.address, retries=0)) as c:
+    async with AsyncSeeClient(ClientOptions(address=see.address, outage_budget=0)) as c:
         yield c
 
 
@@ -251,7 +251,7 @@ def see_process(tmp_path: Path, redis_url: str, run_id: str) -> Iterator[tuple[i
 def test_verified_successes_take_one_records_bytes_at_max_per_prompt_1(
         see_process: tuple[int, str], run_id: str) -> None:
     pid, address = see_process
-    options = ClientOptions(address=address, retries=0, timeout=120)
+    options = ClientOptions(address=address, outage_budget=0, timeout=120)
     text = "\U0001f389" * 261_000  # 1,044,000 bytes: a record just under SEE's 1 MiB
     with SeeClient(options) as see:
         see.create_run(run_id, ["a", "b", "c"], tau=0.5)

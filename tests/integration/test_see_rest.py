@@ -141,7 +141,7 @@ async def test_auth_on_grpc_and_rest(redis_url: str, run_id: str,
     async with running_see(make_config(redis_url, auth_token="s3cret")) as see:
         for token in (None, "wrong"):
             async with AsyncSeeClient(ClientOptions(address=see.address, token=token,
-                                                    retries=0)) as c:
+                                                    outage_budget=0)) as c:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await c.create_run(run_id, ["a"], tau=1.0)
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -200,7 +200,7 @@ async def test_tls_on_grpc_and_rest(redis_url: str, run_id: str, tmp_path: Path,
             assert (await c.publish(run_id, [rollout("a", 0, "p", 0)])).stored == 1
         # A plaintext client cannot talk to the TLS port.
         async with AsyncSeeClient(ClientOptions(address=f"localhost:{see.grpc.port}",
-                                                token="tok", retries=0, timeout=2)) as c:
+                                                token="tok", outage_budget=0, timeout=2)) as c:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.list_runs()
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE

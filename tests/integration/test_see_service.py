@@ -35,7 +35,7 @@ async def see(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
 @pytest.fixture
 async def client(see: Any) -> AsyncIterator[AsyncSeeClient]:
-    async with AsyncSeeClient(ClientOptions(address=see.address, timeout=10, retries=1)) as c:
+    async with AsyncSeeClient(ClientOptions(address=see.address, timeout=10)) as c:
         yield c
 
 
@@ -336,7 +336,7 @@ async def test_round_stats_pool_and_wait(client: AsyncSeeClient, run_id: str) ->
 
 
 async def test_round_stats_never_outlives_the_client_deadline(see: Any, run_id: str) -> None:
-    opts = ClientOptions(address=see.address, timeout=0.6, retries=0)
+    opts = ClientOptions(address=see.address, timeout=0.6, outage_budget=0)
     async with AsyncSeeClient(opts) as c:
         await c.create_run(run_id, ["a", "b"], tau=1.0)
         await c.publish(run_id, [stats_record("a", 0, "p0", [1.0])])
@@ -445,7 +445,7 @@ async def test_subscribe_ends_when_server_stops(redis_url: str, run_id: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
     async with running_see(make_config(redis_url)) as server:
-        c = AsyncSeeClient(ClientOptions(address=server.address, retries=0))
+        c = AsyncSeeClient(ClientOptions(address=server.address, outage_budget=0))
         await c.create_run(run_id, ["a"], tau=1.0)
         call = c.stub.Subscribe(pb.SubscribeRequest(run_id=run_id))
 
@@ -477,7 +477,7 @@ async def test_redis_down_is_unavailable_not_a_crash(monkeypatch: pytest.MonkeyP
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     async with running_see(make_config(f"redis://127.0.0.1:{dead}/0")) as see:
-        opts = ClientOptions(address=see.address, retries=0, timeout=20)
+        opts = ClientOptions(address=see.address, outage_budget=0, timeout=20)
         async with AsyncSeeClient(opts) as c:
             start = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -133,3 +133,44 @@ def test_children_started_while_grpc_is_busy_never_abort_before_exec() -> None:
                          text=True, timeout=240, env=env, check=True).stdout
     failed, _, log_tail = out.partition("RESULT ")[2].partition(" ")
     assert failed == "0", log_tail
+
+
+def test_a_trainer_that_refuses_its_config_ends_up_with_2_unrestarted(tmp_path: Path) -> None:
+    """A trainer exits 2 (bad input it found before round 0): `up` restarts it no matter its
+    restart policy, and ends with 2; the message's bracketed names reach the console as they
+    are, and no status table stands after it. A trainer that crashes (1) is restarted."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED
+    from mutualrl.launch.supervisor import Restart, StopSignals
+    from mutualrl.launch.up import LaunchPlan, UpConfig, _watch
+
+    def plan_with(code: int) -> tuple[LaunchPlan, Supervisor, Console, int]:
+        plan = LaunchPlan(run_dir=tmp_path, config_path=tmp_path / "run.yaml", up=UpConfig(),
+                          run_id="r", policies=["a"], metrics_files={"a": tmp_path / "m.jsonl"},
+                          rounds=3)
+        sup = Supervisor(log=lambda m: None)
+        argv = [sys.executable, "-c", "import sys; print('mutualrl train: policies[a]: "
+                f"task.rewards[states_number].fn: cannot import', file=sys.stderr); "
+                f"sys.exit({code})"]
+        sup.start(ProcessSpec(name="trainer-a", argv=argv, log_path=tmp_path / f"{code}.log",
+                              restart=Restart.ON_FAILURE, max_restarts=1, finishes=True))
+        console = Console(record=True, width=200, force_terminal=False)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with Live("table", console=console, transient=True) as live:
+                got = _watch(plan, sup, StopSignals(), console, live, 1, set())
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        return plan, sup, console, got
+
+    _, sup, console, got = plan_with(2)
+    text = console.export_text()
+    assert got == EXIT_CONFIG and sup.children["trainer-a"].restarts == 0
+    assert "policies[a]: task.rewards[states_number].fn: cannot import" in text, text
+    assert "restarting" not in text
+    _, sup, console, got = plan_with(1)
+    assert got == EXIT_FAILED and sup.children["trainer-a"].restarts == 1
+    assert "restarting trainer-a (1/1)" in console.export_text()

@@ -145,7 +145,7 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
             assert (err.details() or "").split(":")[0].split("[")[0] in fields, err.details()
             return None
 
-    opts = ClientOptions(address=address, retries=0, timeout=60)
+    opts = ClientOptions(address=address, outage_budget=0, timeout=60)
     async with AsyncThlClient(opts) as c:
         await c.register("bpe", str(root / "byte_bpe"))
         await c.register("wp", str(root / "wordpiece"))

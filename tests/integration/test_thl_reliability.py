@@ -60,7 +60,7 @@ async def server(redis_url: str, run_id: str, root: Path) -> AsyncIterator[ThlSe
 
 
 def _client(srv: ThlServer) -> AsyncThlClient:
-    return AsyncThlClient(ClientOptions(address=srv.address, retries=0, timeout=60))
+    return AsyncThlClient(ClientOptions(address=srv.address, outage_budget=0, timeout=60))
 
 
 async def _error(call: object) -> grpc.aio.AioRpcError:

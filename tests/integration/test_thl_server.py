@@ -174,7 +174,7 @@ async def test_auth_health_reflection_and_metrics(redis_url: str, run_id: str,
     try:
         for token in (None, "wrong"):
             async with AsyncThlClient(ClientOptions(address=srv.address, token=token or "",
-                                                    retries=0)) as thl:
+                                                    outage_budget=0)) as thl:
                 await _expect(grpc.StatusCode.UNAUTHENTICATED, "bearer token", thl.list())
         async with AsyncThlClient(ClientOptions(address=srv.address, token="s3cret")) as thl:
             assert [i.tokenizer_id for i in await thl.list()] == ["byte_bpe"]
@@ -257,7 +257,7 @@ def test_thl_serve_command(tmp_path: Path, paths: dict[str, str]) -> None:
         infos = None
         while time.monotonic() < deadline and infos is None:
             try:
-                with ThlClient(ClientOptions(address=f"127.0.0.1:{port}", retries=0,
+                with ThlClient(ClientOptions(address=f"127.0.0.1:{port}", outage_budget=0,
                                              timeout=2)) as thl:
                     infos = thl.list()
             except grpc.RpcError:
@@ -270,7 +270,7 @@ def test_thl_serve_command(tmp_path: Path, paths: dict[str, str]) -> None:
                               "--id", "wp", "--path", paths["wordpiece"], "--run-id", "r1"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        with ThlClient(f"127.0.0.1:{port}", retries=0) as thl:
+        with ThlClient(f"127.0.0.1:{port}", outage_budget=0) as thl:
             assert [i.tokenizer_id for i in thl.list()] == ["char", "wp"]
             assert thl.delete_run("r1") == 1
             assert [i.tokenizer_id for i in thl.list()] == ["char"]  # the pinned one stays
@@ -299,7 +299,7 @@ async def test_redis_down_is_unavailable_not_internal(paths: dict[str, str]) -> 
     srv = await start_thl(ThlConfig(port=0, metrics_port=None, redis_url=dead,
                                     tokenizer_roots=TOKENIZER_ROOTS))
     try:
-        async with AsyncThlClient(ClientOptions(address=srv.address, retries=0)) as thl:
+        async with AsyncThlClient(ClientOptions(address=srv.address, outage_budget=0)) as thl:
             await _expect(grpc.StatusCode.UNAVAILABLE, "redis", thl.register("a",
                                                                              paths["char"]))
             await _expect(grpc.StatusCode.UNAVAILABLE, "redis", thl.list())

@@ -25,9 +25,9 @@ def test_sync_clients_share_one_constructor(cls: type[Client], default: str) -> 
         assert c.options.address == default and c.stub is not None
     with cls("h:1", token="t", timeout=2.5) as c:
         assert (c.options.address, c.options.token, c.options.timeout) == ("h:1", "t", 2.5)
-    base = ClientOptions(address="h:2", retries=0, backoff_max=1.5)
+    base = ClientOptions(address="h:2", outage_budget=0, backoff_max=1.5)
     with cls(base, address="h:3", timeout=9) as c:
-        assert (c.options.address, c.options.retries, c.options.timeout) == ("h:3", 0, 9)
+        assert (c.options.address, c.options.outage_budget, c.options.timeout) == ("h:3", 0, 9)
         assert c.options.backoff_max == 1.5
     with cls(address="h:4") as c:
         assert c.options.address == "h:4"
@@ -43,7 +43,7 @@ def test_sync_clients_share_one_constructor(cls: type[Client], default: str) -> 
 async def test_async_clients_share_one_constructor(cls: type[AsyncClient], default: str) -> None:
     async with cls() as c:
         assert c.options.address == default and c.stub is not None
-    async with cls("h:1", retries=3) as c:
-        assert (c.options.address, c.options.retries) == ("h:1", 3)
+    async with cls("h:1", outage_budget=3) as c:
+        assert (c.options.address, c.options.outage_budget) == ("h:1", 3)
     async with cls(ClientOptions(address="h:2"), token="x") as c:
         assert (c.options.address, c.options.token) == ("h:2", "x")

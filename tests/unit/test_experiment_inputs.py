@@ -80,7 +80,13 @@ def test_trains_evaluates_and_resumes_at_its_epoch_position(base: dict[str, Any]
      r"task.rewards\[score\].fn: cannot import 'no_such_rewards_module'"),
     ({"rewards": [{"fn": "REWARDS:one_value"}]}, {},
      r"task.rewards\[one_value\]: returned 1 values for 2 completions"),
-    ({}, {"chat_template": "TEMPLATE"}, r"policies\[llama\]: the chat template does not render"),
+    ({"system": "Answer with the sum. " * 12}, {},
+     r"policies\[llama\]: problem '.*' renders to \d+ tokens, which with task.max_new_tokens 4 "
+     r"makes \d+, past the model's context of 256 tokens \(max_position_embeddings in "
+     r".*llama/config.json\)"),
+    ({}, {"chat_template": "TEMPLATE"},
+     r"policies\[llama\]: the chat template \(policies\[llama\].chat_template .*t\.jinja\) "
+     r"does not render"),
 ])
 def test_bad_input_stops_before_round_0_naming_the_field(
         base: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -101,3 +107,18 @@ def test_bad_input_stops_before_round_0_naming_the_field(
 
     assert re.search(message, capsys.readouterr().err), message
     assert not (tmp_path / "runs" / "exp" / "llama" / "metrics.jsonl").exists()
+
+
+def test_a_restart_without_a_checkpoint_logs_each_round_once(base: dict[str, Any],
+                                                             tmp_path: Path) -> None:
+    """A trainer restarted with `--resume` and no checkpoint to resume from (it died before
+    its first) runs from round 0 again: metrics.jsonl holds each round once."""
+    import shutil
+
+    path = _write(tmp_path, base)
+    assert main(["train", "-c", str(path), "--policy", "llama", "--rounds", "1"]) == 0
+    run = tmp_path / "runs" / "exp" / "llama"
+    shutil.rmtree(run / "checkpoints")
+    assert main(["train", "-c", str(path), "--policy", "llama", "--resume"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]

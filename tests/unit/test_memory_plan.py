@@ -75,6 +75,32 @@ def test_plan_exact_numbers_hf_engine(llama_dir: Path) -> None:
     assert ref.train_peak == p.train_peak + 552_192
 
 
+def test_the_micro_batch_is_what_a_round_fills(llama_dir: Path) -> None:
+    """A 16,384-token budget over a round of 8 rows of 32 tokens holds 256 tokens, not 16,384;
+    the rows of one step are its mini-batch's on one rank, and the logit chunk at most the
+    micro-batch's completion tokens."""
+    shape = model_shape(llama_dir)
+    full = plan(shape, _inputs(), 1 << 40)
+    roomy = plan(shape, _inputs(micro_batch_tokens=16_384), 1 << 40)
+    assert roomy.items["activations"] == full.items["activations"]  # 8 x 32 either way
+    x = _inputs(micro_batch_tokens=16_384, rows=64, train_rows=20, max_new_tokens=2)
+    assert (x.micro_rows(), x.micro_tokens(), x.logit_tokens()) == (20, 640, 40)
+    assert plan(shape, x, 1 << 40).items["activations"] == 1088 * 640 * 4 * 2
+    assert plan(shape, x, 1 << 40).items["logit_chunk"] == 40 * 1000 * 12
+    # A budget below one row: refused, naming the field.
+    tight = plan(shape, _inputs(micro_batch_tokens=31), 1 << 40)
+    assert not tight.fits and "grpo.micro_batch_tokens=31 cannot hold one row" in \
+        tight.problems[0]
+
+
+def test_a_cpu_plan_counts_the_process_itself(llama_dir: Path) -> None:
+    shape = model_shape(llama_dir)
+    base = plan(shape, _inputs(), 1 << 40)
+    cpu = plan(shape, _inputs(runtime_bytes=500 << 20), 1 << 40)
+    assert cpu.items["runtime"] == 500 << 20 and "runtime" not in base.items
+    assert cpu.train_peak - base.train_peak == cpu.rollout_peak - base.rollout_peak == 500 << 20
+
+
 def test_plan_of_one_rank_of_a_data_parallel_policy(llama_dir: Path) -> None:
     one = plan(model_shape(llama_dir), _inputs(), 1 << 40)
     two = plan(model_shape(llama_dir), _inputs(nproc=2), 1 << 40)
@@ -104,22 +130,24 @@ def test_plan_exact_numbers_sglang(llama_dir: Path) -> None:
 
 def test_plan_refuses_and_names_the_fields(llama_dir: Path) -> None:
     shape = model_shape(llama_dir)
-    big = plan(shape, _inputs(micro_batch_tokens=4_000_000, engine="sglang",
+    big = plan(shape, _inputs(micro_batch_tokens=4_000_000, rows=125_000, engine="sglang",
                               release_memory=False), 8 * GIB)
     assert not big.fits
     assert "grpo.micro_batch_tokens" in big.problems[0]
     assert "grpo.activation_checkpointing: true" in big.problems[0]
     assert "policies[].sglang.release_memory: true" in big.problems[0]
     starved = plan(shape, _inputs(engine="sglang", seq_tokens=10_000_000,
-                                  mem_fraction_static=0.01), 8 * GIB)
+                                  micro_batch_tokens=10_000_000, mem_fraction_static=0.01),
+                   8 * GIB)
     assert "policies[].sglang.mem_fraction_static" in starved.problems[0]
 
 
-def _run_yaml(tmp: Path, llama_dir: Path, micro: int = 256, **policy: object) -> Path:
+def _run_yaml(tmp: Path, llama_dir: Path, micro: int = 256, prompts: int = 4,
+              **policy: object) -> Path:
     path = tmp / f"run-{micro}-{len(policy)}.yaml"
     path.write_text(yaml.safe_dump({"trainer": {
         "output_dir": str(tmp / "runs"),
-        "grpo": {"group_size": 2, "prompts_per_round": 4, "max_new_tokens": 16,
+        "grpo": {"group_size": 2, "prompts_per_round": prompts, "max_new_tokens": 16,
                  "micro_batch_tokens": micro, "logit_chunk_tokens": 64},
         "policies": [{"name": "A", "model_path": str(llama_dir), **policy}]}}))
     return path
@@ -137,30 +165,37 @@ def test_dry_run_command(tmp_path: Path, llama_dir: Path,
         assert item in out
     assert "8 of 8 rollouts of 32 tokens" in out
 
-    huge = _run_yaml(tmp_path, llama_dir, micro=4_000_000)  # 34.8 GB of activations
+    # 200,000 rows of 528 tokens (no tokenizer here: the 512-token prompt allowance): a
+    # 4,000,000-token micro-batch is 34.8 GB of activations.
+    huge = _run_yaml(tmp_path, llama_dir, micro=4_000_000, prompts=100_000)
     assert main(["train", "-c", str(huge), "--dry-run", "--device-memory-gb", "16"]) == 2
-    err = capsys.readouterr().err
-    assert "policy A does not fit" in err and "grpo.micro_batch_tokens" in err
+    captured = capsys.readouterr()
+    assert "policy A does not fit" in captured.err and "grpo.micro_batch_tokens" in captured.err
+    assert "prompt allowance 512 tokens (the problems could not be rendered here" in \
+        captured.out
 
     gpu = _run_yaml(tmp_path, llama_dir, device="cuda:0", rollout_engine="sglang")
     import torch
 
     if not torch.cuda.is_available():
-        assert main(["train", "-c", str(gpu), "--dry-run"]) == 2
+        assert main(["train", "-c", str(gpu), "--dry-run", "--prompt-tokens", "16"]) == 2
         assert "--device-memory-gb" in capsys.readouterr().err
-    assert main(["train", "-c", str(gpu), "--dry-run", "--device-memory-gb", "80"]) == 0
+    assert main(["train", "-c", str(gpu), "--dry-run", "--device-memory-gb", "80",
+                 "--prompt-tokens", "16"]) == 0
     assert "SGLang pool" in capsys.readouterr().out
 
     # vLLM on a CUDA device: its share of the GPU; on a CPU: the explicit KV size plus its
     # copy of the weights (bf16 under mixed precision).
     vgpu = _run_yaml(tmp_path, llama_dir, device="cuda:0", rollout_engine="vllm",
                      compute_dtype="bfloat16", vllm={"gpu_memory_utilization": 0.4})
-    assert main(["train", "-c", str(vgpu), "--dry-run", "--device-memory-gb", "80"]) == 0
+    assert main(["train", "-c", str(vgpu), "--dry-run", "--device-memory-gb", "80",
+                 "--prompt-tokens", "16"]) == 0
     out = capsys.readouterr().out
     assert "vLLM pool" in out and "gpu_memory_utilization 0.4" in out
     assert "its weights in 16-bit" in out and "x 4 B (float32 master)" in out
     vcpu = _run_yaml(tmp_path, llama_dir, rollout_engine="vllm", vllm={"kv_cache_gib": 0.5})
-    assert main(["train", "-c", str(vcpu), "--dry-run", "--device-memory-gb", "4"]) == 0
+    assert main(["train", "-c", str(vcpu), "--dry-run", "--device-memory-gb", "4",
+                 "--prompt-tokens", "16"]) == 0
     out = capsys.readouterr().out
     pool_gib = (0.5 * GIB + PARAMS * 4) / GIB
     assert f"{pool_gib:.2f} GiB  explicit KV size" in out

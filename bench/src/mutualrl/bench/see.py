@@ -71,7 +71,7 @@ def _writer(side: str, worker: int, n: int, batch: int, tokens: int, target: str
 
         from mutualrl.common.channel import ClientOptions
 
-        opts = ClientOptions(address=target, retries=3)
+        opts = ClientOptions(address=target)
         channel = grpc.insecure_channel(target)
         # Requests assembled from the serialized payloads up front: the client cost measured
         # is the call, as the raw side's is the pipeline execution.

@@ -76,7 +76,7 @@ def thl_process(root: Path, **limits: Any) -> Iterator[tuple[int, str]]:
 
 
 def _client(address: str) -> AsyncThlClient:
-    return AsyncThlClient(ClientOptions(address=address, retries=0, timeout=600))
+    return AsyncThlClient(ClientOptions(address=address, outage_budget=0, timeout=600))
 
 
 async def _scenario(root: Path, kind: str, at_once: int) -> dict[str, Any]:

@@ -68,12 +68,14 @@ def register(commands: Commands) -> None:
                    help="Experiment YAML (configs/probe-comparison.yaml).")
     p.add_argument("--out", help="Output directory (required except with --dry-run).")
     p.add_argument("--dry-run", action="store_true",
-                   help="Print every regime's per-policy memory plan (model configs only) and "
-                        "exit; exit 2 when a policy does not fit its device.")
+                   help="Print every regime's per-policy memory plan (model configs and the "
+                        "rendered problems; no weights) and exit; exit 2 when a policy does not "
+                        "fit its device.")
     p.add_argument("--device-memory-gb", type=float, default=None,
                    help="Device size for --dry-run in GiB (default: the CUDA device's).")
-    p.add_argument("--prompt-tokens", type=int, default=512,
-                   help="Prompt length allowance per rollout for --dry-run's KV cache.")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="Prompt length per rollout for --dry-run (default: each policy's "
+                        "longest rendered prompt of the task and benchmarks).")
     p.add_argument("--quick", action="store_true",
                    help="Merge the config's `experiment.quick` overrides (a reduced grid).")
     p.add_argument("--seeds", help="Comma-separated seeds (overrides the config).")

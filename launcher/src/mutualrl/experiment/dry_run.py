@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from mutualrl.experiment.config import ExperimentConfig
 from mutualrl.experiment.plan import build_plan, fmt_duration, run_trainer_section
 
 
 def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | None,
-            prompt_tokens: int, out: Path) -> int:
+            prompt_tokens: int | None, out: Path) -> int:
     """Print each regime's plans; 2 when a policy does not fit (the message names the fields),
     0 otherwise. Runs of a regime differ only in probe and seed, which the plan does not read."""
     from mutualrl.trainer.cli.dry_run import memory_plans
@@ -34,14 +35,14 @@ def dry_run(cfg: ExperimentConfig, console: Console, device_memory_gb: float | N
         try:
             plans = memory_plans(tcfg, None, device_memory_gb, prompt_tokens,
                                  cache_dir=out / "runs" / "presets")
-        except (ValueError, FileNotFoundError) as e:
-            console.print(f"[red]regime {regime}: {e}[/]")
+        except (ValueError, OSError) as e:
+            console.print(f"[red]regime {escape(regime)}: {escape(str(e))}[/]")
             return 2
         print(f"regime {regime}:")
         for p in plans:
             print(p.text)  # plain: aligned columns, no wrapping
             if not p.plan.fits:
                 failed = True
-                console.print(f"[red]regime {regime}, policy {p.policy} does not fit: "
-                              + "; ".join(p.plan.problems) + "[/]")
+                console.print(f"[red]regime {escape(regime)}, policy {escape(p.policy)} does "
+                              "not fit: " + escape("; ".join(p.plan.problems)) + "[/]")
     return 2 if failed else 0

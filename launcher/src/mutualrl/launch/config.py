@@ -16,7 +16,12 @@ class UpConfig(Config):
     """A service or trainer that dies: stop the run (never) or start it again (on-failure,
     trainers resume from their latest checkpoint)."""
     max_restarts: int = Field(2, ge=0)
-    """Restarts allowed per process with `on-failure` before the run stops."""
+    """Restarts allowed per trainer with `on-failure` before the run stops (each resumes from
+    its latest checkpoint); also per service unless `service_restarts` is set."""
+    service_restarts: int | None = Field(None, ge=0)
+    """Restarts allowed per service (SEE, THL, MWRA) with `on-failure` before the run stops;
+    None: `max_restarts`. A service keeps its state in Redis, so its restart costs the trainers
+    a delay within their outage budget (`trainer.services.outage_budget_s`), not a restart."""
     health_timeout: float = Field(120.0, gt=0)
     """Seconds a service gets to report SERVING after it starts."""
     stop_grace: float = Field(60.0, gt=0)

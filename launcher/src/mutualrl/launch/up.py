@@ -1,8 +1,14 @@
 """`mutualrl up -c run.yaml`: Redis, SEE (gRPC + REST), THL, MWRA and one trainer per policy as
 supervised local processes, with a live status table and a results table and plot at the end.
 
-Exit codes: 0 every trainer finished; 1 a process failed; 2 bad config or missing Redis;
-130 stopped by SIGINT/SIGTERM (cleanly: trainers checkpoint first)."""
+Before anything starts, the run file is checked as the trainers will check it before round 0
+(`mutualrl.trainer.runtime.preflight`: dataset, columns, reward functions, chat templates, context
+lengths), and a run directory with state is resumed (`mutualrl.launch.resume`).
+
+Exit codes: 0 every trainer finished; 1 a process failed; 2 bad config (found here, or by a
+trainer before round 0, which exits 2), a run that cannot be resumed as configured, or missing
+Redis; 130 stopped by SIGINT/SIGTERM (cleanly: trainers checkpoint first). Names in messages
+are printed as they are (a rich console would take `policies[a]` for markup)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from rich.markup import escape
 
 from mutualrl.common.config import load_yaml
 from mutualrl.launch.config import UpConfig
@@ -26,6 +33,15 @@ from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTE
 from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
 from mutualrl.launch.probes import free_port, grpc_serving, http_ok
 from mutualrl.launch.report import final_report, status_table
+from mutualrl.launch.resume import (
+    PriorRun,
+    ResumeRefused,
+    check_resumable,
+    missing_rounds,
+    prior_run,
+    running_up,
+    wipe,
+)
 from mutualrl.launch.supervisor import (
     ChildFailed,
     ProcessSpec,
@@ -37,6 +53,7 @@ from mutualrl.launch.supervisor import (
 
 if TYPE_CHECKING:
     from mutualrl.client.mwra import MwraClient
+    from mutualrl.trainer.runtime.preflight import PromptBudget
 
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
@@ -59,6 +76,10 @@ class LaunchPlan:
     endpoints: dict[str, str] = field(default_factory=dict)
     specs: list[ProcessSpec] = field(default_factory=list)
     warm_start: list[ProcessSpec] = field(default_factory=list)
+    prior: PriorRun | None = None
+    """The state an earlier `up` left, which this one resumes (None: a new run)."""
+    fresh: bool = False
+    """`--fresh`: the run is deleted in the services before the trainers start."""
 
 
 def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_restarts: int,
@@ -190,8 +211,9 @@ def make_launch_plan(config: Path, redis_url: str | None,
         "thl": grpc_serving(plan.endpoints["thl_grpc"]),
         "mwra": grpc_serving(plan.endpoints["mwra_grpc"]),
     }
+    service_restarts = up.max_restarts if up.service_restarts is None else up.service_restarts
     for name, check in checks.items():
-        spec = _service(name, run_dir, check, restart, up.max_restarts, eff_path)
+        spec = _service(name, run_dir, check, restart, service_restarts, eff_path)
         spec.env.update(env)
         plan.specs.append(spec)
     for name in plan.policies:
@@ -216,19 +238,80 @@ def trainer_env(secret: str | None, policy: str | None) -> dict[str, str]:
     return {"MUTUALRL_AUTH_TOKEN": derive_token(secret, POLICY_SCOPE + policy) if policy else ""}
 
 
-def run_up(config: Path, console: Any) -> int:
+def prior_state(config: Path, fresh: bool, console: Any) -> tuple[PriorRun | None, bool]:
+    """What an earlier `up` left of the run: (its state to resume, None for a new run;
+    whether every policy has trained all its rounds already). `fresh` deletes it first."""
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    raw = load_yaml(config)
+    cfg = TrainerConfig.model_validate(raw.get("trainer") or {})
+    warm = UpConfig.model_validate(raw.get("up") or {}).warm_start
+    run_dir = (cfg.output_dir / cfg.run_id).resolve()
+    pid = running_up(run_dir)
+    if pid is not None:
+        raise ResumeRefused(f"run {cfg.run_id} in {run_dir} is running (process {pid}, "
+                            "started by another `mutualrl up`); stop that one first")
+    if fresh:
+        removed = wipe(run_dir)
+        if removed:
+            console.print(f"--fresh: deleted {', '.join(removed)} of run {cfg.run_id} in "
+                          f"{run_dir}", markup=False)
+        return None, False
+    prior = prior_run(cfg, run_dir)
+    if not prior.resumes:
+        return None, False
+    check_resumable(run_dir / "run.yaml", cfg, config, warm_started=set(warm))
+    finished = all(prior.rounds[p.name] >= cfg.for_policy(p.name).grpo.rounds
+                   for p in cfg.policies)
+    return prior, finished
+
+
+def check_run_inputs(config: Path) -> list[PromptBudget]:
+    """The trainers' checks before round 0, made before anything starts
+    (`mutualrl.trainer.runtime.preflight`): the task's table, columns and reward functions, each
+    policy's chat template and context length. Raises a ValueError naming the field."""
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.preflight import check_inputs
+
+    return check_inputs(TrainerConfig.model_validate(load_yaml(config).get("trainer") or {}))
+
+
+def run_up(config: Path, console: Any, fresh: bool = False) -> int:
     token = os.environ.get("MUTUALRL_AUTH_TOKEN") or None
     try:
+        prior, finished = prior_state(config, fresh, console)
+        if finished:
+            assert prior is not None
+            console.print(
+                f"every policy of {config} has trained its rounds already "
+                f"({prior.describe()}): raise trainer.grpo.rounds to train on, or start "
+                f"again from round 0 with `mutualrl up -c {config} --fresh`", markup=False)
+            return EXIT_OK
+        for budget in check_run_inputs(config):
+            console.print(f"inputs {budget.describe()}", markup=False, highlight=False)
         plan, pre = make_launch_plan(config, os.environ.get("REDIS_URL") or None, token)
     except RedisMissing as err:
-        console.print(f"[red]{err}[/]")
+        console.print(f"[red]{escape(str(err))}[/]")
         return EXIT_CONFIG
-    except (ValueError, OSError) as err:
-        console.print(f"[red]config {config}: {err}[/]")
+    except ResumeRefused as err:
+        console.print(f"[red]{escape(str(err))}[/]")
         return EXIT_CONFIG
+    except (ValueError, OSError) as err:  # the input errors are ValueErrors naming the field
+        console.print(f"[red]config {escape(str(config))}: {escape(str(err))}[/]")
+        return EXIT_CONFIG
+    plan.prior = prior
+    if prior is not None:
+        for spec in plan.specs:
+            if spec.finishes and "--resume" not in spec.argv:
+                spec.argv.append("--resume")
+    plan.fresh = fresh
     signals = StopSignals()
-    sup = Supervisor(log=lambda m: console.print(f"[yellow]{m}[/]"))
-    console.print(f"run [bold]{plan.run_id}[/] in {plan.run_dir}  (logs: {plan.run_dir}/logs)")
+    sup = Supervisor(log=lambda m: console.print(f"[yellow]{escape(m)}[/]"))
+    console.print(f"run [bold]{escape(plan.run_id)}[/] in {escape(str(plan.run_dir))}  "
+                  f"(logs: {escape(str(plan.run_dir))}/logs)")
+    if prior is not None:
+        console.print(f"resuming run {plan.run_id}: {prior.describe()} (to round "
+                      f"{plan.rounds}); `--fresh` starts it again from round 0", markup=False)
     try:
         code = _supervise(plan, pre, sup, signals, console)
     finally:
@@ -268,20 +351,46 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
         for spec in services:
             sup.wait_healthy(spec.name, plan.up.health_timeout)
     except ChildFailed as err:
-        console.print(f"[red]{err}[/]\n{err.log_tail}")
+        console.print(f"[red]{escape(str(err))}[/]")
+        console.print(err.log_tail, markup=False, highlight=False)
         return EXIT_FAILED
     import grpc
 
     try:
+        if plan.fresh:
+            from mutualrl.client.runs import delete_run
+
+            delete_run(plan.run_id, see=plan.endpoints["see_grpc"],
+                       thl=plan.endpoints["thl_grpc"], mwra=plan.endpoints["mwra_grpc"],
+                       token=plan.secret)
         if plan.secret:  # trainers get policy tokens, which may not create the run
             create_run(plan.endpoints["see_grpc"], load_yaml(plan.config_path)["trainer"],
                        plan.secret)
     except grpc.RpcError as err:
-        console.print(f"[red]creating run {plan.run_id} in SEE failed: {err.code().name}: "
-                      f"{err.details()}[/]")
+        console.print(f"[red]preparing run {escape(plan.run_id)} in the services failed: "
+                      f"{err.code().name}: {escape(err.details() or '')}[/]")
         return EXIT_FAILED
+    if plan.prior is not None and _deterministic(plan):
+        missing = missing_rounds(plan.endpoints["see_rest"], plan.run_id, plan.prior,
+                                 plan.secret)
+        if missing:
+            console.print(
+                f"[red]cannot resume run {escape(plan.run_id)}: SEE holds no records of "
+                f"{escape(', '.join(missing))} (its Redis was reset, or retention trimmed "
+                "them); in the deterministic exchange the resumed trainers would wait for "
+                "peer rounds that are never published again. Start it again from round 0 "
+                f"with `mutualrl up -c {escape(str(plan.config_path))} --fresh`[/]")
+            return EXIT_CONFIG
     with _local_worker(plan):
         return _train(plan, sup, signals, console)
+
+
+def _deterministic(plan: LaunchPlan) -> bool:
+    """The run exchanges in the deterministic mode (its trainers wait for peer rounds)."""
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    trainer = TrainerConfig.model_validate(load_yaml(plan.config_path)["trainer"])
+    return trainer.exchange.mode == "deterministic"
 
 
 def create_run(see: str, trainer: dict[str, Any], secret: str | None = None) -> None:
@@ -346,36 +455,58 @@ def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
         sup.start(spec)
     _write_state(plan, sup)
     done: set[str] = set()
+    # Transient: the table gives way to what ended the run (an error, the results), instead
+    # of standing after it with stale states.
     with Live(status_table(plan, done), console=console, refresh_per_second=2,
-              transient=False) as live:
-        while len(done) < len(trainers):
-            if signals.received is not None:
-                live.update(status_table(plan, done))
-                console.print(f"[yellow]{signal.Signals(signals.received).name}: stopping "
-                              "(trainers checkpoint first)[/]")
-                return EXIT_INTERRUPTED
-            for child, code in sup.poll():
-                name = child.spec.name
-                if child.spec.finishes and code == 0:
-                    done.add(name)
-                    continue
-                console.print(f"[red]{name} exited with code {code}[/]; last log lines:\n"
-                              f"{tail(child.spec.log_path)}")
-                if child.spec.restart is Restart.ON_FAILURE and \
-                        child.restarts < child.spec.max_restarts:
-                    console.print(f"[yellow]restarting {name} "
-                                  f"({child.restarts + 1}/{child.spec.max_restarts})[/]")
-                    sup.restart(child)
-                    _write_state(plan, sup)
-                    continue
-                return EXIT_FAILED
-            live.update(status_table(plan, done))
-            time.sleep(plan.up.status_every)
+              transient=True) as live:
+        code = _watch(plan, sup, signals, console, live, len(trainers), done)
+    if code == EXIT_INTERRUPTED:
+        console.print(status_table(plan, done))
+        console.print(f"[yellow]{signal.Signals(signals.received or 2).name}: stopping "
+                      "(trainers checkpoint first)[/]")
+    if code != EXIT_OK:
+        return code
+    console.print(status_table(plan, done))
     final_report(plan, console)
     if plan.up.serve_after:
         console.print("trainers finished; services stay up until Ctrl-C")
         while signals.received is None:
             time.sleep(0.5)
+    return EXIT_OK
+
+
+def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any, live: Any,
+           trainers: int, done: set[str]) -> int:
+    """Refresh the status table until every trainer finished (EXIT_OK), a signal came
+    (EXIT_INTERRUPTED), or a process failed past its restarts (EXIT_FAILED; a trainer that
+    exits 2 found its config wrong: EXIT_CONFIG, never restarted)."""
+    while len(done) < trainers:
+        if signals.received is not None:
+            return EXIT_INTERRUPTED
+        for child, code in sup.poll():
+            name = child.spec.name
+            if child.spec.finishes and code == 0:
+                done.add(name)
+                continue
+            if child.spec.finishes and code == EXIT_CONFIG:
+                live.stop()
+                console.print(f"[red]{escape(name)} refused its configuration (exit "
+                              f"{code}); last log lines:[/]")
+                console.print(tail(child.spec.log_path), markup=False, highlight=False)
+                return EXIT_CONFIG
+            console.print(f"[red]{escape(name)} exited with code {code}[/]; last log lines:")
+            console.print(tail(child.spec.log_path), markup=False, highlight=False)
+            if child.spec.restart is Restart.ON_FAILURE and \
+                    child.restarts < child.spec.max_restarts:
+                console.print(f"[yellow]restarting {escape(name)} "
+                              f"({child.restarts + 1}/{child.spec.max_restarts})[/]")
+                sup.restart(child)
+                _write_state(plan, sup)
+                continue
+            live.stop()
+            return EXIT_FAILED
+        live.update(status_table(plan, done))
+        time.sleep(plan.up.status_every)
     return EXIT_OK
 
 

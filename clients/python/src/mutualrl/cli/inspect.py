@@ -183,8 +183,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from mutualrl.client.mwra import MwraClient
+    from mutualrl.common.channel import INTERACTIVE_OUTAGE_BUDGET
 
-    with MwraClient(args.addr, token=args.token, timeout=args.timeout, retries=1) as client:
+    with MwraClient(args.addr, token=args.token, timeout=args.timeout,
+                    outage_budget=INTERACTIVE_OUTAGE_BUDGET) as client:
         try:
             table = client.list_allocations(args.run)
         except grpc.RpcError as err:

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 
 def _client(args: argparse.Namespace) -> ThlClient:
     from mutualrl.client.thl import ThlClient
+    from mutualrl.common.channel import INTERACTIVE_OUTAGE_BUDGET
 
-    return ThlClient(args.addr, token=args.token)
+    # A person waits for the answer: a THL that is not there is said within seconds.
+    return ThlClient(args.addr, token=args.token, outage_budget=INTERACTIVE_OUTAGE_BUDGET)
 
 
 def _register(args: argparse.Namespace) -> int:

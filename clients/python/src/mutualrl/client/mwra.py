@@ -1,8 +1,9 @@
 """Clients of MWRA, the Multi-Worker Resource Allocation service (sync and asyncio).
 
-Every unary call retries UNAVAILABLE through gRPC's retry policy within its one deadline
-(`ClientOptions.retries`), so a restarting MWRA costs a delay, not a crash; `watch_allocation`
-resubscribes after UNAVAILABLE (a stream that already delivered is past gRPC's retries).
+Every call retries UNAVAILABLE for as long as the options' outage budget
+(`ClientOptions.outage_budget`), so a restarting MWRA costs a delay, not a crash;
+`watch_allocation` re-opens its stream after UNAVAILABLE within the same budget. A step cost
+reported again (a retry after a lost answer) is folded once per round.
 Replies are the protobuf messages of `mutualrl.v1.allocation_pb2`.
 
 A trainer's round::
@@ -22,8 +23,6 @@ import asyncio
 import concurrent.futures
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
-
-import grpc
 
 from mutualrl.client.base import AsyncClient, Client, Target
 from mutualrl.client.blocking import LOOP, blocking, blocking_stream
@@ -66,6 +65,7 @@ class AsyncMwraClient(AsyncClient):
     facade (same methods; watch is an async iterator here)."""
 
     default_address = DEFAULT_ADDRESS
+    service = "MWRA"
 
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         super().__init__(target, **overrides)
@@ -134,21 +134,12 @@ class AsyncMwraClient(AsyncClient):
             run_id=run_id, policy_id=policy_id, round=round))
 
     async def watch_allocation(self, run_id: str, policy_id: str) -> AsyncIterator[pb.Allocation]:
-        """The current allocation, then every change; resubscribes after UNAVAILABLE."""
+        """The current allocation, then every change; re-opens after UNAVAILABLE (MWRA
+        restarting) within the outage budget."""
         request = pb.WatchAllocationRequest(run_id=run_id, policy_id=policy_id)
-        attempt = 0
-        while True:
-            try:
-                async for msg in self.stub.WatchAllocation(request,
-                                                            metadata=self.options.metadata()):
-                    attempt = 0
-                    yield msg
-                return
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.options.retries:
-                    raise
-                await asyncio.sleep(self.options.backoff(attempt))
-                attempt += 1
+        async for msg in self._stream(lambda: self.stub.WatchAllocation(
+                request, metadata=self.options.metadata())):
+            yield msg
 
     async def list_allocations(self, run_id: str) -> pb.AllocationTable:
         return await self._rpc("ListAllocations", pb.ListAllocationsRequest(run_id=run_id))

@@ -1,14 +1,16 @@
 """Clients of the Shared Experience Exchange: `SeeClient` (blocking) and `AsyncSeeClient`.
 
-Every RPC is retried on UNAVAILABLE by gRPC's retry policy within the call's one deadline (a
-restarting SEE or a Redis hiccup costs a delay, not a crash). The reads take `timeout=`: the
-whole call's deadline, e.g. what is left of a training round. SEE answers in pages of at most
-its byte budget; the reads here follow the continuations (`next_page_token`) within that one
-deadline and return the whole answer, so nothing is cut silently. `fetch_rollouts` returns one
-page (its `more` says entries wait); `take_peer_rollouts` fetches until none does.
-
+Every RPC retries UNAVAILABLE for as long as the options' outage budget (a restarting SEE or a
+Redis hiccup costs a delay, not a crash; `mutualrl.client.base`). The reads take `timeout=`,
+the deadline of each attempt, and `outage_budget=`, the call's own budget: a read bounded by
+what is left of a training round passes that as both, so an outage ends it by then. SEE answers
+in pages of at most its byte budget; the reads here follow the continuations
+(`next_page_token`), each page an attempt of its own, and return the whole answer, so nothing is
+cut silently. `fetch_rollouts` returns one page (its `more` says entries wait);
+`take_peer_rollouts` fetches until none does.
 Retrying Publish is safe: records are idempotent by record_id, so a batch whose answer was lost
-stores nothing twice (the retry reports DUPLICATE for those).
+stores nothing twice (the retry reports DUPLICATE for those). `subscribe` re-opens its stream
+after the last event it delivered.
 
     with SeeClient("127.0.0.1:50051") as see:
         see.create_run("run1", ["a", "b"], tau=1.0, exist_ok=True)
@@ -80,17 +82,19 @@ class AsyncSeeClient(AsyncClient):
     `await close()`. `SeeClient` is its blocking facade."""
 
     default_address = DEFAULT_ADDRESS
+    service = "SEE"
 
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         super().__init__(target, **overrides)
         self.stub = pb_grpc.ExperienceExchangeStub(self.channel)
 
     async def _rpc(self, method: str, request: Any, extra_timeout: float = 0.0,
-                   timeout: float | None = None) -> Any:
-        """`timeout` (seconds, all attempts) replaces the options' timeout + `extra_timeout`."""
+                   timeout: float | None = None, outage_budget: float | None = None) -> Any:
+        """`timeout` (seconds, each attempt) replaces the options' timeout + `extra_timeout`;
+        `outage_budget` the options' budget."""
         return await self._call(getattr(self.stub, method), request,
                                 self.options.timeout + extra_timeout if timeout is None
-                                else timeout)
+                                else timeout, outage_budget)
 
     async def create_run(self, run_id: str, policies: Sequence[str], tau: float = 1.0, *,
                          exist_ok: bool = False, max_stream_len: int = 0, ttl_seconds: int = 0,
@@ -130,20 +134,21 @@ class AsyncSeeClient(AsyncClient):
     async def fetch_rollouts(self, run_id: str, policy_id: str, consumer: str, *,
                              max_records: int = 256, block_ms: int = 0, current_round: int = -1,
                              max_round_lag: int = 0, min_policy_version: int = 0,
-                             claim_idle_ms: int = 0, timeout: float | None = None
+                             claim_idle_ms: int = 0, timeout: float | None = None,
+                             outage_budget: float | None = None
                              ) -> pb.FetchRolloutsResponse:
         req = _fetch_request(run_id, policy_id, consumer, max_records, block_ms, current_round,
                              max_round_lag, min_policy_version, claim_idle_ms)
         return await self._rpc("FetchRollouts", req, extra_timeout=block_ms / 1000,
-                               timeout=timeout)
+                               timeout=timeout, outage_budget=outage_budget)
 
     async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str], *,
-                  timeout: float | None = None) -> int:
+                  timeout: float | None = None, outage_budget: float | None = None) -> int:
         if not delivery_ids:
             return 0
         resp = await self._rpc("Ack", pb.AckRequest(run_id=run_id, policy_id=policy_id,
                                                      delivery_ids=list(delivery_ids)),
-                               timeout=timeout)
+                               timeout=timeout, outage_budget=outage_budget)
         return int(resp.acked)
 
     async def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
@@ -168,21 +173,21 @@ class AsyncSeeClient(AsyncClient):
 
     async def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
                           policy_id: str = "", expect_policies: Sequence[str] = (),
-                          wait_ms: int = 0, timeout: float | None = None) -> pb.RoundStatsResponse:
+                          wait_ms: int = 0, timeout: float | None = None,
+                          outage_budget: float | None = None) -> pb.RoundStatsResponse:
         """Pooled reward stats of `round_` for `prompt_ids` (every page, merged: `complete`
         when every page was, `missing_policies` of all pages). Each page waits up to what is
-        left of `wait_ms`, all of them within the one deadline."""
+        left of `wait_ms`."""
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        budget = self.options.timeout + wait_ms / 1000 if timeout is None else timeout
         start = time.monotonic()
         out = pb.RoundStatsResponse(complete=True)
         missing: set[str] = set()
         while True:
-            spent = time.monotonic() - start
-            req.wait_ms = max(0, wait_ms - int(spent * 1000))
-            page = await self._rpc("GetRoundStats", req, timeout=max(budget - spent, 0.001))
+            req.wait_ms = max(0, wait_ms - int((time.monotonic() - start) * 1000))
+            page = await self._rpc("GetRoundStats", req, extra_timeout=req.wait_ms / 1000,
+                                   timeout=timeout, outage_budget=outage_budget)
             out.prompts.extend(page.prompts)
             out.complete = out.complete and page.complete
             missing.update(page.missing_policies)
@@ -193,16 +198,15 @@ class AsyncSeeClient(AsyncClient):
 
     async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
                         max_per_prompt: int = 0, min_round: int = 0,
-                        timeout: float | None = None) -> dict[str, list[pb.ExperienceRecord]]:
+                        timeout: float | None = None, outage_budget: float | None = None
+                        ) -> dict[str, list[pb.ExperienceRecord]]:
         """Peer verified successes per prompt (deduplicated by normalised text)."""
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        budget = self.options.timeout if timeout is None else timeout
-        start = time.monotonic()
         out: dict[str, list[pb.ExperienceRecord]] = {}
         while True:
-            page = await self._rpc("GetVerifiedSuccesses", req,
-                                   timeout=max(budget - (time.monotonic() - start), 0.001))
+            page = await self._rpc("GetVerifiedSuccesses", req, timeout=timeout,
+                                   outage_budget=outage_budget)
             for p in page.prompts:
                 out.setdefault(p.prompt_id, []).extend(p.successes)
             req.page_token = page.next_page_token
@@ -234,14 +238,21 @@ class AsyncSeeClient(AsyncClient):
                         after_id: str = ""
                         ) -> AsyncIterator[pb.ExperienceEvent]:
         """Live events until the caller stops iterating (the call is cancelled then; a
-        blocking client's stream ends with `.cancel()`)."""
-        req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after_id)
-        call = self.stub.Subscribe(req, metadata=self.options.metadata())
-        try:
-            async for event in call:
-                yield event
-        finally:
-            call.cancel()
+        blocking client's stream ends with `.cancel()`). After UNAVAILABLE (SEE restarting)
+        the stream re-opens after the last event delivered, within the outage budget, so
+        nothing published meanwhile is missed (before any event: from then on, as a live view
+        does)."""
+        after = [after_id]
+
+        def open_call() -> Any:
+            req = pb.SubscribeRequest(run_id=run_id, kinds=list(kinds), after_id=after[0])
+            return self.stub.Subscribe(req, metadata=self.options.metadata())
+
+        def seen(event: pb.ExperienceEvent) -> None:
+            after[0] = event.event_id
+
+        async for event in self._stream(open_call, seen):
+            yield event
 
 
 class SeeClient(Client[AsyncSeeClient], core=AsyncSeeClient,

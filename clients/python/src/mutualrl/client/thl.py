@@ -3,7 +3,7 @@
 Both have the same methods, arguments and return types as the in-process
 `mutualrl.thl.engine.AlignmentEngine` (register, list, retokenize, align_trace), so a trainer can
 swap one for the other. Calls carry the bearer token from `ClientOptions` (or
-MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE (gRPC's retry policy, within the call's deadline);
+MUTUALRL_AUTH_TOKEN) and retry UNAVAILABLE within the outage budget (`mutualrl.client.base`);
 other errors surface as `grpc.RpcError` with INVALID_ARGUMENT / NOT_FOUND / ... and a message
 naming the field.
 
@@ -58,6 +58,7 @@ class AsyncThlClient(AsyncClient):
     manager or await `close()`. `ThlClient` is its blocking facade."""
 
     default_address = DEFAULT_ADDRESS
+    service = "THL"
 
     def __init__(self, target: Target = None, **overrides: Any) -> None:
         super().__init__(target, **overrides)

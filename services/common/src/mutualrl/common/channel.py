@@ -1,15 +1,22 @@
-"""Client side of every service: channels (plaintext or TLS), auth metadata, and gRPC's own
-retry policy on UNAVAILABLE, so a restarting service costs a delay, not a crash.
+"""Client side of every service: channels (plaintext or TLS), auth metadata, and the outage
+budget: how long a call keeps retrying UNAVAILABLE, so a restarting service costs a delay, not a
+crash.
 
-Retries live in the channel's service config (`retryPolicy`), not in a loop around the call:
-the call's deadline covers every attempt and every backoff, so a caller that gives a call
-2 s gets its answer or its error within 2 s, however many attempts that took.
+A call's `timeout` is the deadline of one attempt (the service's time to answer). An UNAVAILABLE
+answer (nothing listens, the connection broke, the service is draining) is retried with
+exponential backoff for as long as `outage_budget` seconds from the first one; the deadline
+never cuts that short, since the time a service is away is not time it spent answering. A
+call therefore ends within about `outage_budget + timeout` seconds. The loop is the client's
+own (`Outage`, used by `mutualrl.client.base`), not gRPC's `retryPolicy`: gRPC caps a policy at
+five attempts inside the one deadline, which is ~1.5 s of backoff, shorter than a service's
+restart. Retried writes are idempotent: SEE stores a record id once (a retry answers DUPLICATE),
+MWRA folds one step cost per round, THL's registration overwrites the same entry.
 """
 
 from __future__ import annotations
 
-import json
 import random
+import time
 from pathlib import Path
 
 import grpc
@@ -18,9 +25,12 @@ from pydantic import Field
 from mutualrl.common.auth import bearer_metadata
 from mutualrl.common.config import Config
 
-RETRYABLE = ("UNAVAILABLE",)
-MAX_ATTEMPTS = 5
-"""gRPC's cap on attempts per call (a larger maxAttempts is silently lowered to it)."""
+DEFAULT_OUTAGE_BUDGET = 60.0
+"""Seconds a call keeps retrying UNAVAILABLE by default: a service restart (a few seconds
+locally, a rescheduled pod in tens of seconds) with room to spare."""
+INTERACTIVE_OUTAGE_BUDGET = 5.0
+"""The budget of a command a person waits on (`mutualrl inspect`, `mutualrl thl`): a service
+that is not there is said within seconds."""
 
 
 class ClientOptions(Config):
@@ -33,16 +43,18 @@ class ClientOptions(Config):
     tls_ca: Path | None = None
     """PEM root certificate; when set the channel uses TLS."""
     timeout: float = Field(default=30.0, gt=0)
-    """Deadline of one call in seconds, all its attempts and backoffs included (calls that wait
-    server-side add their own wait to it)."""
-    retries: int = Field(default=MAX_ATTEMPTS - 1, ge=0, le=MAX_ATTEMPTS - 1)
-    """Extra attempts after an UNAVAILABLE answer, within the call's deadline (gRPC's retry
-    policy; at most 4, gRPC's limit)."""
+    """Deadline of one attempt of a call in seconds (calls that wait server-side add their own
+    wait to it); the time an outage lasts does not count against it."""
+    outage_budget: float = Field(default=DEFAULT_OUTAGE_BUDGET, ge=0)
+    """Seconds a call keeps retrying while the service answers UNAVAILABLE (down, restarting,
+    unreachable), counted from its first such answer; then the call raises that UNAVAILABLE.
+    0: no retry."""
     backoff_base: float = Field(default=0.1, gt=0)
-    """Upper bound of the first retry delay in seconds; doubles each attempt (gRPC draws each
-    delay uniformly below its bound). Also the channel's first reconnect delay."""
-    backoff_max: float = Field(default=5.0, gt=0)
-    """Cap on a single retry or reconnect delay in seconds."""
+    """First retry delay in seconds (drawn within +-25%); doubles each attempt. Also the
+    channel's first reconnect delay."""
+    backoff_max: float = Field(default=2.0, gt=0)
+    """Cap on a single retry or reconnect delay in seconds: how late, at most, a call finds a
+    service that came back."""
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         import os
@@ -50,40 +62,67 @@ class ClientOptions(Config):
         return bearer_metadata(self.token or os.environ.get("MUTUALRL_AUTH_TOKEN"))
 
     def backoff(self, attempt: int) -> float:
-        """Delay before re-opening a stream after its `attempt`-th UNAVAILABLE (streams that
-        already delivered messages are outside gRPC's retry policy)."""
+        """Delay before retry number `attempt` (0 first) of an UNAVAILABLE call or stream."""
         delay = min(self.backoff_max, self.backoff_base * (2**attempt))
         return delay * random.uniform(0.75, 1.25)
 
-    def service_config(self) -> str:
-        """The channel's service config: gRPC retries UNAVAILABLE `retries` times, on every
-        method, under the call's one deadline."""
-        if self.retries == 0:
-            return json.dumps({"methodConfig": [{"name": [{}]}]})
-        policy = {
-            "maxAttempts": self.retries + 1,
-            "initialBackoff": f"{self.backoff_base:.3f}s",
-            "maxBackoff": f"{max(self.backoff_max, self.backoff_base):.3f}s",
-            "backoffMultiplier": 2,
-            "retryableStatusCodes": list(RETRYABLE),
-        }
-        return json.dumps({"methodConfig": [{"name": [{}], "retryPolicy": policy}]})
-
     def channel_options(self, max_bytes: int = 64 * 1024 * 1024) -> list[tuple[str, int | str]]:
-        """Message size limits, the retry policy, and reconnect delays on the same scale as the
-        retry backoff (gRPC's default first reconnect waits 1 s: most retries would find the
-        channel still waiting)."""
+        """Message size limits, and reconnect delays on the scale of the retries' backoff
+        (gRPC's default reconnect backoff grows to 120 s: a service back after a few seconds
+        would go unnoticed by the channel for much longer)."""
         return [("grpc.max_receive_message_length", max_bytes),
                 ("grpc.max_send_message_length", max_bytes),
-                ("grpc.enable_retries", 1),
-                ("grpc.service_config", self.service_config()),
-                # gRPC keeps a request for its retries only up to these sizes (defaults 256 KiB
-                # per call, 256 MiB per channel): a larger Publish would not be retried at all.
-                ("grpc.per_rpc_retry_buffer_size", max_bytes),
-                ("grpc.retry_buffer_size", 4 * max_bytes),
                 ("grpc.initial_reconnect_backoff_ms", max(1, int(self.backoff_base * 1000))),
                 ("grpc.min_reconnect_backoff_ms", max(1, int(self.backoff_base * 1000))),
-                ("grpc.max_reconnect_backoff_ms", max(1, int(self.backoff_max * 1000)))]
+                ("grpc.max_reconnect_backoff_ms",
+                 max(1, int(max(self.backoff_max, self.backoff_base) * 1000)))]
+
+
+class Outage:
+    """The time one call (or stream) has spent without its service: whether and when to try
+    again after an error. A stream calls `reset` whenever a message arrives."""
+
+    def __init__(self, options: ClientOptions, budget: float | None = None) -> None:
+        self.options = options
+        self.budget = options.outage_budget if budget is None else max(budget, 0.0)
+        """Seconds this call retries UNAVAILABLE (the options' budget unless the call has its
+        own: a read bounded by a round's deadline)."""
+        self.since: float | None = None
+        """time.monotonic() of the first UNAVAILABLE of the current outage (None: none)."""
+        self.attempt = 0
+
+    def retry_in(self, code: grpc.StatusCode) -> float | None:
+        """Seconds to wait before the next attempt, or None when the call should raise: the
+        error is not UNAVAILABLE, or the outage has lasted `outage_budget`."""
+        if code != grpc.StatusCode.UNAVAILABLE:
+            return None
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        left = self.since + self.budget - now
+        if left <= 0:
+            return None
+        delay = min(self.options.backoff(self.attempt), left)
+        self.attempt += 1
+        return delay
+
+    @property
+    def lasted(self) -> float:
+        """Seconds since the outage's first UNAVAILABLE (0 without one)."""
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+    def reset(self) -> None:
+        self.since, self.attempt = None, 0
+
+    def exhausted(self, err: grpc.RpcError) -> grpc.RpcError:
+        """`err` (UNAVAILABLE) with the outage's length and budget added to its details, to
+        raise when the budget is spent."""
+        if self.since is None or err.code() != grpc.StatusCode.UNAVAILABLE:
+            return err
+        return grpc.aio.AioRpcError(
+            err.code(), grpc.aio.Metadata(), grpc.aio.Metadata(),
+            f"{err.details()} (still unavailable after {self.lasted:.1f} s of retries; "
+            f"the call's outage budget is {self.budget:g} s)")
 
 
 def sync_channel(opts: ClientOptions) -> grpc.Channel:

@@ -264,7 +264,9 @@ class MwraStore:
     async def record_cost(self, run_id: str, policy_id: str, *, round_: int, seconds: float,
                           tokens: int, samples: int, units: int, alpha: float) -> CostRecord:
         """Fold one step into the policy's EMA (optimistic transaction: concurrent reports of the
-        run retry instead of losing an update)."""
+        run retry instead of losing an update). A round reported again (a client's retry after
+        a lost answer, a resumed trainer redoing the round) is folded once: the first report
+        stands."""
         k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
@@ -272,6 +274,10 @@ class MwraStore:
                     await p.watch(k.costs)
                     raw = await p.hget(k.costs, policy_id)
                     rec = CostRecord(**json.loads(raw)) if raw else CostRecord()
+                    if rec.reports and rec.last_round == round_:
+                        await p.unwatch()
+                        await self.r.hset(k.seen, policy_id, now_ms())
+                        return rec
                     rec.smoothed = ema(rec.smoothed, seconds * units, alpha)
                     rec.reports += 1
                     rec.last_seconds, rec.last_tokens = seconds, tokens

@@ -56,7 +56,7 @@ def _eval(args: argparse.Namespace) -> int:
     from mutualrl.trainer.config.run import load_trainer_config
     from mutualrl.trainer.runtime import checkpoint
     from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
-    from mutualrl.trainer.runtime.session import policy_dir
+    from mutualrl.trainer.runtime.preflight import policy_dir
 
     cfg = load_trainer_config(args.config)
     policy = cfg.policy(args.policy)

@@ -97,7 +97,7 @@ def _dry_run(args: argparse.Namespace) -> int:
     try:
         plans = memory_plans(cfg, [args.policy] if args.policy else None,
                              args.device_memory_gb, args.prompt_tokens)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         print(f"mutualrl train --dry-run: {e}", file=sys.stderr)
         return 2
     print("\n".join(p.text for p in plans))
@@ -150,8 +150,9 @@ def register_train_commands(commands: Any) -> None:
     p.add_argument("--device-memory-gb", type=float, default=None,
                    help="Device size for --dry-run in GiB (default: the CUDA device's, or "
                         "host RAM for CPU policies).")
-    p.add_argument("--prompt-tokens", type=int, default=512,
-                   help="Prompt length allowance per rollout for --dry-run's KV cache.")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="Prompt length per rollout for --dry-run (default: each policy's "
+                        "longest rendered prompt of the task and benchmarks).")
     p.add_argument("--nproc", type=int, default=None,
                    help="Data-parallel ranks for this policy (overrides the policy's nproc): "
                         "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")

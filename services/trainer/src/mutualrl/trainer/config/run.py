@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mutualrl.common import ids
+from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
 from mutualrl.common.config import Config, Name, RunId, load_section
 from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
 from mutualrl.trainer.config.task import (
@@ -555,7 +556,11 @@ class ServiceSettings(Config):
     token: str | None = None
     """Bearer token for all three (defaults to MUTUALRL_AUTH_TOKEN)."""
     timeout: float = Field(30.0, gt=0)
-    """Per-call deadline in seconds."""
+    """Deadline of one attempt of a call in seconds."""
+    outage_budget_s: float = Field(DEFAULT_OUTAGE_BUDGET, ge=0)
+    """Seconds a call to SEE, THL or MWRA keeps retrying while the service is unavailable (it
+    restarts, it is rescheduled) before the trainer gives up; the outage does not count
+    against `timeout`. A restart within it costs the round a delay, not the trainer a crash."""
     peers_wait_s: float = Field(60.0, ge=0)
     """Seconds a trainer waits, before round 0, for every policy of `policies` to register
     with MWRA (each registers once its model is loaded), so that MWRA plans round 0 for all of

@@ -10,7 +10,7 @@ rows all condition on these tokens, and SFT warm starts render through the same 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ from mutualrl.trainer.data.tasks import Prompt
 
 class ChatTemplateError(ValueError):
     """A policy's chat template is missing or does not render a problem."""
+
+
+class ContextLengthError(ValueError):
+    """A policy's rendered prompt plus its completion budget exceeds its model's context."""
 
 
 def messages_of(prompt: Prompt) -> list[dict[str, str]]:
@@ -38,12 +42,15 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self.policy = policy
         self.template: str | None = None
+        self.template_source = _tokenizer_template_file(tokenizer)
+        """Where the template comes from, for messages: the file it was read from."""
         if chat_template is not None:
             path = Path(chat_template)
             if not path.is_file():
                 raise ChatTemplateError(
                     f"policies[{policy}].chat_template: {path} is not a file (a Jinja template)")
             self.template = path.read_text(encoding="utf-8")
+            self.template_source = f"policies[{policy}].chat_template {path}"
         has_template = self.template is not None or bool(getattr(tokenizer, "chat_template",
                                                                  None))
         if prompt_format == "chat" and not has_template:
@@ -62,13 +69,15 @@ class PromptRenderer:
                 messages_of(prompt), chat_template=self.template, add_generation_prompt=True,
                 tokenize=False, **self.kwargs)
         except Exception as err:  # jinja2 errors, template raise_exception(), bad kwargs
+            line = getattr(err, "lineno", None)
+            where = f" (line {line})" if isinstance(line, int) else ""
             raise ChatTemplateError(
-                f"policies[{self.policy}]: the chat template does not render problem "
-                f"{prompt.id!r}: {type(err).__name__}: {err}") from err
+                f"policies[{self.policy}]: the chat template ({self.template_source}) does not "
+                f"render problem {prompt.id!r}: {type(err).__name__}{where}: {err}") from err
         if not isinstance(out, str) or not out:
             raise ChatTemplateError(
-                f"policies[{self.policy}]: the chat template rendered problem {prompt.id!r} "
-                "to nothing")
+                f"policies[{self.policy}]: the chat template ({self.template_source}) rendered "
+                f"problem {prompt.id!r} to nothing")
         return out
 
     def ids(self, prompt: Prompt) -> list[int]:
@@ -82,6 +91,29 @@ class PromptRenderer:
 
     def many(self, prompts: list[Prompt]) -> list[list[int]]:
         return [self.ids(p) for p in prompts]
+
+    def lengths(self, prompts: Sequence[Prompt], batch: int = 1024) -> list[int]:
+        """Each prompt's length in tokens (as `ids` counts it), tokenized in batches."""
+        out: list[int] = []
+        for i in range(0, len(prompts), batch):
+            part = prompts[i:i + batch]
+            if self.chat:
+                enc = self.tokenizer([self.text(p) for p in part], add_special_tokens=False)
+            else:
+                enc = self.tokenizer([p.text for p in part])
+            out += [len(ids) for ids in enc["input_ids"]]
+        return out
+
+
+def _tokenizer_template_file(tokenizer: Any) -> str:
+    """The file a tokenizer's own chat template was read from, as well as it can be told."""
+    where = getattr(tokenizer, "name_or_path", "") or ""
+    root = Path(where) if where else None
+    if root is not None and root.is_dir():
+        for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+            if (root / name).is_file():
+                return f"the tokenizer's chat_template in {root / name}"
+    return f"the chat_template of tokenizer {where or type(tokenizer).__name__}"
 
 
 def renderer_for(tokenizer: Any, policy: Any) -> PromptRenderer:

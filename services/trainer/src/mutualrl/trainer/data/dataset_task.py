@@ -28,7 +28,7 @@ from typing import Any
 
 from mutualrl.trainer.config.task import DatasetSettings, DatasetTaskConfig
 from mutualrl.trainer.data.answers import after_hashes, last_boxed
-from mutualrl.trainer.data.chat import ChatTemplateError
+from mutualrl.trainer.data.chat import ChatTemplateError, ContextLengthError
 from mutualrl.trainer.data.rewards import Batch, RewardError, RewardSet
 from mutualrl.trainer.data.tasks import Prompt
 from mutualrl.trainer.engines.base import Sample
@@ -43,7 +43,7 @@ class DatasetError(ValueError):
 
 
 # What a user's own experiment can get wrong before round 0; each message names the field.
-ExperimentInputError = (DatasetError, RewardError, ChatTemplateError)
+ExperimentInputError = (DatasetError, RewardError, ChatTemplateError, ContextLengthError)
 
 
 def load_table(ds_cfg: DatasetSettings, where: str = "task.dataset") -> Any:

@@ -55,7 +55,8 @@ class AllocatorClient:
     def __init__(self, address: str | None, run_id: str, policy: str, threads: int,
                  rollout_budget: int, token: str | None = None, timeout: float = 30.0,
                  active_wait_s: float = 60.0, peers: Sequence[str] = (),
-                 peers_wait_s: float = 0.0, fixed_compute: bool = False) -> None:
+                 peers_wait_s: float = 0.0, fixed_compute: bool = False,
+                 outage_budget: float | None = None) -> None:
         self.run_id, self.policy = run_id, policy
         self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
         self.current = self.fixed
@@ -77,7 +78,8 @@ class AllocatorClient:
             return
         from mutualrl.client.mwra import MwraClient
 
-        self.client = MwraClient(address, token=token, timeout=timeout)
+        budget = {} if outage_budget is None else {"outage_budget": outage_budget}
+        self.client = MwraClient(address, token=token, timeout=timeout, **budget)
         self.client.register_policy(run_id, policy, trainer_id=f"{policy}-{os.getpid()}",
                                     rollout_budget=rollout_budget)
 

@@ -26,8 +26,9 @@ class SeeMetricsReporter:
         from mutualrl.common.channel import ClientOptions
 
         self.run_id, self.policy = run_id, policy
+        # No outage budget: the sender thread retries on its own schedule, rows kept queued.
         self.client = client or SeeClient(ClientOptions(address=address, token=token,
-                                                        timeout=timeout, retries=2))
+                                                        timeout=timeout, outage_budget=0))
         self._pending: collections.deque[tuple[int, dict[str, float], int]] = \
             collections.deque(maxlen=max_pending)
         self._cond = threading.Condition()

@@ -27,6 +27,7 @@ from mutualrl.trainer.data.evaluation import run_benchmark
 from mutualrl.trainer.engines.base import prompt_seed
 from mutualrl.trainer.runtime import diagnostics
 from mutualrl.trainer.runtime.distributed import gathered
+from mutualrl.trainer.runtime.metrics import peak_rss_mib
 from mutualrl.trainer.runtime.session import Session
 from mutualrl.trainer.runtime.step import optimise
 from mutualrl.trainer.sharing.exchange import round_records
@@ -110,6 +111,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
+        "peak_rss_mib": peak_rss_mib(),
         "publish_failed": float(not published),
         "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),
         **scored.stats,

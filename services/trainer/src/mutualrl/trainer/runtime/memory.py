@@ -11,6 +11,17 @@ Two phases peak separately:
   micro-batch + one logit chunk, next to the engine's share, or only to what a released
   engine keeps (`sglang.release_memory`, `vllm.release_memory`).
 
+The micro-batch is the one a round can fill, not `grpo.micro_batch_tokens`: a step's rows (own
+samples, and the probe's peer rows or demonstrations, split over `mini_batches` and the ranks)
+at their longest, prompt + `max_new_tokens` each, as many as fit the token budget; the logit
+chunk is at most that micro-batch's completion tokens. A CPU policy's device is host memory,
+where the process itself (interpreter, torch and the libraries a trainer imports) holds a
+share too: `runtime`, measured rather than estimated (`runtime_bytes`).
+
+Each item is one entry of `MemoryPlan.items` and adds to the phases it is live in (`plan`): a
+new resident term (an engine's own copy of the weights, a static cache) is one more entry and
+one more addend.
+
 The weights are the master weights (`policies[].dtype`): under mixed precision (float32
 master, bf16 `compute_dtype`) parameters, gradients and AdamW's two moments are float32 and
 only activations, FSDP2's gathered units and the engine's copy are bf16.
@@ -87,6 +98,28 @@ class PlanInputs:
     engine_pool_bytes: int | None = None
     """An explicit engine share in bytes (vLLM on a CPU: `vllm.kv_cache_gib` + its copy of
     the weights), instead of a fraction of the device."""
+    train_rows: int | None = None
+    """Rows one optimizer step scores on one rank: own samples plus the probe's rows at most,
+    over `mini_batches` and `nproc` (None: `rows`)."""
+    max_new_tokens: int | None = None
+    """Completion budget of a row (None: `seq_tokens`): bounds a micro-batch's logit chunk."""
+    runtime_bytes: int = 0
+    """What the process holds before any model: interpreter and libraries (CPU: host memory
+    is the device)."""
+
+    def micro_rows(self) -> int:
+        """Rows of the largest micro-batch a round fills (0: one row does not fit)."""
+        rows = self.rows if self.train_rows is None else self.train_rows
+        return max(0, min(rows, self.micro_batch_tokens // max(self.seq_tokens, 1)))
+
+    def micro_tokens(self) -> int:
+        """Padded tokens of that micro-batch (what its activations scale with)."""
+        return self.micro_rows() * self.seq_tokens
+
+    def logit_tokens(self) -> int:
+        """Completion positions of one logit chunk of that micro-batch."""
+        new = self.seq_tokens if self.max_new_tokens is None else self.max_new_tokens
+        return min(self.logit_chunk_tokens, max(self.micro_rows(), 1) * new)
 
 
 @dataclass
@@ -134,12 +167,13 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
     rollout_weights = full if n > 1 else 0  # sampling and the sync gather the whole model
     rows = -(-x.rows // n)  # each rank samples its share
     reference = full if x.reference_copy else 0
-    per_layer = layer_activation_values(shape) * x.micro_batch_tokens * a
+    tokens = x.micro_tokens()
+    per_layer = layer_activation_values(shape) * tokens * a
     if x.activation_checkpointing:
-        acts = shape.layers * shape.hidden * x.micro_batch_tokens * a + per_layer
+        acts = shape.layers * shape.hidden * tokens * a + per_layer
     else:
         acts = shape.layers * per_layer
-    logits = x.logit_chunk_tokens * shape.vocab * (a + 8)
+    logits = x.logit_tokens() * shape.vocab * (a + 8)
     # A pooled engine's KV cache is in the dtype it serves; the HF engine's in the weights'.
     kv_tok = kv_bytes_per_token(shape, (x.engine_bytes or b) if x.engine in POOLED_ENGINES
                                 else b)
@@ -148,8 +182,14 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
              "reference": reference, "activations": acts, "logit_chunk": logits}
     if n > 1:
         items["gathered"] = gathered
-    resident = weights + optim + reference
+    if x.runtime_bytes:
+        items["runtime"] = x.runtime_bytes
+    resident = x.runtime_bytes + weights + optim + reference
     problems: list[str] = []
+    if x.micro_rows() < 1:
+        problems.append(f"grpo.micro_batch_tokens={x.micro_batch_tokens} cannot hold one row "
+                        f"of {x.seq_tokens} tokens (longest prompt + max_new_tokens): raise "
+                        "grpo.micro_batch_tokens")
     if x.engine in POOLED_ENGINES:
         copy = shape.params * (x.engine_bytes or b)
         if x.engine_pool_bytes is not None:
@@ -231,10 +271,11 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
         ("reference copy", p.items["reference"],
          "frozen copy" if x.reference_copy else "none (beta 0, or LoRA base)"),
         ("activations / micro-batch", p.items["activations"],
-         f"{x.micro_batch_tokens:,} tokens, checkpointing "
+         f"{x.micro_tokens():,} tokens ({x.micro_rows():,} rows x {x.seq_tokens:,}; budget "
+         f"{x.micro_batch_tokens:,}), checkpointing "
          f"{'on' if x.activation_checkpointing else 'off'}"),
         ("logit chunk", p.items["logit_chunk"],
-         f"{x.logit_chunk_tokens:,} tokens x {shape.vocab:,} vocab"),
+         f"{x.logit_tokens():,} tokens x {shape.vocab:,} vocab"),
         ("KV cache", p.items["kv_cache"],
          f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.nproc):,} "
          f"rollouts of {x.seq_tokens:,} tokens at once"),
@@ -251,6 +292,9 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
         rows.append((f"{engine} pool", p.items["engine"],
                      f"{share}, its weights in {copy}, released in training: "
                      f"{'yes' if x.release_memory else 'no'}"))
+    if "runtime" in p.items:
+        rows.insert(0, ("runtime", p.items["runtime"],
+                        "interpreter and libraries (measured in this process)"))
     out = [f"policy {name}: device {_gib(p.device_bytes)} "
            f"(reserve {_gib(p.reserve)} for context and fragmentation)"]
     out += [f"  {k:<26}{v / GIB:>9.2f} GiB  {note}" for k, v, note in rows]

@@ -5,7 +5,7 @@ Every sink gets the same flat dict of floats per round; names are stable (plots 
 them): reward_mean, pass_rate, loss, loss_pg, loss_sgt, kl, clip_frac, approx_kl (old -> new
 policy over the round's updates), updates, grad_norm, rescued_prompts,
 baseline_shift, prp_w_mean/var/kept/clipped, thl_multi_token_chunk_share, tokens_per_s,
-step_s, heldout/<skill>, fallback ...
+step_s, peak_rss_mib, heldout/<skill>, fallback ...
 """
 
 from __future__ import annotations
@@ -58,12 +58,15 @@ class MetricsSink:
             self._console = Console(stderr=True)
 
     def truncate_from(self, round_k: int) -> None:
-        """Drop JSONL rows of rounds >= round_k: after `--resume` from a checkpoint of round_k,
-        those rounds run again and would otherwise appear twice."""
+        """Drop JSONL rows of rounds >= round_k (and a line a crash left half written): the
+        trainer starts at round_k (from a checkpoint of round_k, or afresh at 0), so those
+        rounds run again and would otherwise appear twice."""
         self._jsonl.close()
         rows = self.jsonl_path.read_text(encoding="utf-8").splitlines()
-        kept = [r for r in rows if r and json.loads(r)["round"] < round_k]
-        self.jsonl_path.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
+        kept = [r for r in rows if _round_of(r) < round_k]
+        tmp = self.jsonl_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
+        tmp.replace(self.jsonl_path)
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
 
     def _start_prometheus(self, port: int) -> None:
@@ -112,6 +115,21 @@ class MetricsSink:
             self._tb.close()
         if self._registry is not None:
             self._prom_server.shutdown()
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far in MiB (what `--dry-run` plans on a CPU)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _round_of(line: str) -> float:
+    """The round of a metrics.jsonl line; infinity for one that is not a whole row."""
+    try:
+        return float(json.loads(line)["round"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def progress_line(policy: str, round_k: int, v: dict[str, float]) -> str:

@@ -29,24 +29,18 @@ from mutualrl.trainer.runtime.allocator import AllocatorClient
 from mutualrl.trainer.runtime.determinism import fix_kernels
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.runtime.metrics import MetricsSink
+from mutualrl.trainer.runtime.preflight import (
+    max_new_tokens_field,
+    policy_dir,
+    prepare_dataset_task,
+    problems_to_render,
+    prompt_budget,
+)
 from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes import Probe, make_probe
 
 log = logging.getLogger(__name__)
-
-
-def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
-    """Where the policy's weights and tokenizer load from: its warm start (`sft_checkpoint`),
-    else its `model_path`, else its preset (built once, offline, into `cache_dir`)."""
-    if policy.sft_checkpoint is not None:
-        return policy.sft_checkpoint
-    if policy.model_path is not None:
-        return policy.model_path
-    from mutualrl.trainer.runtime.presets import ensure_preset
-
-    assert policy.preset is not None
-    return ensure_preset(policy.preset, cache_dir, seed)
 
 
 def compute_dtype(policy: PolicySettings) -> torch.dtype | None:
@@ -251,10 +245,13 @@ def build_session(
     renderer = renderer_for(tok, policy)
     task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
         prepare_dataset_task(cfg, cache)
-    # One rendering now: a chat template that does not render stops the trainer before round 0.
-    renderer.ids(task.prompts("train", 1, seed=cfg.seed)[0])
     max_new = g.max_new_tokens or task.max_new_tokens
     benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
+    # Every problem rendered now: a chat template that does not render, or a prompt that does
+    # not fit the model's context with its completion, stops the trainer before round 0.
+    budget = prompt_budget(policy, renderer, problems_to_render(task, [t for _, t in benchmarks]),
+                           max_new, Path(start), max_new_tokens_field(cfg))
+    log.info("%s", budget.describe())
     engine_kw: dict[str, Any] = {}
     if policy.rollout_engine == "sglang":
         sg = policy.sglang
@@ -273,7 +270,9 @@ def build_session(
     local = svc.local or not dist.main  # one rank talks to the services for the policy
     if not local:  # even probe `none` publishes: peers may read this policy
         exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
-                                svc.token, svc.timeout, cfg.probe.tau)
+                                svc.token, svc.timeout, cfg.probe.tau,
+                                outage_budget=svc.outage_budget_s,
+                                reads_within_deadline=not deterministic)
         # A THL service learns each tokenizer from its own trainer; the in-process engine
         # knows only what this process registers, so it gets every policy's.
         tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {
@@ -283,7 +282,7 @@ def build_session(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout,
         peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
-        fixed_compute=deterministic)
+        fixed_compute=deterministic, outage_budget=svc.outage_budget_s)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,
@@ -313,29 +312,8 @@ def build_session(
         session.start_round = int(state["round"])
         with gathered(model):
             engine.sync_weights(model)  # an engine with its own copy (SGLang) starts at `start`
-        session.metrics.truncate_from(session.start_round)
         log.info("resumed %s from %s (round %d)", policy.name, last, session.start_round)
+    # The rounds from here on run (again): rows a run logged past its checkpoint, or a
+    # restart without one, would otherwise appear twice in metrics.jsonl.
+    session.metrics.truncate_from(session.start_round)
     return session
-
-
-def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
-    """The run's table with the problems some policy renders longer than its
-    `max_prompt_tokens` dropped (every trainer drops the same ones: each renders with every
-    policy's tokenizer), and its reward functions called once, so that a problem shows before
-    round 0."""
-    from mutualrl.thl.tokenizers import load_tokenizer
-
-    assert isinstance(cfg.task, DatasetTaskConfig)
-    task = DatasetTask(cfg.task)
-    task.check_rewards()
-    checks = []
-    for p in cfg.policies:
-        if p.max_prompt_tokens is None:
-            continue
-        r = renderer_for(load_tokenizer(policy_dir(p, cache, cfg.seed)), p)
-        checks.append(lambda prompt, r=r, limit=p.max_prompt_tokens: len(r.ids(prompt)) > limit)
-    if checks:
-        n = task.drop_overlong(checks)
-        log.info("task.dataset: %d of %d problems dropped as longer than a policy's "
-                 "max_prompt_tokens", n, n + len(task.problems))
-    return task

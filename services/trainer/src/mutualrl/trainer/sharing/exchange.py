@@ -4,8 +4,10 @@
 round's records, reads peers' reward statistics / successes / rollouts, and asks THL (the
 service, or the same engine in-process) to move peer text and token traces into this policy's
 tokens. Every SEE read takes an absolute deadline (time.monotonic) and passes what is left of it
-as the gRPC timeout, so a slow or dead peer or service turns into DEADLINE_EXCEEDED, which the
-probe answers with plain GRPO. THL calls are local computation and use the client's timeout.
+as the gRPC timeout and, in the asynchronous mode, as its outage budget, so a slow or dead peer
+or service turns into DEADLINE_EXCEEDED or UNAVAILABLE by then, which the probe answers with
+plain GRPO. Publishes, THL calls (local computation) and the deterministic mode's reads ride out
+a service's outage for the client's whole outage budget (`services.outage_budget_s`).
 
 The deterministic mode (`exchange.mode`, docs/determinism.md) waits instead: `await_round`
 blocks until every peer has published a round, up to a liveness bound past which the run
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mutualrl.common import token_arrays as ta
+from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
 
@@ -97,16 +100,23 @@ class PeerExchange:
         token: str | None = None,
         timeout: float = 30.0,
         tau: float = 1.0,
+        outage_budget: float = DEFAULT_OUTAGE_BUDGET,
+        reads_within_deadline: bool = True,
     ) -> None:
         from mutualrl.client.see import SeeClient
         from mutualrl.common.channel import ClientOptions
 
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
+        self.reads_within_deadline = reads_within_deadline
+        """The asynchronous mode: a probe's read ends by the round's deadline, a SEE outage
+        included (the round falls back to GRPO). Otherwise (the deterministic mode, which
+        must read) a read rides out an outage for the whole outage budget."""
         self._tok = local_tokenizer
-        opts = ClientOptions(address=see_address, token=token, timeout=timeout)
-        # Reads pass what is left of the round's deadline as the call's timeout: gRPC's
-        # retries of UNAVAILABLE happen within it.
+        opts = ClientOptions(address=see_address, token=token, timeout=timeout,
+                             outage_budget=outage_budget)
+        # Reads pass what is left of the round's deadline as each attempt's timeout; a SEE or
+        # THL that restarts is retried past it, within the outage budget.
         self.client = SeeClient(opts)
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
         self.thl: Any
@@ -253,6 +263,11 @@ class PeerExchange:
                     f"fails the run: restart it with --resume){error}")
 
     # ---- reads for the probes -------------------------------------------------------------
+    def _outage_budget(self, deadline: float) -> float | None:
+        """A read's outage budget: what is left of the round (`reads_within_deadline`), else
+        the client's."""
+        return remaining(deadline) if self.reads_within_deadline else None
+
     def peer_stats(
         self, round_k: int, prompt_ids: Sequence[str], deadline: float,
         expect: Sequence[str] | None = None,
@@ -283,7 +298,8 @@ class PeerExchange:
             return self.client.round_stats(
                 self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
                 wait_ms=int(max(left - _MARGIN_S, 0.0) * 1000),
-                expect_policies=list(expect or []), timeout=left + 1.0)
+                expect_policies=list(expect or []), timeout=left + 1.0,
+                outage_budget=self._outage_budget(deadline))
         finally:
             self.waited_s += time.monotonic() - t0
 
@@ -318,7 +334,8 @@ class PeerExchange:
             return []
         by_prompt = self.client.successes(
             self.run_id, self.policy, list(prompt_ids), max_per_prompt=max_per_prompt,
-            min_round=min_round, timeout=remaining(deadline))
+            min_round=min_round, timeout=remaining(deadline),
+            outage_budget=self._outage_budget(deadline))
         return [
             PeerSuccess(
                 prompt_id=prompt_id, policy=r.policy_id, text=r.text, reward=r.reward,
@@ -342,7 +359,7 @@ class PeerExchange:
             resp = self.client.fetch_rollouts(
                 self.run_id, self.policy, self.consumer, max_records=max_records - len(out),
                 block_ms=0, current_round=round_k, max_round_lag=max_lag,
-                timeout=remaining(deadline))
+                timeout=remaining(deadline), outage_budget=self._outage_budget(deadline))
             page = [
                 PeerRollout(
                     delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
@@ -359,7 +376,8 @@ class PeerExchange:
             ]
             if page:
                 ids = [r.delivery_id for r in page]
-                self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline))
+                self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
+                                outage_budget=self._outage_budget(deadline))
                 self.last_delivery_id = ids[-1]
             out += page
             if not resp.more or not page:

@@ -68,7 +68,9 @@ def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_resta
 def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> list[str]:
     """THL's `tokenizer_roots` for a launched run: what the config lists (else THL's default),
     plus the directories the trainers register tokenizers from: the run's `output_dir`
-    (presets, warm starts) and every policy's `model_path` and `sft_checkpoint`."""
+    (presets, warm starts) and every policy's `model_path` and `sft_checkpoint`, with the
+    directories its files link into (a Hugging Face cache snapshot's files are links into the
+    cache's `blobs/`; THL refuses a file that resolves outside its roots)."""
     from mutualrl.thl.config import ThlConfig
 
     roots = [str(r) for r in (configured if configured is not None
@@ -77,8 +79,18 @@ def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> li
     for policy in trainer["policies"]:
         for key in ("model_path", "sft_checkpoint"):
             if policy.get(key):
-                roots.append(str(Path(policy[key]).resolve()))
+                roots += _with_link_targets(Path(policy[key]))
     return list(dict.fromkeys(roots))
+
+
+def _with_link_targets(directory: Path) -> list[str]:
+    """`directory` resolved, then the directories its entries that are links resolve into."""
+    out = [str(directory.resolve())]
+    if directory.is_dir():
+        targets = {str(Path(os.path.realpath(e)).parent) for e in directory.iterdir()
+                   if e.is_symlink()}
+        out += sorted(targets - set(out))
+    return out
 
 
 def make_launch_plan(config: Path, redis_url: str | None,

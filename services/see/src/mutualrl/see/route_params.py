@@ -1,14 +1,17 @@
 """The parameters SEE's REST routes and its dashboard's routes share, each with the pattern it
 must match, so the OpenAPI document says exactly what a route accepts (schemathesis holds the
-routes to it)."""
+routes to it); and the pages of the transfer counts the routes answer in."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Path, Query
 
+from mutualrl.common.bounds import MAX_ROUND
 from mutualrl.common.ids import NAME, RECORD_KEY, RUN_ID
+from mutualrl.see.store.paging import Budget
 
 
 def uint_pattern(max_value: int) -> str:
@@ -36,3 +39,37 @@ PolicyFilter = Annotated[str | None, Query(pattern=NAME.pattern,
                                            description="Producing policy.")]
 Cursor = Annotated[str | None, Query(pattern=STREAM_ID_PATTERN,
                                      description="next_cursor of the previous page.")]
+TRANSFER_CURSOR_PATTERN = (f"^{NAME.pattern[1:-1]}\\|{NAME.pattern[1:-1]}\\|[1-9][0-9]{{0,9}}$")
+TransferCursor = Annotated[str | None, Query(
+    pattern=TRANSFER_CURSOR_PATTERN, description="next_cursor of the previous page "
+    "(\"<taker>|<source>|<kind number>\")")]
+RoundQuery = Annotated[int | None, Query(ge=0, le=MAX_ROUND)]
+
+JSON_GROWTH = 4
+"""How much larger than its protobuf an answer grows as JSON, at most (names repeated as keys,
+numbers as text): a REST page of protobuf-sized entries takes this share of the budget."""
+_TRANSFER_JSON_BYTES = 160
+"""A transfer count's JSON beside its two policy ids: the list entry and the matrix cell."""
+
+Transfer = tuple[str, str, int, int]
+"""(taker, source, kind, count)."""
+
+
+def transfer_page(transfers: Sequence[Transfer], cursor: str | None, budget: int
+                  ) -> tuple[list[Transfer], str | None]:
+    """The transfer counts after `cursor` ("<taker>|<source>|<kind>") in that order that fit
+    `budget` bytes of JSON (at least one), and the cursor of the next page (None: no more)."""
+    after = None
+    if cursor is not None:
+        taker, source, kind = cursor.split("|")
+        after = (taker, source, int(kind))
+    room = Budget(budget)
+    page: list[Transfer] = []
+    for t in sorted(transfers):
+        if after is not None and t[:3] <= after:
+            continue
+        if not room.take(2 * (len(t[0]) + len(t[1])) + _TRANSFER_JSON_BYTES):
+            last = page[-1]
+            return page, f"{last[0]}|{last[1]}|{last[2]}"
+        page.append(t)
+    return page, None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.errors import InvalidArgument, quote
 from mutualrl.common.redis_errors import redis_op as _redis_op
 from mutualrl.see import metrics as m
 
@@ -25,9 +25,9 @@ def check_stream_id(value: str, field: str) -> str:
     """`<ms>-<seq>` with both parts unsigned 64-bit integers (what Redis accepts)."""
     match = _STREAM_ID_RE.match(value)
     if not match:
-        raise InvalidArgument(field, f"not a stream id of the form <ms>-<seq>: {value[:64]!r}")
+        raise InvalidArgument(field, f"not a stream id of the form <ms>-<seq>: {quote(value)}")
     if int(match[1]) > _U64_MAX or int(match[2]) > _U64_MAX:
-        raise InvalidArgument(field, f"stream id parts must be at most 2^64-1: {value[:64]!r}")
+        raise InvalidArgument(field, f"stream id parts must be at most 2^64-1: {quote(value)}")
     return value
 
 

@@ -28,7 +28,7 @@ from redis import exceptions as rexc
 
 from mutualrl.common.errors import Unavailable
 from mutualrl.see import metrics as m
-from mutualrl.see.keys import KINDS, kind_name
+from mutualrl.see.keys import KINDS, RunKeys, kind_name
 from mutualrl.see.store.durability import Mode
 from mutualrl.see.store.entries import redis_op
 from mutualrl.see.store.layout import (
@@ -43,7 +43,7 @@ from mutualrl.see.store.layout import (
     success_aux,
 )
 from mutualrl.see.store.lua import PUBLISH_LUA
-from mutualrl.see.store.runs import RunRegistry
+from mutualrl.see.store.runs import RunRegistry, queue_round
 from mutualrl.see.validate import Batch, text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -130,8 +130,11 @@ class Publisher:
             slack=max(1, min(100, ret.max_stream_len // 10)), rows=batch_rows(rows),
             nonce=nonce, old_prefix=rk.rec_prefix, present="".join(map(str, present))
         ).argv()
+        top = max(batch.round)
         async with redis_op("publish"):
-            reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids)
+            reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids,
+                                            (rk, top))
+        self.runs.raised_round(run_id, top)
         flags = as_str(reply[0])
         if "0" not in flags and len(present) == 1:
             # The common batch: one kind, nothing duplicated.
@@ -156,16 +159,19 @@ class Publisher:
         return ids, flags
 
     async def _transaction(self, strings: list[tuple[str, bytes]], ttl: int, keys: list[str],
-                           args: Sequence[bytes | str | int], record_ids: list[str]) -> Any:
-        """The MULTI/EXEC (a SET of each (key, payloads) of `strings`, then the index script);
-        returns the script's reply."""
+                           args: Sequence[bytes | str | int], record_ids: list[str],
+                           top: tuple[RunKeys, int]) -> Any:
+        """The MULTI/EXEC (a SET of each (key, payloads) of `strings`, the raise of the run's
+        current round to the batch's highest, `top`, then the index script); returns the
+        script's reply."""
         for attempt in (0, 1):
             if self.mode is Mode.WAITAOF:
-                replies = await self._transaction_waitaof(strings, ttl, keys, args)
+                replies = await self._transaction_waitaof(strings, ttl, keys, args, top)
             else:
                 async with self.runs.r.pipeline(transaction=True) as pipe:
                     for key, data in strings:
                         pipe.set(key, data, ex=ttl)
+                    queue_round(pipe, *top, ttl)
                     pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
             *set_replies, reply = replies
@@ -196,13 +202,15 @@ class Publisher:
             await self.runs.r.delete(*unused)
 
     async def _transaction_waitaof(self, strings: list[tuple[str, bytes]], ttl: int,
-                                   keys: list[str], args: Sequence[bytes | str | int]) -> list[Any]:
+                                   keys: list[str], args: Sequence[bytes | str | int],
+                                   top: tuple[RunKeys, int]) -> list[Any]:
         """The same MULTI/EXEC, then WAITAOF on the same connection (it waits for that
         connection's writes): the replies of the SETs and the script, once fsynced."""
         async with self.runs.r.pipeline(transaction=False) as pipe:
             pipe.execute_command("MULTI")
             for key, data in strings:
                 pipe.set(key, data, ex=ttl)
+            queue_round(pipe, *top, ttl)
             pipe.evalsha(self.script.sha, len(keys), *keys, *args)
             pipe.execute_command("EXEC")
             pipe.execute_command("WAITAOF", 1, 0, _WAITAOF_TIMEOUT_MS)

@@ -342,29 +342,36 @@ class PeerExchange:
         self, round_k: int, max_lag: int, max_records: int, deadline: float
     ) -> list[PeerRollout]:
         """Unread peer ROLLOUTs of rounds >= round_k - max_lag (acknowledged on read: a record
-        is offered once; the consumer group position lives in SEE)."""
-        resp = self.client.fetch_rollouts(
-            self.run_id, self.policy, self.consumer, max_records=max_records, block_ms=0,
-            current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline),
-            outage_budget=self._outage_budget(deadline))
-        out = [
-            PeerRollout(
-                delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
-                prompt_id=d.record.prompt_id, text=d.record.text,
-                tokenizer_id=d.record.tokenizer_id, token_ids=ta.token_ids(d.record).tolist(),
-                offsets=list(zip(ta.offset_starts(d.record).tolist(),
-                                 ta.offset_ends(d.record).tolist(), strict=True)),
-                logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
-                stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
-                record_id=d.record.record_id,
-                truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
-            for d in resp.deliveries
-        ]
-        if out:
-            ids = [r.delivery_id for r in out]
-            self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
-                            outage_budget=self._outage_budget(deadline))
-            self.last_delivery_id = ids[-1]
+        is offered once; the consumer group position lives in SEE), up to `max_records` over as
+        many pages as SEE's byte budget makes of them."""
+        out: list[PeerRollout] = []
+        while len(out) < max_records:
+            resp = self.client.fetch_rollouts(
+                self.run_id, self.policy, self.consumer, max_records=max_records - len(out),
+                block_ms=0, current_round=round_k, max_round_lag=max_lag,
+                timeout=remaining(deadline), outage_budget=self._outage_budget(deadline))
+            page = [
+                PeerRollout(
+                    delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
+                    prompt_id=d.record.prompt_id, text=d.record.text,
+                    tokenizer_id=d.record.tokenizer_id,
+                    token_ids=ta.token_ids(d.record).tolist(),
+                    offsets=list(zip(ta.offset_starts(d.record).tolist(),
+                                     ta.offset_ends(d.record).tolist(), strict=True)),
+                    logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
+                    stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
+                    record_id=d.record.record_id,
+                    truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
+                for d in resp.deliveries
+            ]
+            if page:
+                ids = [r.delivery_id for r in page]
+                self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
+                                outage_budget=self._outage_budget(deadline))
+                self.last_delivery_id = ids[-1]
+            out += page
+            if not resp.more or not page:
+                return out
         return out
 
     # ---- tokens (THL) -----------------------------------------------------------------------

@@ -54,8 +54,8 @@ def _served(engine: object, names: list[str]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_two_rounds_then_the_engine_serves_the_trainers_weights(tmp_path: Path, engine: str,
                                                                 lora: bool) -> None:
-    from mutualrl.trainer.engines.base import sync_tensors
     from mutualrl.trainer.model.batch import completion_logprobs, pack
+    from mutualrl.trainer.model.lora import sync_tensors
     from mutualrl.trainer.runtime.loop import train
     from mutualrl.trainer.runtime.session import build_session
 

@@ -1,13 +1,18 @@
-"""Fuzz every RPC of every MutualRL service (#14): each method found through the proto
-descriptors, so a new RPC or service is covered without editing this file.
+"""Fuzz every RPC of every MutualRL service: each method found through the proto descriptors
+(the 28 `rpc` lines of the .proto files, counted from their text too), so a new RPC or service
+is covered without editing this file.
 
 Three real servers (SEE, THL, MWRA) run with auth on, each on its own event loop, over the real
 Redis. Each method gets random bytes and requests built field by field from its descriptor
-(boundary ints, NaN/inf, empty/huge/NUL/non-UTF-8 strings, 100,000-entry repeated fields),
-with the admin token, a read or policy token, a wrong token or none. Every answer must come
-within 1 s with a code a client's mistake may get; afterwards the server is SERVING and nothing
-was logged at ERROR.
-Deterministic: hypothesis derandomized, no example database.
+(counts, sums and rounds at 0, +-2^31, 2^63 - 1, -2^63, 2^64 - 1 and 2^64 (an over-long
+varint), NaN/inf/1e308, empty / 10 kB / 1 MiB / NUL / non-UTF-8 strings, 100,000-entry repeated
+fields), with the admin token, a read or policy token, a wrong token or none. Every answer must
+come within 1 s with a code a client's mistake may get (never UNKNOWN or INTERNAL), no answer
+or stream message may be larger than its service's byte budget (SEE's is set small here, so
+its pages end early), and afterwards the server is SERVING, nothing was logged at ERROR, and a
+peer's GetRoundStats of the fuzzed run still answers. `test_hostile_reward_stats_*` publishes
+the records that once broke GetRoundStats for every peer, and plants one as an older SEE stored
+it. Deterministic: hypothesis derandomized, no example database.
 
 Request bytes are built by hand (not through message objects) so a request can carry what the
 Python protobuf API refuses to hold: invalid UTF-8 in a `string` field, a 64-bit varint in an
@@ -43,8 +48,9 @@ from service_loop import LoopThread, delete_keys
 import mutualrl.v1
 from mutualrl.common.auth import derive_token
 
-INTS = (0, 1, -1, 2, 7, 100, 4096, 30_000, 2**31 - 1, -(2**31), 2**31, 2**32, 2**63 - 1,
-        -(2**63), 2**64 - 1)
+INTS = (0, 1, -1, 2, 7, 100, 4096, 30_000, 2**31 - 1, -(2**31), 2**31, 2**32, 2**53,
+        2**63 - 1, -(2**63), 2**64 - 1, 2**64)
+"""2^64 has no varint of 64 bits: it goes on the wire as an over-long one (a parse error)."""
 FLOATS = (0.0, -0.0, 1.0, -1.0, 0.5, math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324,
           3.4e38)
 PLAUSIBLE_INTS = (0, 1, 2, 3, 10, 100, 1000)
@@ -52,7 +58,8 @@ PLAUSIBLE_INTS = (0, 1, 2, 3, 10, 100, 1000)
 FRESH_IDS = (b"fz-a", b"fz-b", b"fz-c")
 """Valid ids of things that do not exist yet (a run, a worker, a policy to create)."""
 HUGE_STRING = b"x" * (1 << 20)
-WEIRD_STRINGS = (b"", b"a\x00b", b"\x00", b"\xff\xfe\x80", b"\xc3\x28", HUGE_STRING,
+ID_10K = b"i" * 10_240
+WEIRD_STRINGS = (b"", b"a\x00b", b"\x00", b"\xff\xfe\x80", b"\xc3\x28", HUGE_STRING, ID_10K,
                  b"18446744073709551616", b"18446744073709551616-0",
                  b"18446744073709551615-18446744073709551615", b"99999999999999999999-1",
                  b"0-0", b"-1", b"1-1", b"$", b">", b"*", b"../../../../etc/passwd",
@@ -71,7 +78,9 @@ _FIXED = {FieldDescriptor.TYPE_FIXED32: "<I", FieldDescriptor.TYPE_SFIXED32: "<i
 
 
 def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative numbers: ten bytes of two's complement, as protobuf does
+    if value < 0:
+        value &= (1 << 64) - 1  # ten bytes of two's complement, as protobuf does
+    # (2^64 and beyond: more than ten bytes, which no parser takes)
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -313,6 +322,23 @@ def _all_methods() -> list[MethodDescriptor]:
 
 
 METHODS = _all_methods()
+SEE_BUDGET = 256 * 1024
+"""SEE's answer byte budget in the stack below (its floor: a 64 KiB record and 64 KiB)."""
+MESSAGE_LIMIT = 64 * 1024 * 1024
+"""THL's and MWRA's: their message limit (their answers are bounded by construction)."""
+BUDGETS = {"mutualrl.v1.ExperienceExchange": SEE_BUDGET, "mutualrl.v1.RunMetrics": SEE_BUDGET}
+CALLS: dict[str, dict[str, int]] = {}
+"""Method -> answer code -> calls, over the whole module (printed at the end)."""
+
+
+def test_every_rpc_of_the_protos_is_fuzzed() -> None:
+    """The methods found through the descriptors are the `rpc` lines of the .proto files."""
+    root = Path(mutualrl.v1.__path__[0])
+    lines = [line.split()[1].split("(")[0] for f in sorted(root.glob("*.proto"))
+             for line in f.read_text(encoding="utf-8").splitlines()
+             if line.strip().startswith("rpc ")]
+    ours = sorted(m.name for m in METHODS if m.full_name.startswith("mutualrl."))
+    assert sorted(lines) == ours and len(ours) == 28, (len(ours), ours)
 
 # Findings of the fuzz suite whose fix is another part of #14, not landed yet: the xfail is
 # strict, so the day the fix lands this list must lose the entry.
@@ -352,6 +378,8 @@ class Stack:
     errors: ErrorLog
     rest_url: str
     run_id: str
+    prefix: str
+    redis_url: str
 
 
 def _served(address: str) -> list[str]:
@@ -380,7 +408,9 @@ def stack(redis_url: str) -> Iterator[Stack]:
     common: dict[str, Any] = {"port": 0, "metrics_port": None, "redis_url": redis_url,
                               "key_prefix": prefix, "auth_token": ADMIN}
     starts: dict[str, Callable[[], Awaitable[Any]]] = {
-        "see": lambda: start_see(make_config(redis_url, key_prefix=prefix, auth_token=ADMIN)),
+        "see": lambda: start_see(make_config(
+            redis_url, key_prefix=prefix, auth_token=ADMIN,
+            limits={"max_response_bytes": SEE_BUDGET, "max_record_bytes": 64 * 1024})),
         "thl": lambda: start_thl(ThlConfig.model_validate(
             # 64 KiB texts: aligning THL's default 1 MiB takes over the 1 s on a loaded host.
             {**common, "tokenizers": {"fuzz-tok": tokenizer}, "max_text_bytes": 1 << 16,
@@ -404,7 +434,8 @@ def stack(redis_url: str) -> Iterator[Stack]:
                    "polic": (b"p0", b"p1", b"p0"), "tokenizer": (b"fuzz-tok", b"fz-tok"),
                    "worker": (b"w0", b"w1"), "path": (tokenizer.encode(),),
                    "prompt": (b"q0", b"q1"), "consumer": (b"c0",)}
-        yield Stack(addresses, strings, errors, servers["see"].rest_url, run_id)
+        yield Stack(addresses, strings, errors, servers["see"].rest_url, run_id, prefix,
+                    redis_url)
     finally:
         logging.getLogger().removeHandler(errors)
         for name, srv in servers.items():
@@ -424,6 +455,8 @@ class Answer:
     code: grpc.StatusCode
     details: str
     seconds: float
+    size: int = 0
+    """Bytes of the answer (of a stream's first message)."""
 
 
 def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None
@@ -435,12 +468,12 @@ def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: s
         if method.server_streaming:
             stream = channel.unary_stream(path)(body, metadata=metadata, timeout=ANSWER_SECONDS)
             try:
-                next(iter(stream), None)  # the first message (or the end) is the answer
+                first = next(iter(stream), None)  # the first message (or the end) is the answer
             finally:
                 stream.cancel()
         else:
-            channel.unary_unary(path)(body, metadata=metadata, timeout=ANSWER_SECONDS)
-        return Answer(grpc.StatusCode.OK, "", time.perf_counter() - start)
+            first = channel.unary_unary(path)(body, metadata=metadata, timeout=ANSWER_SECONDS)
+        return Answer(grpc.StatusCode.OK, "", time.perf_counter() - start, len(first or b""))
     except grpc.RpcError as err:
         return Answer(err.code(), err.details() or "", time.perf_counter() - start)
 
@@ -457,6 +490,11 @@ def _verdict(method: MethodDescriptor, answer: Answer, waits: bool) -> str | Non
         return None  # we cancelled it after its first message
     if answer.code not in OK_CODES:
         return f"{answer.code.name}: {answer.details[:300]}"
+    budget = BUDGETS.get(method.containing_service.full_name, MESSAGE_LIMIT)
+    if answer.size > budget:
+        return f"an answer of {answer.size} bytes, over the byte budget of {budget}"
+    if len(answer.details) > 2048:
+        return f"status details of {len(answer.details)} characters"
     return None
 
 
@@ -468,16 +506,41 @@ def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token:
     if answer.code == grpc.StatusCode.DEADLINE_EXCEEDED and not method.server_streaming \
             and not body.asks_to_wait:
         answer = _call(channel, method, body.data, token)
+    codes = CALLS.setdefault(method.full_name, {})
+    codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
     return answer
 
 
 def _check_after(stack: Stack, channel: grpc.Channel, method: MethodDescriptor) -> None:
-    """The server still serves within the deadline, and nothing was logged at ERROR."""
+    """The server still serves within the deadline, nothing was logged at ERROR, and a peer's
+    GetRoundStats of the fuzzed run answers (or says the run is gone: DeleteRun was fuzzed)."""
     stub = health_pb2_grpc.HealthStub(channel)
     reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=ANSWER_SECONDS)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    _peer_round_stats(stack, {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND})
     errors = stack.errors.take()
     assert errors == [], f"{method.full_name}: logged at ERROR for a client's mistake: {errors}"
+
+
+def _peer_round_stats(stack: Stack, codes: set[grpc.StatusCode]) -> Any:
+    """p1's GetRoundStats of round 0 of the fuzzed run, as its trainer asks it."""
+    from mutualrl.v1 import experience_pb2 as pb
+    from mutualrl.v1 import experience_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(stack.addresses["mutualrl.v1.ExperienceExchange"]) as channel:
+        request = pb.RoundStatsRequest(run_id=stack.run_id, round=0, prompt_ids=["q0", "q1"],
+                                       policy_id="p1")
+        try:
+            token = derive_token(ADMIN, "policy:p1")
+            reply = pb_grpc.ExperienceExchangeStub(channel).GetRoundStats(
+                request, metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+        except grpc.RpcError as err:
+            assert err.code() in codes, (err.code(), err.details())
+            return None
+        assert grpc.StatusCode.OK in codes
+        for p in reply.prompts:
+            assert all(math.isfinite(v) for v in (p.pooled.sum, p.pooled.sum_sq, p.pooled.max))
+        return reply
 
 
 FUZZ_SETTINGS = settings(
@@ -581,3 +644,74 @@ def test_every_rpc_answers_boundary_values_with_a_client_error(stack: Stack,
         print(f"{method.full_name}: {codes}")
         assert problems == [], f"{method.full_name}: {len(problems)} bad answers: {problems[:5]}"
         _check_after(stack, channel, method)
+
+
+def _stats_record(count: int, total: float, sum_sq: float, top: float) -> bytes:
+    """A REWARD_STATS record of p0 on q0, round 0, its stats written by hand: a count past
+    int64 goes on the wire as it is (an over-long varint for 2^64)."""
+    from mutualrl.v1 import experience_pb2 as pb
+
+    head = pb.ExperienceRecord(record_id=f"hostile-{count}-{total}-{sum_sq}-{top}",
+                               policy_id="p0", prompt_id="q0", round=0, kind=pb.REWARD_STATS)
+    stats = (_key(1, 0) + varint(count) + _key(2, 1) + _fixed("<d", total)
+             + _key(3, 1) + _fixed("<d", sum_sq) + _key(4, 1) + _fixed("<d", top))
+    return head.SerializeToString() + _delimited(18, stats)
+
+
+@pytest.mark.timeout(120)
+def test_hostile_reward_stats_are_refused_and_peers_keep_answering(stack: Stack) -> None:
+    """A REWARD_STATS count of 2^63 - 1 passed once; with another policy's stats of the same
+    prompt and round, every GetRoundStats of that round failed INTERNAL for every peer."""
+    import redis
+
+    from mutualrl.see.keys import RunKeys
+    from mutualrl.v1 import experience_pb2 as pb
+
+    _recreate(stack)
+    publish = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].methods_by_name["Publish"]
+    peer = pb.ExperienceRecord(record_id="peer-q0", policy_id="p1", prompt_id="q0", round=0,
+                               kind=pb.REWARD_STATS,
+                               stats=pb.RewardStats(count=8, sum=4.0, sum_sq=4.0, max=1.0))
+    run = _delimited(1, stack.run_id.encode())
+    with grpc.insecure_channel(stack.addresses["mutualrl.v1.ExperienceExchange"]) as channel:
+        ok = _call(channel, publish, run + _delimited(2, peer.SerializeToString()), ADMIN)
+        assert ok.code == grpc.StatusCode.OK, ok.details
+        refused = 0
+        for count in (2**63 - 1, 2**64 - 1, 2**64, -1, 0, (1 << 20) + 1, 8):
+            for total, sum_sq, top in ((4.0, 4.0, 1.0), (1e308, 1e308, 1e308),
+                                       (-1e308, 1e308, 0.0), (math.nan, 1.0, 1.0),
+                                       (4.0, math.inf, 1.0), (4e9, 2e18, 1e9 + 1)):
+                if count == 8 and (total, sum_sq, top) == (4.0, 4.0, 1.0):
+                    continue
+                body = run + _delimited(2, _stats_record(count, total, sum_sq, top))
+                answer = _call(channel, publish, body, ADMIN)
+                assert answer.code == grpc.StatusCode.INVALID_ARGUMENT, (count, total, answer)
+                assert answer.details.startswith(("records[0].stats", "records:")), answer
+                refused += 1
+        assert refused == 41
+    # As an older SEE stored it: the peer's GetRoundStats leaves it out and answers.
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        key = RunKeys(stack.prefix, stack.run_id).round_stats(0)
+        client.hset(key, "q0|p0", f"{2**63 - 1},1.0,1.0,1.0")
+        client.hset(key, "q1|p0", "nan,x")
+        reply = _peer_round_stats(stack, {grpc.StatusCode.OK})
+        q0, q1 = reply.prompts
+        assert [(e.policy_id, e.stats.count) for e in q0.policies] == [("p1", 8)]
+        assert (q0.pooled.count, q0.pooled.sum, q0.pooled.max) == (8, 4.0, 1.0)
+        assert list(q1.policies) == []
+    finally:
+        client.close()
+    assert stack.errors.take() == []
+
+
+def test_zz_fuzz_call_counts() -> None:
+    """Prints what the module sent: answers per code over every fuzzed method (the figure
+    docs/reliability.md quotes)."""
+    total: dict[str, int] = {}
+    for codes in CALLS.values():
+        for code, n in codes.items():
+            total[code] = total.get(code, 0) + n
+    print(f"fuzz calls: {sum(total.values())} over {len(CALLS)} methods: "
+          f"{dict(sorted(total.items()))}")
+    assert not set(total) - {c.name for c in OK_CODES} - {"DEADLINE_EXCEEDED", "CANCELLED"}

@@ -22,7 +22,7 @@ from mutualrl.bench.testing.see import (
 )
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store.entries import SEP
+from mutualrl.see.store.layout import HEADER_SEP
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -186,8 +186,8 @@ async def test_records_written_before_batch_strings_are_served_and_trimmed(
     k = keys(run_id)
     old = rollout("a", 0, "old", 0)
     old.run_id = run_id
-    rds.xadd(k.stream(pb.ROLLOUT), {"h": SEP.join([old.record_id, "a", "old", "0", "0", "0"])},
-             id="1-0")
+    rds.xadd(k.stream(pb.ROLLOUT),
+             {"h": HEADER_SEP.join([old.record_id, "a", "old", "0", "0", "0"])}, id="1-0")
     rds.hset(k.idx, old.record_id, f"{pb.ROLLOUT}:1-0")
     rds.set(k.rec(old.record_id), old.SerializeToString(), ex=3600)
     rds.set(k.lastid, "1-0")

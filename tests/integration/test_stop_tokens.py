@@ -17,7 +17,7 @@ from service_loop import see_server
 
 from mutualrl.trainer.config.run import ProbeSettings
 from mutualrl.trainer.config.task import JsonlTaskConfig
-from mutualrl.trainer.data.jsonl import make_task
+from mutualrl.trainer.data.task_factory import make_task
 from mutualrl.trainer.engines.base import completion_offsets
 from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 from mutualrl.trainer.sharing.exchange import PeerExchange, round_records

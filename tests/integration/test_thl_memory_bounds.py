@@ -1,4 +1,4 @@
-"""#14 item 12: THL's memory stays bounded whatever clients send. A `mutualrl thl serve` process
+"""THL's memory stays bounded whatever clients send. A `mutualrl thl serve` process
 (port 0, registrations in the real Redis) takes many registrations of a large tokenizer, used
 in turn so the cache churns, and concurrent Retokenize / AlignTrace calls of up to its per-call
 text limit, byte-per-token worst cases and oversized ones among them. Its peak RSS (VmHWM from
@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from mutualrl.bench.testing.process import status, stop
 from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
@@ -60,13 +61,6 @@ def _big_tokenizer(target: Path, n_words: int = 30_000) -> Path:
     (target / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}), encoding="utf-8")
     return target
-
-
-def _status(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
-    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    assert m, field
-    return int(m.group(1)) * 1024
 
 
 def _metric(port: int, name: str) -> float:
@@ -110,12 +104,7 @@ def thl(tmp_path: Path, redis_url: str, run_id: str
         assert found, log.read_text()
         yield proc.pid, f"127.0.0.1:{m.group(1)}", int(found.group(1)), root, budget
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 def _texts(rng: random.Random, total: int, count: int) -> list[str]:
@@ -172,7 +161,7 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
             assert len(out[0].token_ids) == 4
             check_cache()
         cache_bytes = _metric(metrics_port, "mutualrl_thl_tokenizer_cache_bytes")
-        baseline = _status(pid, "VmRSS")
+        baseline = status(pid, "VmRSS")
 
         rng = random.Random(11)
 
@@ -190,9 +179,9 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
                                         texts[:4]), ("texts",))
 
         await asyncio.gather(*(worker(k) for k in range(4)))
-    peak = _status(pid, "VmHWM")
+    peak = status(pid, "VmHWM")
     print(f"THL RSS: baseline {baseline / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, "
-          f"now {_status(pid, 'VmRSS') / MiB:.0f} MiB; cache {cache_bytes / MiB:.1f} MiB; "
+          f"now {status(pid, 'VmRSS') / MiB:.0f} MiB; cache {cache_bytes / MiB:.1f} MiB; "
           f"refusals {dict(codes)}")
     assert peak < RSS_BOUND, (peak / MiB, baseline / MiB)
     assert peak - baseline < GROWTH_BOUND, (peak / MiB, baseline / MiB)
@@ -201,3 +190,25 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
     assert codes["OK"] >= 24 + 4
     check_cache()
     assert _metric(metrics_port, "mutualrl_thl_inflight_request_bytes") == 0
+
+
+@pytest.mark.timeout(600)
+def test_thl_peak_on_4_mib_of_emoji_one_call_and_three_at_once() -> None:
+    """THL with its default limits on the largest Retokenize they let through, 4 MiB of emoji
+    in four 1 MiB texts (3.1 M tokens): one call and three at once peak under the bound
+    docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with AlignTrace
+    and repeats). Inputs beyond the limits are refused before any work."""
+    from mutualrl.bench.thl_memory import BOUND_MIB, run_memory
+
+    out = run_memory(repeats=1, scenarios=(("retokenize", 1), ("retokenize", 3)))
+    print(json.dumps(out, indent=1))
+    for name, figures in out["scenarios"].items():
+        assert figures["tokens_per_call"] == 3 * (1 << 20), name
+        assert figures["peak_mib"] < BOUND_MIB, (name, figures)
+    assert {name: r["code"] for name, r in out["refusals"].items()} == {
+        "texts over max_request_text_bytes (5 x 1 MiB)": "INVALID_ARGUMENT",
+        "one text over max_text_bytes (1 MiB + 4 B)": "INVALID_ARGUMENT",
+        "1 M source tokens for a 64 kB text": "INVALID_ARGUMENT",
+        "1 M source tokens, one value missing": "INVALID_ARGUMENT",
+        "4 x 1 MiB of emoji, 1 M source tokens each (answer over 64 MiB)":
+            "RESOURCE_EXHAUSTED"}

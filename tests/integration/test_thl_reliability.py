@@ -1,12 +1,14 @@
 """THL under odd and hostile input, over real gRPC (port 0) with registrations in the real Redis:
-registration confined to `tokenizer_roots` with one answer whatever lies outside them, odd paths
-refused as INVALID_ARGUMENT, Retokenize and AlignTrace batches too large to answer refused before
-the work, and BERT-family tokenizers whose tokenizer.json truncates and pads encoded
-whole."""
+registration confined to `tokenizer_roots` with one answer whatever lies outside them, the
+files a load opens checked too (a tokenizer.json or a directory linked out of the roots, a FIFO:
+refused, also when planted after the registration), odd paths refused as INVALID_ARGUMENT,
+Retokenize and AlignTrace batches too large to answer refused before the work, and
+BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ from mutualrl.bench.testing.thl import trained_tokenizers
 from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.channel import ClientOptions
+from mutualrl.common.errors import quote
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.server import ThlServer, start_thl
 
@@ -107,13 +110,67 @@ async def test_paths_outside_the_roots_get_one_answer_whatever_exists_there(
             err = await _error(thl.register("x", path))
             assert err.code() == INVALID, (what, err.details())
             # the path is echoed; everything else is the same for every case
-            answers[what] = (err.details() or "").replace(repr(path), "<path>")
+            answers[what] = (err.details() or "").replace(quote(path), "<path>")
         assert len(set(answers.values())) == 1, answers
         assert "tokenizer_roots" in next(iter(answers.values()))
         # inside the root the answers are as helpful as before
         err = await _error(thl.register("x", str(root / "missing")))
         assert err.code() == INVALID and "does not exist" in (err.details() or "")
         assert [i.tokenizer_id for i in await thl.list()] == []
+
+
+async def test_links_planted_out_of_a_root_are_refused_file_and_directory(
+        server: ThlServer, root: Path, tmp_path: Path, paths: dict[str, str]) -> None:
+    """A directory inside a root whose tokenizer.json links out of the roots (to a real
+    tokenizer, or to /etc/passwd), a linked directory inside a tokenizer directory, a FIFO: each
+    register is refused before anything opens the file; the same holds at a reload, for a link
+    planted after the registration succeeded."""
+    outside = tmp_path / "outside"
+    shutil.copytree(paths["char"], outside)
+    planted = {
+        "tokenizer.json -> a tokenizer outside": ("file", outside / "tokenizer.json"),
+        "tokenizer.json -> /etc/passwd": ("file", Path("/etc/passwd")),
+        "tokenizer_config.json -> outside": ("config", outside / "tokenizer_config.json"),
+        "a directory linked out": ("dir", outside),
+    }
+    async with _client(server) as thl:
+        for i, (what, (kind, target)) in enumerate(planted.items()):
+            d = root / f"planted{i}"
+            shutil.copytree(paths["byte_bpe"], d)
+            if kind == "dir":
+                (d / "sub").symlink_to(target, target_is_directory=True)
+            else:
+                name = "tokenizer.json" if kind == "file" else "tokenizer_config.json"
+                (d / name).unlink()
+                (d / name).symlink_to(target)
+            err = await _error(thl.register(f"p{i}", str(d)))
+            assert err.code() == INVALID, (what, err.details())
+            assert "resolves outside the directories THL may read" in (err.details() or ""), \
+                (what, err.details())
+        # A FIFO (reading it would block a thread forever) is refused, as a file and inside a
+        # directory.
+        fifo_dir = root / "fifo"
+        shutil.copytree(paths["byte_bpe"], fifo_dir)
+        (fifo_dir / "special_tokens_map.json").unlink(missing_ok=True)
+        os.mkfifo(fifo_dir / "special_tokens_map.json")
+        os.mkfifo(root / "pipe.json")
+        for path in (fifo_dir, root / "pipe.json"):
+            err = await _error(thl.register("fifo", str(path)))
+            assert err.code() == INVALID and "not a regular file" in (err.details() or ""), \
+                err.details()
+        # Planted after the registration: the reload after a cache miss refuses it.
+        good = root / "good"
+        shutil.copytree(paths["byte_bpe"], good)
+        await thl.register("good", str(good))
+        assert (await thl.retokenize("good", ["abc"]))[0].token_ids.size > 0
+        server.engine.registry._forget("good")  # as if the cache had dropped it
+        (good / "tokenizer.json").unlink()
+        (good / "tokenizer.json").symlink_to(outside / "tokenizer.json")
+        err = await _error(thl.retokenize("good", ["abc"]))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+        assert "can no longer be loaded" in (err.details() or "")
+        assert "resolves outside" in (err.details() or ""), err.details()
+        assert sorted(i.tokenizer_id for i in await thl.list()) == ["good"]
 
 
 async def test_start_up_tokenizers_are_the_operators_and_not_confined(

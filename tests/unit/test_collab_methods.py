@@ -325,12 +325,12 @@ def test_sapo_rescores_peer_completions_with_its_own_task() -> None:
     """The learner's verifier decides a peer completion's reward, not the sender's report: a
     correct answer reported as 0 scores 1, a wrong one reported as 1 scores 0, and a completion
     the sender's budget cut scores 0 whatever its text."""
-    from mutualrl.trainer.data.tasks import Prompt, Task
+    from mutualrl.trainer.data.tasks import Prompt, SyntheticTask
     from mutualrl.trainer.sharing.exchange import PeerRollout
     from mutualrl.trainer.sharing.probes import RoundData
     from mutualrl.trainer.sharing.probes.sapo import SAPOProbe
 
-    task = Task(regime="short", skills=["add"])
+    task = SyntheticTask(regime="short", skills=["add"])
     p0 = Prompt(id="add:3+4=", skill="add", text="add:3+4=", answer="7")
     p1 = Prompt(id="add:5+5=", skill="add", text="add:5+5=", answer="10")
     data = RoundData(round=0, prompts=[p0, p1], samples=[[], []], rewards=t([[0.0], [0.0]]))

@@ -91,6 +91,27 @@ def test_record_order_is_numeric_in_prompt_and_sample() -> None:
         "A/0/99/0/r", "A/1/2/3/r", "A/1/2/11/r", "A/1/10/0/r"]
 
 
+
+@pytest.mark.parametrize("bad", ["A/1/2/r", "A/x/2/3/r", "A/1/2/3/q", "A/1/2/stats/r", ""])
+def test_a_malformed_record_id_is_an_error_naming_it(bad: str) -> None:
+    from dataclasses import replace
+
+    from mutualrl.trainer.sharing.record_ids import (
+        RecordId,
+        parse_record_id,
+        rollout_id,
+        stats_id,
+        success_id,
+    )
+
+    with pytest.raises(ValueError, match="record id"):
+        record_order(replace(_rollout("A", 1, 2, 3), record_id=bad))
+    # the writer's ids read back
+    assert parse_record_id(rollout_id("A", 1, 2, 3)) == RecordId("A", 1, 2, 3, "r")
+    assert parse_record_id(success_id("A", 1, 2, 3)) == RecordId("A", 1, 2, 3, "s")
+    assert parse_record_id(stats_id("A", 1, 2)) == RecordId("A", 1, 2, None, "stats")
+
+
 def _cfg(**fields: object) -> object:
     from mutualrl.trainer.config.run import TrainerConfig
 

@@ -315,7 +315,7 @@ def test_counter_uniforms_are_uniform_and_independent_across_rows_and_steps() ->
 
 def test_a_lora_policy_samples_from_its_merged_copy(cache: Path) -> None:
     from mutualrl.trainer.config.run import LoraSettings
-    from mutualrl.trainer.engines.base import sync_tensors
+    from mutualrl.trainer.model.lora import sync_tensors
     from mutualrl.trainer.model import lora
 
     model, tok = load_policy(ensure_preset("llama-char", cache))

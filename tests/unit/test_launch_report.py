@@ -14,7 +14,7 @@ from mutualrl.launch.report import demos_by_donor, learned_table, plot_curves, r
 
 
 def _plan(tmp_path: Path) -> object:
-    from mutualrl.launch.up import LaunchPlan
+    from mutualrl.launch.plan import LaunchPlan
 
     warm = tmp_path / "warm-a"
     warm.mkdir()

@@ -34,3 +34,22 @@ def test_launch_plan_gives_thl_the_trainers_tokenizer_directories(tmp_path: Path
     assert eff["thl"]["tokenizer_roots"] == ["runs", "/data/run",
                                              str((tmp_path / "out").resolve()),
                                              str(model.resolve())]
+
+
+def test_a_cache_snapshot_adds_the_directory_its_files_link_into(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot holds links into the cache's blobs/: THL must be let read
+    them, or it refuses the tokenizer as linking out of its roots."""
+    blobs = tmp_path / "hub" / "models--org--m" / "blobs"
+    snapshot = tmp_path / "hub" / "models--org--m" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (blobs / "1234").write_text("{}")
+    (snapshot / "tokenizer.json").symlink_to(blobs / "1234")
+    (snapshot / "config.json").write_text("{}")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"trainer": {
+        "run_id": "roots", "output_dir": str(tmp_path / "out"),
+        "policies": [{"name": "a", "model_path": str(snapshot)}]}}))
+    plan, _ = make_launch_plan(cfg, "redis://127.0.0.1:6379/0", None)
+    eff = yaml.safe_load(plan.config_path.read_text())
+    assert eff["thl"]["tokenizer_roots"][-2:] == [str(snapshot.resolve()), str(blobs.resolve())]

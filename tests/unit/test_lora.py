@@ -161,7 +161,7 @@ def test_merged_tensors_are_base_plus_scaled_BA(family: str) -> None:
     assert all(torch.allclose(merged[n], reference[n], rtol=0, atol=1e-6) for n in merged)
     assert any(".lora_B." in n for n, _ in model.named_parameters())
 
-    from mutualrl.trainer.engines.base import sync_tensors
+    from mutualrl.trainer.model.lora import sync_tensors
 
     synced = dict(sync_tensors(model))
     assert all(torch.equal(synced[n], merged[n]) for n in merged)

@@ -119,7 +119,7 @@ def test_the_layer_table_has_the_contracts_layers_top_first(tmp_path: Path) -> N
                     ("cli", "runtime", "sharing", "data", "engines", "model", "config", "algos")]
     assert ("| `mutualrl.trainer.engines` | `base`, `factory`, `hf`, `sampling`, `sglang`, "
             "`static_decode`, `vllm` |") in table
-    assert "`exchange`, `probes/`" in table
+    assert "`exchange`, `record_ids`, `probes/`" in table
     # a layer without a package docstring cannot be described: the page refuses
     root = tmp_path / "ws"
     pkg = root / "svc" / "src" / "mutualrl" / "trainer"

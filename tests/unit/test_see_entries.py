@@ -9,7 +9,7 @@ from mutualrl.bench.testing.see import stats_record
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see.config import SeeConfig, SeeLimits
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store.entries import Header
+from mutualrl.see.store.layout import Header
 from mutualrl.see.store.publish import publish_response
 from mutualrl.see.validate import normalise_text, text_digest, validate_record
 from mutualrl.v1 import experience_pb2 as pb

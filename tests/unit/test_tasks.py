@@ -7,13 +7,20 @@ import random
 import pytest
 
 from mutualrl.trainer.config.task import DEFAULT_SKILLS, SKILLS, TaskConfig
-from mutualrl.trainer.data.tasks import N_STYLES, Prompt, Task, corpus, skill_mix, worked_steps
+from mutualrl.trainer.data.tasks import (
+    N_STYLES,
+    Prompt,
+    SyntheticTask,
+    corpus,
+    skill_mix,
+    worked_steps,
+)
 
 
 def test_prompt_format_short_example() -> None:
     p = Prompt(id="add:37+58=", skill="add", text="add:37+58=", answer="95")
-    assert Task().sft_target(p, random.Random(0)) == "95;"
-    assert Task().reward(p, "95;", "stop") == 1.0
+    assert SyntheticTask().sft_target(p, random.Random(0)) == "95;"
+    assert SyntheticTask().reward(p, "95;", "stop") == 1.0
 
 
 def test_worked_styles_match_notes() -> None:
@@ -32,7 +39,7 @@ def test_worked_styles_match_notes() -> None:
 
 
 def test_answers_are_correct() -> None:
-    t = Task(skills=list(SKILLS), digits={"add": 3, "rev": 5})
+    t = SyntheticTask(skills=list(SKILLS), digits={"add": 3, "rev": 5})
     for p in t.prompts("train", 200, seed=3):
         skill, body = p.text[:-1].split(":")
         if skill == "add":
@@ -53,7 +60,7 @@ def test_answers_are_correct() -> None:
 
 @pytest.mark.parametrize("regime", ["short", "worked"])
 def test_every_sft_target_verifies(regime: str) -> None:
-    t = Task(regime=regime, skills=list(SKILLS))
+    t = SyntheticTask(regime=regime, skills=list(SKILLS))
     rng = random.Random(0)
     styles = set()
     for p in t.prompts("train", 300, seed=1):
@@ -69,7 +76,7 @@ def test_every_sft_target_verifies(regime: str) -> None:
 
 
 def test_deterministic_across_instances() -> None:
-    a, b = Task(regime="worked"), Task(regime="worked")
+    a, b = SyntheticTask(regime="worked"), SyntheticTask(regime="worked")
     assert a.prompts("train", 50, seed=7) == b.prompts("train", 50, seed=7)
     assert a.prompts("train", 50, seed=7) != a.prompts("train", 50, seed=8)
     assert a.prompts("heldout") == b.prompts("heldout")
@@ -79,7 +86,7 @@ def test_deterministic_across_instances() -> None:
 
 
 def test_heldout_size_mix_and_disjoint_from_train_and_rounds() -> None:
-    t = Task()
+    t = SyntheticTask()
     held = t.prompts("heldout")
     assert len(held) == 250 * len(DEFAULT_SKILLS)
     assert skill_mix(held) == {s: 250 for s in DEFAULT_SKILLS}
@@ -90,12 +97,12 @@ def test_heldout_size_mix_and_disjoint_from_train_and_rounds() -> None:
     for k in range(50):
         assert not held_ids & {p.id for p in t.round_prompts(k, 16, seed=0)}
     # The held-out set does not depend on the run seed, only on heldout_seed.
-    assert Task(heldout_seed=1).prompts("heldout") != held
+    assert SyntheticTask(heldout_seed=1).prompts("heldout") != held
 
 
 def test_round_prompts_paired_and_uniform() -> None:
-    # Two policies build their own Task objects: they must see the same prompts in a round.
-    a, b = Task(regime="short"), Task(regime="worked")
+    # Two policies build their own SyntheticTask objects: they must see the same prompts in a round.
+    a, b = SyntheticTask(regime="short"), SyntheticTask(regime="worked")
     for k in range(5):
         ra, rb = a.round_prompts(k, 16, seed=11), b.round_prompts(k, 16, seed=11)
         assert [p.id for p in ra] == [p.id for p in rb]
@@ -109,17 +116,17 @@ def test_round_prompts_paired_and_uniform() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="unknown skill"):
-        Task(skills=["div"])
+        SyntheticTask(skills=["div"])
     with pytest.raises(ValueError):
-        Task(regime="long")
+        SyntheticTask(regime="long")
     with pytest.raises(ValueError, match="unknown split"):
-        Task().prompts("test", 3)
-    t = Task(TaskConfig(skills=["rev"], digits={"rev": 6}))
+        SyntheticTask().prompts("test", 3)
+    t = SyntheticTask(TaskConfig(skills=["rev"], digits={"rev": 6}))
     assert t.stop == [";"] and t.max_new_tokens == 6
     assert len(t.prompts("train", 1)[0].answer) == 6
-    assert Task(regime="worked").max_new_tokens == 26
+    assert SyntheticTask(regime="worked").max_new_tokens == 26
 
 
 def test_corpus_covers_prompts_and_targets() -> None:
-    texts = corpus(Task(regime="worked"), n_per_skill=20)
+    texts = corpus(SyntheticTask(regime="worked"), n_per_skill=20)
     assert len(texts) == 80 and all(t.endswith(";") and ">" in t for t in texts)

@@ -128,8 +128,10 @@ def test_align_trace_too_large_to_answer_is_refused_before_the_work(
             m = [len(r.token_ids) for r in e.retokenize("wp", texts)]
             for mode, placement in (("chunk", "last"), ("sequence", "spread")):
                 res = e.align_trace("bpe", "wp", items, mode, placement)  # type: ignore[arg-type]
-                size = wire.result_to_pb(res).ByteSize()
-                assert size <= align_response_bound(items, m, 400), (texts[0][:10], mode)
+                size = len(wire.result_bytes(res))
+                assert size <= align_response_bound(
+                    texts, [len(it.source_token_ids) for it in items], m, 400), (texts[0][:10],
+                                                                                mode)
             for a, t, it in zip(res.results, texts, items, strict=True):
                 assert len(a.chunks) <= max(1, min(len(t), len(it.source_token_ids) + len(
                     a.target_token_ids) + 1))

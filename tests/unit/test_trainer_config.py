@@ -101,8 +101,9 @@ def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
     import json
 
     from mutualrl.trainer.config.run import TrainerConfig
-    from mutualrl.trainer.data.jsonl import JsonlTask, make_task
-    from mutualrl.trainer.data.tasks import Task
+    from mutualrl.trainer.data.jsonl import JsonlTask
+    from mutualrl.trainer.data.task_factory import make_task
+    from mutualrl.trainer.data.tasks import SyntheticTask
 
     data = tmp_path / "gsm.jsonl"
     data.write_text("\n".join(json.dumps({"question": f"What is {i}+1?",
@@ -116,7 +117,7 @@ def test_task_section_with_a_path_is_a_jsonl_dataset(tmp_path) -> None:
     prompt = task.round_prompts(0, 1, seed=0)[0]
     assert task.reward(prompt, f"so #### {prompt.answer}", "stop") == 1.0
     synthetic = TrainerConfig.model_validate({"task": {"regime": "worked"}, "policies": policies})
-    assert isinstance(make_task(synthetic.task), Task)
+    assert isinstance(make_task(synthetic.task), SyntheticTask)
 
 
 def test_aggregation_modes_accept_the_paper_names() -> None:
@@ -161,6 +162,56 @@ def test_policy_names_are_unique() -> None:
     with pytest.raises(ValidationError, match="unique"):
         TrainerConfig.model_validate({"policies": [{"name": "A", "preset": "gpt2-bpe"},
                                                    {"name": "A", "preset": "llama-char"}]})
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--rounds", "0"], "grpo.rounds"),
+    (["--nproc", "0"], "policies.0.nproc"),
+    (["--dry-run", "--nproc", "0"], "policies.0.nproc"),
+    (["--rounds", "-3", "--nproc", "2"], "grpo.rounds"),
+])
+def test_command_line_values_are_validated_with_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], field: str) -> None:
+    """--rounds and --nproc join the config before it is validated, so an out-of-range value
+    is its field's validation error (exit 2, nothing trained), not an assignment after it."""
+    from mutualrl.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  output_dir: " + str(tmp_path / "runs") + "\n"
+                    "  services: {local: true}\n  policies: [{name: a, preset: gpt2-bpe}]\n")
+    assert main(["train", "-c", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: Input should be greater than or equal to 1" in err, err
+    assert not (tmp_path / "runs").exists()
+    cfg = load_trainer_config(path, {}, rounds=7, nproc=3)
+    assert cfg.grpo.rounds == 7 and cfg.policies[0].nproc == 3
+
+
+def test_the_lr_schedule_is_transformers_get_scheduler() -> None:
+    """grpo.lr_schedule over rounds: a linear warm-up from 0, then constant, linear to 0 or
+    cosine to 0 at `rounds` (one scheduler step a round)."""
+    import math
+
+    import torch
+
+    from mutualrl.trainer.config.run import GRPOSettings
+    from mutualrl.trainer.runtime.session import make_scheduler
+
+    def lrs(schedule: str) -> list[float]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = make_scheduler(opt, GRPOSettings(lr_schedule=schedule, warmup_rounds=2,
+                                                 rounds=6))
+        out = []
+        for _ in range(6):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    assert lrs("constant") == [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert lrs("linear") == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
+    assert lrs("cosine") == pytest.approx(
+        [0.0, 0.5, *(0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4))])
 
 
 @pytest.mark.parametrize(("probe", "field"), [

@@ -16,8 +16,9 @@ from mutualrl.trainer.data.answers import (
     normalize,
     to_number,
 )
-from mutualrl.trainer.data.jsonl import JsonlTask, make_task
-from mutualrl.trainer.data.tasks import Task
+from mutualrl.trainer.data.jsonl import JsonlTask
+from mutualrl.trainer.data.task_factory import make_task
+from mutualrl.trainer.data.tasks import SyntheticTask
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ def test_jsonl_bad_record_names_line(tmp_path: Path) -> None:
 
 
 def test_synthetic_verifier_edge_cases() -> None:
-    short = Task(TaskConfig(regime="short"))
+    short = SyntheticTask(TaskConfig(regime="short"))
     p = short.prompts("heldout", 1)[0]
     a = p.answer
     assert short.reward(p, f"{a};", "stop") == 1.0
@@ -158,7 +159,7 @@ def test_synthetic_verifier_edge_cases() -> None:
     assert short.reward(p, f"{a}", "stop") == 0.0  # no end marker
     assert short.reward(p, f"{a}0;", "stop") == 0.0
     assert short.reward(p, f" {a} ;", "stop") == 1.0  # surrounding spaces are tolerated
-    worked = Task(regime="worked", format_reward=0.25)
+    worked = SyntheticTask(regime="worked", format_reward=0.25)
     q = worked.prompts("heldout", 1)[0]
     assert worked.reward(q, f"1+2=3>9>{q.answer};", "stop") == 1.0  # after the LAST `>`
     assert worked.reward(q, f"{q.answer};", "stop") == 0.0  # no `>`: not the worked format

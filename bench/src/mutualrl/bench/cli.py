@@ -70,6 +70,12 @@ def _see(commands: Commands) -> None:
 
 
 def _thl_bench(args: argparse.Namespace) -> int:
+    if args.memory:
+        from mutualrl.bench.thl_memory import run_memory
+
+        memory = run_memory(repeats=args.repeats)
+        print(_emit(memory, args.json))
+        return 0 if memory["within_bound"] else 1
     from mutualrl.bench.thl import run_bench
 
     result = run_bench(n_texts=args.texts, seed=args.seed, batch=args.batch,
@@ -79,13 +85,20 @@ def _thl_bench(args: argparse.Namespace) -> int:
 
 
 def _thl(commands: Commands) -> None:
-    p = commands.add(["bench", "thl"], "THL alignment throughput vs spacy-alignments.",
+    p = commands.add(["bench", "thl"], "THL alignment throughput vs spacy-alignments; with "
+                     "--memory, THL's peak memory on its largest input against its bound.",
                      _thl_bench)
+    p.add_argument("--memory", action="store_true",
+                   help="Measure a `mutualrl thl serve` process's peak RSS on 4 MiB of emoji, "
+                        "one call and three at once, and its refusal times (exit 1 when a peak "
+                        "passes the stated bound).")
     p.add_argument("--json", default=None, help="Write the result JSON here.")
     p.add_argument("--texts", type=int, default=2000, help="Texts in the corpus (>= 2000).")
     p.add_argument("--seed", type=int, default=0, help="Corpus and value seed.")
     p.add_argument("--batch", type=int, default=64, help="Items per align_batch call.")
-    p.add_argument("--repeats", type=int, default=3, help="Timed passes; the best is reported.")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="Timed passes (the best is reported); --memory: runs of each scenario, "
+                        "each in a fresh process (the median is reported).")
     p.add_argument("--source", default="byte_bpe", help="Source tokenizer kind.")
     p.add_argument("--target", default="wordpiece", help="Target tokenizer kind.")
 

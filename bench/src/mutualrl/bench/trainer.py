@@ -60,10 +60,10 @@ class _RssPeaks:
 def _ours(model_dir: Path, out: Path, seed: int) -> Any:
     from mutualrl.trainer.config.run import TrainerConfig
     from mutualrl.trainer.config.task import TaskConfig
-    from mutualrl.trainer.data.tasks import Task
+    from mutualrl.trainer.data.tasks import SyntheticTask
     from mutualrl.trainer.runtime.session import build_session
 
-    class BenchTask(Task):
+    class BenchTask(SyntheticTask):
         def reward(self, prompt: Any, text: str, finish_reason: str) -> float:
             return digit_share(text)
 
@@ -120,7 +120,7 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
     import torch
     from transformers import TrainerCallback
 
-    from mutualrl.trainer.data.tasks import Task
+    from mutualrl.trainer.data.tasks import SyntheticTask
     from mutualrl.trainer.runtime.loop import run_round
     from mutualrl.trainer.runtime.presets import ensure_preset, n_params
 
@@ -129,7 +129,7 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
     model_dir = ensure_preset(BENCH_PRESET, cache_dir or tmp / "presets", seed)
     ours = _ours(model_dir, tmp / "ours", seed)
     # Enough distinct prompts for every TRL step (TRL repeats each prompt G times itself).
-    trl_prompts = [p.text for p in Task().prompts("train", PROMPTS * (steps + 1))]
+    trl_prompts = [p.text for p in SyntheticTask().prompts("train", PROMPTS * (steps + 1))]
     ours_s: list[float] = []
     trl_s: list[float] = []
 

@@ -9,7 +9,7 @@ dicts; `render_markdown` turns the result into the tables of results.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,15 @@ from mutualrl.experiment.tradeoff import summarize_tradeoff
 
 Row = dict[str, Any]
 HELD = "heldout/"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header, the rule, one line per row of cells.
+
+    Written here rather than taken from a table library: the cells are already formatted
+    strings, and a Markdown table is three string joins."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
 
 # Per-round diagnostics averaged over a run (key in metrics.jsonl -> name in results).
 DIAGNOSTICS: dict[str, str] = {
@@ -373,9 +382,7 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
     out = [f"## Regime `{regime}`", ""]
     ws = results.get("warm_starts", {}).get(regime, {})
     if ws:
-        out += ["### Warm start (held-out accuracy before RL)", "",
-                "| policy | " + " | ".join(skills) + " | mean | flags |",
-                "|---|" + "---|" * (len(skills) + 2)]
+        rows = []
         for pol in pols:
             info = ws.get(pol, {})
             acc = info.get("heldout_accuracy", {})
@@ -383,38 +390,36 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
             cells = [f"{acc.get(s, float('nan')):.3f}{'*' if s in strong else ''}"
                      for s in skills]
             flags = "; ".join(info.get("flags", [])) or "ok"
-            out.append(f"| {pol} | " + " | ".join(cells) + f" | {acc.get('mean', 0):.3f} | "
-                       f"{flags} |")
+            rows.append([pol, *cells, f"{acc.get('mean', 0):.3f}", flags])
+        out += ["### Warm start (held-out accuracy before RL)", "",
+                *md_table(["policy", *skills, "mean", "flags"], rows)]
         out += ["", "`*` strong (warm-started) skill; the others are weak and should start near "
                 "0.", ""]
     allp = mean_label(pols)
-    out += ["### Final held-out reward@1 (mean over skills)", "",
-            "| probe | " + " | ".join(pols) + f" | {allp} | {allp} − none | best {allp} | "
-            "best − none |", "|---|" + "---|" * (len(pols) + 4)]
+    rows = []
     for p in probes:
         e = reg["probes"][p]
-        cells = [fmt(e["policies"][pol]["final"]["mean"]) for pol in pols]
         b = e["both"]
-        out.append(f"| {p} | " + " | ".join(cells) + f" | {fmt(b['final'])} | "
-                   f"{fmt(b.get('vs_none'), True)}{_mark(b.get('vs_none'))} | "
-                   f"{fmt(b['best'])} | {fmt(b.get('vs_none_best'), True)}"
-                   f"{_mark(b.get('vs_none_best'))} |")
-    out.append("")
-    out += ["### Wall time per run (paired by seed)", "",
-            "| probe | wall s | × none |", "|---|---|---|"]
+        rows.append([p, *(fmt(e["policies"][pol]["final"]["mean"]) for pol in pols),
+                     fmt(b["final"]), f"{fmt(b.get('vs_none'), True)}{_mark(b.get('vs_none'))}",
+                     fmt(b["best"]),
+                     f"{fmt(b.get('vs_none_best'), True)}{_mark(b.get('vs_none_best'))}"])
+    out += ["### Final held-out reward@1 (mean over skills)", "",
+            *md_table(["probe", *pols, allp, f"{allp} − none", f"best {allp}", "best − none"],
+                      rows), ""]
+    rows = []
     for p in probes:
         e = reg["probes"][p]
         wall, ratio = e.get("wall_s"), e.get("wall_vs_none")
-        out.append(f"| {p} | "
-                   + ("—" if not wall else
-                      f"{wall['mean']:.0f} [{wall['lo']:.0f}, {wall['hi']:.0f}]")
-                   + f" | {'—' if not ratio else format(ratio['mean'], '.2f') + '×'} |")
-    out.append("")
+        rows.append([p, "—" if not wall else
+                     f"{wall['mean']:.0f} [{wall['lo']:.0f}, {wall['hi']:.0f}]",
+                     "—" if not ratio else format(ratio["mean"], ".2f") + "×"])
+    out += ["### Wall time per run (paired by seed)", "",
+            *md_table(["probe", "wall s", "× none"], rows), ""]
     out += ["### Per-skill transfer matrix (final reward@1; gain vs warm start; gain vs none)",
             "", "Rows: policy and skill (`*` strong at warm start). Each cell: final, "
-            "(Δ warm start), [Δ none, paired].", "",
-            "| policy | skill | warm | " + " | ".join(probes) + " |",
-            "|---|---|---|" + "---|" * len(probes)]
+            "(Δ warm start), [Δ none, paired].", ""]
+    rows = []
     for pol in pols:
         strong = set(results.get("warm_starts", {}).get(regime, {}).get(pol, {})
                      .get("strong_skills", []))
@@ -431,33 +436,28 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                     cell += f" [{vn['mean']:+.2f}{_mark(vn).strip()}]"
                 cells.append(cell)
             wtxt = f"{w:.3f}" if w is not None else "—"
-            out.append(f"| {pol} | {s}{'*' if s in strong else ''} | {wtxt} | "
-                       + " | ".join(cells) + " |")
-    out.append("")
+            rows.append([pol, f"{s}{'*' if s in strong else ''}", wtxt, *cells])
+    out += [*md_table(["policy", "skill", "warm", *probes], rows), ""]
     gains = transfer_summary(reg)
     if gains:
         out += ["Gains whose paired CI vs `none` excludes 0 (probe: policy skill Δ):", ""]
         out += [f"- {p}: " + (", ".join(f"{pol} {s} {d:+.2f}" for pol, s, d in g) or "none")
                 for p, g in gains.items()]
         out.append("")
-    out += ["### Per-policy final reward@1 with 95% CI, and the difference to none", "",
-            "| probe | policy | final | Δ none | best | Δ none (best) |",
-            "|---|---|---|---|---|---|"]
+    rows = []
     for p in probes:
         for pol in pols:
             pe = reg["probes"][p]["policies"][pol]
-            out.append(f"| {p} | {pol} | {fmt(pe['final']['mean'])} | "
-                       f"{fmt(pe['vs_none'].get('mean'), True)}{_mark(pe['vs_none'].get('mean'))}"
-                       f" | {fmt(pe['best']['mean'])} | {fmt(pe['vs_none_best'].get('mean'), True)}"
-                       " |")
-    out.append("")
+            vs = pe["vs_none"].get("mean")
+            rows.append([p, pol, fmt(pe["final"]["mean"]), f"{fmt(vs, True)}{_mark(vs)}",
+                         fmt(pe["best"]["mean"]), fmt(pe["vs_none_best"].get("mean"), True)])
+    out += ["### Per-policy final reward@1 with 95% CI, and the difference to none", "",
+            *md_table(["probe", "policy", "final", "Δ none", "best", "Δ none (best)"], rows),
+            ""]
     out += contrasts_markdown(reg)
     out += transfer_markdown(reg)
     out += tradeoff_markdown(reg)
-    out += ["### Probe diagnostics (per-round means, averaged over seeds)", "",
-            "| probe | policy | rounds | wall s | fallback rounds | rescues/round | "
-            "baseline shift | peer samples/round | PRP w mean | PRP w var | PRP kept | "
-            "PRP clipped | THL residual |", "|---|" + "---|" * 12]
+    rows = []
     for p in probes:
         e = reg["probes"][p]
         for pol in pols:
@@ -467,16 +467,16 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                 v = d.get(name)
                 return "—" if not v else f"{v['mean']:.{digits}g}"
 
-            out.append(f"| {p} | {pol} | {g('rounds', 4)} | {e['wall_s']['mean']:.0f} | "
-                       f"{g('fallback_rounds')} | {g('rescues_per_round')} | "
-                       f"{g('baseline_shift')} | {g('peer_samples_per_round')} | "
-                       f"{g('prp_w_mean')} | {g('prp_w_var')} | {g('prp_w_kept')} | "
-                       f"{g('prp_w_clipped')} | {g('thl_residual')} |")
-    out.append("")
+            rows.append([p, pol, g("rounds", 4), f"{e['wall_s']['mean']:.0f}",
+                         g("fallback_rounds"), g("rescues_per_round"), g("baseline_shift"),
+                         g("peer_samples_per_round"), g("prp_w_mean"), g("prp_w_var"),
+                         g("prp_w_kept"), g("prp_w_clipped"), g("thl_residual")])
+    out += ["### Probe diagnostics (per-round means, averaged over seeds)", "",
+            *md_table(["probe", "policy", "rounds", "wall s", "fallback rounds",
+                       "rescues/round", "baseline shift", "peer samples/round", "PRP w mean",
+                       "PRP w var", "PRP kept", "PRP clipped", "THL residual"], rows), ""]
     out += collab_markdown(reg, probes, pols)
-    out += ["### Records through SEE (mean per run): published per policy, taken per kind", "",
-            "| probe | published (policy: ROLLOUT / REWARD_STATS / VERIFIED_SUCCESS) | "
-            "taken (kind: taker←source n) |", "|---|---|---|"]
+    rows = []
     for p in probes:
         see = reg["probes"][p].get("see") or {}
         pub = "; ".join(
@@ -486,8 +486,10 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
         tk = "; ".join(f"{kind}: " + ", ".join(f"{t}←{s} {n:.0f}" for t, ss in takers.items()
                                                for s, n in ss.items())
                        for kind, takers in (see.get("taken_mean") or {}).items()) or "none"
-        out.append(f"| {p} | {pub or '—'} | {tk} |")
-    out.append("")
+        rows.append([p, pub or "—", tk])
+    out += ["### Records through SEE (mean per run): published per policy, taken per kind", "",
+            *md_table(["probe", "published (policy: ROLLOUT / REWARD_STATS / VERIFIED_SUCCESS)",
+                       "taken (kind: taker←source n)"], rows), ""]
     return out
 
 
@@ -497,7 +499,7 @@ def collab_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[s
     arms that report them: HACPO's share of peer ratios below the clip band, mean log ratio and
     row weight; SAPO's peer groups taken and dropped; F-TIS's truncated chunks, KL estimate
     and filtered rows."""
-    rows = []
+    rows: list[list[str]] = []
     for p in probes:
         for pol in pols:
             d = reg["probes"][p]["policies"][pol]["diagnostics"]
@@ -508,13 +510,13 @@ def collab_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[s
                 v = d.get(name)
                 return "—" if not v else f"{v['mean']:.3g}"
 
-            rows.append(f"| {p} | {pol} | " + " | ".join(g(n) for n in COLLAB) + " |")
+            rows.append([p, pol, *(g(n) for n in COLLAB)])
     if not rows:
         return []
     return ["### HACPO, SAPO and F-TIS diagnostics (per-round means, averaged over seeds)", "",
-            "| probe | policy | HACPO s < l₀ | HACPO log s | HACPO row w | SAPO groups | "
-            "SAPO dropped | F-TIS truncated | F-TIS KL | F-TIS filtered |",
-            "|---|" + "---|" * 9, *rows, ""]
+            *md_table(["probe", "policy", "HACPO s < l₀", "HACPO log s", "HACPO row w",
+                       "SAPO groups", "SAPO dropped", "F-TIS truncated", "F-TIS KL",
+                       "F-TIS filtered"], rows), ""]
 
 
 def transfer_summary(reg: dict[str, Any]) -> dict[str, list[tuple[str, str, float]]]:
@@ -540,15 +542,11 @@ def contrasts_markdown(reg: dict[str, Any]) -> list[str]:
     allp = mean_label(pols)
     out = ["### Controls: paired differences of final held-out reward@1", "",
            "SGT − sgt-self: what peer information adds over the same amount of own supervision; "
-           "oracle − SGT: what a perfect peer would add over the real ones.", "",
-           f"| contrast | {allp} | " + " | ".join(pols) + " |", "|---|---|" + "---|" * len(pols)]
-    for c in cs:
-        cells = [f"{fmt(c['policies'][p]['mean'], True)}{_mark(c['policies'][p]['mean'])}"
-                 for p in pols]
-        out.append(f"| {c['a']} − {c['b']} | {fmt(c['both'], True)}{_mark(c['both'])} | "
-                   + " | ".join(cells) + " |")
-    out.append("")
-    return out
+           "oracle − SGT: what a perfect peer would add over the real ones.", ""]
+    rows = [[f"{c['a']} − {c['b']}", f"{fmt(c['both'], True)}{_mark(c['both'])}",
+             *(f"{fmt(c['policies'][p]['mean'], True)}{_mark(c['policies'][p]['mean'])}"
+               for p in pols)] for c in cs]
+    return [*out, *md_table(["contrast", allp, *pols], rows), ""]
 
 
 def transfer_markdown(reg: dict[str, Any]) -> list[str]:
@@ -560,9 +558,8 @@ def transfer_markdown(reg: dict[str, Any]) -> list[str]:
                 "Rows: receiver; columns: donor. Each cell: VERIFIED_SUCCESS records the "
                 "receiver took from the donor through SEE (mean per run); demonstrations it "
                 "trained on per skill; and for each skill the donor was warm-started on and "
-                "the receiver was not: final held-out reward@1 [paired Δ vs none].", "",
-                "| receiver \\ donor | " + " | ".join(pols) + " |",
-                "|---|" + "---|" * len(pols)]
+                "the receiver was not: final held-out reward@1 [paired Δ vs none].", ""]
+        rows = []
         for r in pols:
             row = []
             for d in pols:
@@ -580,8 +577,8 @@ def transfer_markdown(reg: dict[str, Any]) -> list[str]:
                     if vn:
                         parts[-1] += f" [{vn['mean']:+.2f}{_mark(vn).strip()}]"
                 row.append("; ".join(parts))
-            out.append(f"| {r} | " + " | ".join(row) + " |")
-        out.append("")
+            rows.append([r, *row])
+        out += [*md_table(["receiver \\ donor", *pols], rows), ""]
     return out
 
 
@@ -595,10 +592,8 @@ def tradeoff_markdown(reg: dict[str, Any]) -> list[str]:
            "Support: mean per-token log-prob of peers' verified successes on prompts the "
            "policy failed, first → last fifth of the run. Stability: KL to the warm start "
            "(last fifth), strong skills' held-out reward@1 warm → final, gradient-norm mean "
-           "and variance over the run.", "",
-           "| probe | policy | support first → last | Δ support | KL to warm | strong warm → "
-           "final | grad-norm mean | grad-norm var | final reward |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "and variance over the run.", ""]
+    rows = []
     for arm, per_pol in arms.items():
         for pol, e in per_pol.items():
             sm = e["summary"]
@@ -608,10 +603,12 @@ def tradeoff_markdown(reg: dict[str, Any]) -> list[str]:
                 return "—" if not x else format(x["mean"], spec)
 
             fin = reg["probes"].get(arm, {}).get("policies", {}).get(pol, {}).get("final", {})
-            out.append(f"| {arm} | {pol} | {v('support_first', '.2f')} → "
-                       f"{v('support_last', '.2f')} | {v('support_delta', '+.2f')} | "
-                       f"{v('kl_warm_last', '.3g')} | {v('strong_warm', '.2f')} → "
-                       f"{v('strong_final', '.2f')} | {v('grad_norm_mean', '.3g')} | "
-                       f"{v('grad_norm_var', '.3g')} | {fmt(fin.get('mean'))} |")
-    out.append("")
+            rows.append([arm, pol, f"{v('support_first', '.2f')} → {v('support_last', '.2f')}",
+                         v("support_delta", "+.2f"), v("kl_warm_last", ".3g"),
+                         f"{v('strong_warm', '.2f')} → {v('strong_final', '.2f')}",
+                         v("grad_norm_mean", ".3g"), v("grad_norm_var", ".3g"),
+                         fmt(fin.get("mean"))])
+    out += [*md_table(["probe", "policy", "support first → last", "Δ support", "KL to warm",
+                       "strong warm → final", "grad-norm mean", "grad-norm var",
+                       "final reward"], rows), ""]
     return out

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import IO, Any
 
 import yaml
 
+from mutualrl.client.rest import follow_pages
 from mutualrl.experiment.analysis import RunResult, render_markdown, summarize_regime
 from mutualrl.experiment.config import ExperimentConfig
 from mutualrl.experiment.plan import ExperimentPlan, RunSpec, WarmStart, build_plan, fmt_duration
@@ -166,11 +168,17 @@ def wait_services(svc: Services, cfg: ExperimentConfig, console: Any) -> None:
 
 
 def see_run_stats(svc: Services, run_id: str) -> dict[str, Any]:
-    """SEE's REST /v1/runs/{run}/stats (published per kind, the transfer matrix)."""
+    """SEE's REST /v1/runs/{run}/stats (published per kind, the transfer matrix), all pages."""
     url = f"{svc.endpoints['see_rest']}/v1/runs/{run_id}/stats"
     headers = {"Authorization": f"Bearer {svc.token}"} if svc.token else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-        return dict(json.loads(r.read()))
+
+    def page(cursor: str | None) -> dict[str, Any]:
+        query = f"?{urllib.parse.urlencode({'cursor': cursor})}" if cursor else ""
+        with urllib.request.urlopen(urllib.request.Request(url + query, headers=headers),
+                                    timeout=10) as r:
+            return dict(json.loads(r.read()))
+
+    return follow_pages(page)
 
 
 def clear_run(svc: Services, run_id: str) -> dict[str, int]:

@@ -4,14 +4,15 @@ a reward-curve plot and SEE's transfer matrix when the trainers finish."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from mutualrl.launch.up import LaunchPlan
+from mutualrl.client.rest import follow_pages
+from mutualrl.launch.plan import LaunchPlan
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -253,11 +254,16 @@ def see_stats(plan: LaunchPlan) -> dict[str, Any] | None:
 
     url = f"{plan.endpoints['see_rest']}/v1/runs/{plan.run_id}/stats"
     token = plan.secret or os.environ.get("MUTUALRL_AUTH_TOKEN")
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
-                                 else {})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as reply:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def page(cursor: str | None) -> dict[str, Any]:
+        query = f"?{urllib.parse.urlencode({'cursor': cursor})}" if cursor else ""
+        with urllib.request.urlopen(urllib.request.Request(url + query, headers=headers),
+                                    timeout=5) as reply:
             return dict(json.loads(reply.read()))
+
+    try:
+        return follow_pages(page)
     except OSError:
         return None
 

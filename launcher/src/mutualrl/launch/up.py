@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from mutualrl.common.config import load_yaml
 from mutualrl.launch.config import UpConfig
 from mutualrl.launch.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from mutualrl.launch.local_redis import RedisMissing, local_redis_spec
+from mutualrl.launch.plan import LaunchPlan
 from mutualrl.launch.probes import free_port, grpc_serving, http_ok
 from mutualrl.launch.report import final_report, status_table
 from mutualrl.launch.resume import (
@@ -58,30 +58,6 @@ if TYPE_CHECKING:
 CLI = [sys.executable, "-m", "mutualrl.cli"]
 
 
-@dataclass
-class LaunchPlan:
-    """Everything `up` starts, derived from the run YAML."""
-
-    run_dir: Path
-    config_path: Path
-    """The effective run YAML (ports and addresses filled in) every child reads."""
-    up: UpConfig
-    run_id: str
-    policies: list[str]
-    metrics_files: dict[str, Path]
-    rounds: int
-    secret: str | None = None
-    """The run's secret (auth on): trainers get policy tokens derived from it, `up` creates
-    the run with it. Kept out of the effective YAML, which trainers read."""
-    endpoints: dict[str, str] = field(default_factory=dict)
-    specs: list[ProcessSpec] = field(default_factory=list)
-    warm_start: list[ProcessSpec] = field(default_factory=list)
-    prior: PriorRun | None = None
-    """The state an earlier `up` left, which this one resumes (None: a new run)."""
-    fresh: bool = False
-    """`--fresh`: the run is deleted in the services before the trainers start."""
-
-
 def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_restarts: int,
              config: Path) -> ProcessSpec:
     return ProcessSpec(name=name, argv=[*CLI, name, "serve", "--config", str(config)],
@@ -92,7 +68,9 @@ def _service(name: str, plan_dir: Path, health: Any, restart: Restart, max_resta
 def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> list[str]:
     """THL's `tokenizer_roots` for a launched run: what the config lists (else THL's default),
     plus the directories the trainers register tokenizers from: the run's `output_dir`
-    (presets, warm starts) and every policy's `model_path` and `sft_checkpoint`."""
+    (presets, warm starts) and every policy's `model_path` and `sft_checkpoint`, with the
+    directories its files link into (a Hugging Face cache snapshot's files are links into the
+    cache's `blobs/`; THL refuses a file that resolves outside its roots)."""
     from mutualrl.thl.config import ThlConfig
 
     roots = [str(r) for r in (configured if configured is not None
@@ -101,8 +79,18 @@ def tokenizer_roots(configured: list[str] | None, trainer: dict[str, Any]) -> li
     for policy in trainer["policies"]:
         for key in ("model_path", "sft_checkpoint"):
             if policy.get(key):
-                roots.append(str(Path(policy[key]).resolve()))
+                roots += _with_link_targets(Path(policy[key]))
     return list(dict.fromkeys(roots))
+
+
+def _with_link_targets(directory: Path) -> list[str]:
+    """`directory` resolved, then the directories its entries that are links resolve into."""
+    out = [str(directory.resolve())]
+    if directory.is_dir():
+        targets = {str(Path(os.path.realpath(e)).parent) for e in directory.iterdir()
+                   if e.is_symlink()}
+        out += sorted(targets - set(out))
+    return out
 
 
 def make_launch_plan(config: Path, redis_url: str | None,

@@ -147,14 +147,20 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[Run]
-    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("run_id", "records")
@@ -215,12 +221,14 @@ class Delivery(_message.Message):
     def __init__(self, delivery_id: _Optional[str] = ..., record: _Optional[_Union[ExperienceRecord, _Mapping]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class FetchRolloutsResponse(_message.Message):
-    __slots__ = ("deliveries", "skipped_stale")
+    __slots__ = ("deliveries", "skipped_stale", "more")
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
     skipped_stale: int
-    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., skipped_stale: _Optional[int] = ...) -> None: ...
+    more: bool
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., skipped_stale: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("run_id", "policy_id", "delivery_ids")
@@ -239,20 +247,22 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
 class RoundStatsRequest(_message.Message):
-    __slots__ = ("run_id", "round", "prompt_ids", "policy_id", "expect_policies", "wait_ms")
+    __slots__ = ("run_id", "round", "prompt_ids", "policy_id", "expect_policies", "wait_ms", "page_token")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     EXPECT_POLICIES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[str]
     policy_id: str
     expect_policies: _containers.RepeatedScalarFieldContainer[str]
     wait_ms: int
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., policy_id: _Optional[str] = ..., expect_policies: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., policy_id: _Optional[str] = ..., expect_policies: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class PolicyStats(_message.Message):
     __slots__ = ("policy_id", "stats")
@@ -273,28 +283,32 @@ class PromptStats(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., policies: _Optional[_Iterable[_Union[PolicyStats, _Mapping]]] = ..., pooled: _Optional[_Union[RewardStats, _Mapping]] = ...) -> None: ...
 
 class RoundStatsResponse(_message.Message):
-    __slots__ = ("prompts", "complete", "missing_policies")
+    __slots__ = ("prompts", "complete", "missing_policies", "next_page_token")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     MISSING_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[PromptStats]
     complete: bool
     missing_policies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptStats, _Mapping]]] = ..., complete: _Optional[bool] = ..., missing_policies: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptStats, _Mapping]]] = ..., complete: _Optional[bool] = ..., missing_policies: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SuccessesRequest(_message.Message):
-    __slots__ = ("run_id", "policy_id", "prompt_ids", "max_per_prompt", "min_round")
+    __slots__ = ("run_id", "policy_id", "prompt_ids", "max_per_prompt", "min_round", "page_token")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MIN_ROUND_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[str]
     max_per_prompt: int
     min_round: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., max_per_prompt: _Optional[int] = ..., min_round: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., max_per_prompt: _Optional[int] = ..., min_round: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class PromptSuccesses(_message.Message):
     __slots__ = ("prompt_id", "successes")
@@ -305,10 +319,12 @@ class PromptSuccesses(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., successes: _Optional[_Iterable[_Union[ExperienceRecord, _Mapping]]] = ...) -> None: ...
 
 class SuccessesResponse(_message.Message):
-    __slots__ = ("prompts",)
+    __slots__ = ("prompts", "next_page_token")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[PromptSuccesses]
-    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptSuccesses, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptSuccesses, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("run_id", "kinds", "after_id")
@@ -329,10 +345,12 @@ class ExperienceEvent(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., record: _Optional[_Union[ExperienceRecord, _Mapping]] = ...) -> None: ...
 
 class RunStatsRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "page_token")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class PolicyCounts(_message.Message):
     __slots__ = ("policy_id", "published")
@@ -362,7 +380,7 @@ class TransferCount(_message.Message):
     def __init__(self, taker_policy: _Optional[str] = ..., source_policy: _Optional[str] = ..., kind: _Optional[_Union[RecordKind, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("run_id", "policies", "transfers", "trimmed", "duplicates", "stream_lengths")
+    __slots__ = ("run_id", "policies", "transfers", "trimmed", "duplicates", "stream_lengths", "next_page_token")
     class TrimmedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -383,10 +401,12 @@ class RunStats(_message.Message):
     TRIMMED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     STREAM_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policies: _containers.RepeatedCompositeFieldContainer[PolicyCounts]
     transfers: _containers.RepeatedCompositeFieldContainer[TransferCount]
     trimmed: _containers.ScalarMap[str, int]
     duplicates: int
     stream_lengths: _containers.ScalarMap[str, int]
-    def __init__(self, run_id: _Optional[str] = ..., policies: _Optional[_Iterable[_Union[PolicyCounts, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., trimmed: _Optional[_Mapping[str, int]] = ..., duplicates: _Optional[int] = ..., stream_lengths: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., policies: _Optional[_Iterable[_Union[PolicyCounts, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., trimmed: _Optional[_Mapping[str, int]] = ..., duplicates: _Optional[int] = ..., stream_lengths: _Optional[_Mapping[str, int]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from mutualrl.client.rest import follow_pages
 from mutualrl.common.commands import Commands
 
 
@@ -51,7 +52,7 @@ def _print(args: argparse.Namespace, data: Any, table: Any) -> int:
 def _inspect_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    data = _get(args, "/v1/runs")
+    data = follow_pages(lambda cursor: _get(args, "/v1/runs", {"cursor": cursor}))
     t = Table(title="SEE runs")
     for col in ("run", "policies", "tau", "max_stream_len", "ttl_s", "max_rounds", "created"):
         t.add_column(col, overflow="fold")
@@ -141,7 +142,8 @@ def _inspect_transfers(args: argparse.Namespace) -> int:
     from rich.console import Group
     from rich.table import Table
 
-    data = _get(args, f"/v1/runs/{urllib.parse.quote(args.run, safe='')}/stats")
+    path = f"/v1/runs/{urllib.parse.quote(args.run, safe='')}/stats"
+    data = follow_pages(lambda cursor: _get(args, path, {"cursor": cursor}))
     policies = [p["policy_id"] for p in data["policies"]]
     tables = []
     for kind in ("ROLLOUT", "REWARD_STATS", "VERIFIED_SUCCESS"):

@@ -3,7 +3,11 @@
 Every RPC retries UNAVAILABLE for as long as the options' outage budget (a restarting SEE or a
 Redis hiccup costs a delay, not a crash; `mutualrl.client.base`). The reads take `timeout=`,
 the deadline of each attempt, and `outage_budget=`, the call's own budget: a read bounded by
-what is left of a training round passes that as both, so an outage ends it by then.
+what is left of a training round passes that as both, so an outage ends it by then. SEE answers
+in pages of at most its byte budget; the reads here follow the continuations
+(`next_page_token`), each page an attempt of its own, and return the whole answer, so nothing is
+cut silently. `fetch_rollouts` returns one page (its `more` says entries wait);
+`take_peer_rollouts` fetches until none does.
 Retrying Publish is safe: records are idempotent by record_id, so a batch whose answer was lost
 stores nothing twice (the retry reports DUPLICATE for those). `subscribe` re-opens its stream
 after the last event it delivered.
@@ -17,6 +21,7 @@ after the last event it delivered.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -101,7 +106,15 @@ class AsyncSeeClient(AsyncClient):
         return await self._rpc("GetRun", pb.GetRunRequest(run_id=run_id))
 
     async def list_runs(self) -> list[pb.Run]:
-        return list((await self._rpc("ListRuns", pb.ListRunsRequest())).runs)
+        """Every run, in id order (all pages)."""
+        runs: list[pb.Run] = []
+        token = ""
+        while True:
+            page = await self._rpc("ListRuns", pb.ListRunsRequest(page_token=token))
+            runs += page.runs
+            token = page.next_page_token
+            if not token:
+                return runs
 
     async def publish(self, run_id: str, records: Iterable[pb.ExperienceRecord]
                       ) -> pb.PublishResponse:
@@ -140,24 +153,48 @@ class AsyncSeeClient(AsyncClient):
 
     async def take_peer_rollouts(self, run_id: str, policy_id: str, consumer: str,
                                  **kwargs: Any) -> list[pb.ExperienceRecord]:
-        """Fetch peer rollouts and acknowledge them at once (at-most-once for the caller).
+        """Fetch peer rollouts and acknowledge them at once (at-most-once for the caller), up
+        to `max_records` over as many pages as SEE's byte budget needs.
 
         A trainer that must not lose records across its own crash should call
         `fetch_rollouts`, use the records, then `ack` their delivery ids.
         """
-        resp = await self.fetch_rollouts(run_id, policy_id, consumer, **kwargs)
-        await self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
-        return [d.record for d in resp.deliveries]
+        most = int(kwargs.pop("max_records", 256))
+        out: list[pb.ExperienceRecord] = []
+        while len(out) < most:
+            resp = await self.fetch_rollouts(run_id, policy_id, consumer,
+                                             max_records=most - len(out), **kwargs)
+            await self.ack(run_id, policy_id, [d.delivery_id for d in resp.deliveries])
+            out += [d.record for d in resp.deliveries]
+            if not resp.more or not resp.deliveries:
+                break
+            kwargs["block_ms"] = 0  # wait at most once
+        return out
 
     async def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
                           policy_id: str = "", expect_policies: Sequence[str] = (),
                           wait_ms: int = 0, timeout: float | None = None,
                           outage_budget: float | None = None) -> pb.RoundStatsResponse:
+        """Pooled reward stats of `round_` for `prompt_ids` (every page, merged: `complete`
+        when every page was, `missing_policies` of all pages). Each page waits up to what is
+        left of `wait_ms`."""
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
                                    wait_ms=wait_ms)
-        return await self._rpc("GetRoundStats", req, extra_timeout=wait_ms / 1000,
-                               timeout=timeout, outage_budget=outage_budget)
+        start = time.monotonic()
+        out = pb.RoundStatsResponse(complete=True)
+        missing: set[str] = set()
+        while True:
+            req.wait_ms = max(0, wait_ms - int((time.monotonic() - start) * 1000))
+            page = await self._rpc("GetRoundStats", req, extra_timeout=req.wait_ms / 1000,
+                                   timeout=timeout, outage_budget=outage_budget)
+            out.prompts.extend(page.prompts)
+            out.complete = out.complete and page.complete
+            missing.update(page.missing_policies)
+            req.page_token = page.next_page_token
+            if not req.page_token:
+                out.missing_policies.extend(sorted(missing))
+                return out
 
     async def successes(self, run_id: str, policy_id: str, prompt_ids: Sequence[str], *,
                         max_per_prompt: int = 0, min_round: int = 0,
@@ -166,12 +203,27 @@ class AsyncSeeClient(AsyncClient):
         """Peer verified successes per prompt (deduplicated by normalised text)."""
         req = pb.SuccessesRequest(run_id=run_id, policy_id=policy_id, prompt_ids=list(prompt_ids),
                                   max_per_prompt=max_per_prompt, min_round=min_round)
-        resp = await self._rpc("GetVerifiedSuccesses", req, timeout=timeout,
-                               outage_budget=outage_budget)
-        return {p.prompt_id: list(p.successes) for p in resp.prompts}
+        out: dict[str, list[pb.ExperienceRecord]] = {}
+        while True:
+            page = await self._rpc("GetVerifiedSuccesses", req, timeout=timeout,
+                                   outage_budget=outage_budget)
+            for p in page.prompts:
+                out.setdefault(p.prompt_id, []).extend(p.successes)
+            req.page_token = page.next_page_token
+            if not req.page_token:
+                return out
 
     async def run_stats(self, run_id: str) -> pb.RunStats:
-        return await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+        """The run's statistics with every transfer count (all pages)."""
+        out = await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id))
+        token = out.next_page_token
+        while token:
+            page = await self._rpc("GetRunStats", pb.RunStatsRequest(run_id=run_id,
+                                                                     page_token=token))
+            out.transfers.extend(page.transfers)
+            token = page.next_page_token
+        out.next_page_token = ""
+        return out
 
     async def report_metrics(self, run_id: str, rows: Iterable[mpb.MetricRow]) -> int:
         """Report per-round metric rows (run_metrics.proto; SEE's dashboard draws them);

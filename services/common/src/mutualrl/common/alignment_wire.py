@@ -1,9 +1,19 @@
 """Conversions between THL's plain types and its protobuf messages (both directions).
 
-Shared by the servicer and the clients so both ends agree on one mapping.
+Shared by the servicer and the clients so both ends agree on one mapping. The servicer writes
+its two large answers (RetokenizeResponse, AlignTraceResponse) as wire bytes straight from
+numpy (`tokenized_bytes`, `result_bytes`), and clients parse them as the generated messages
+(`tokenized_from_pb`, `result_from_pb`). Why by hand: building the messages field by field made
+a Python object per chunk and a Python int per token (7 s and ~100 bytes a token for a 1 MiB
+text); here a token costs its varints and a block of chunks a few numpy arrays, so an answer's
+memory is its wire size. The encoding is protobuf's (varints, packed repeated fields,
+length-delimited messages; every field written, zeros too, which parsers accept);
+tests/unit/test_thl_wire.py holds it equal to the generated messages' content.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,17 +56,135 @@ def residual_from_pb(msg: pb.Residual) -> at.Residual:
                     normalized_changed_chars=msg.normalized_changed_chars)
 
 
-def _offsets(starts: object, ends: object) -> np.ndarray:
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray(ends, dtype=np.int64)
-    return np.stack([s, e], axis=1) if s.shape[0] else np.zeros((0, 2), dtype=np.int64)
+def _array(values: Sequence[float], dtype: type) -> np.ndarray:
+    """A repeated field as a numpy array, element by element: `np.asarray` of a protobuf
+    container first builds a Python list of it (~40 bytes an element more)."""
+    return np.fromiter(values, dtype=dtype, count=len(values))
 
 
-def tokenized_to_pb(t: at.TokenizedText) -> pb.TokenizedText:
-    return pb.TokenizedText(token_ids=t.token_ids.tolist(),
-                            offset_starts=t.offsets[:, 0].tolist(),
-                            offset_ends=t.offsets[:, 1].tolist(), text=t.text,
-                            residual=residual_to_pb(t.residual))
+def _offsets(starts: Sequence[int], ends: Sequence[int]) -> np.ndarray:
+    n = len(starts)
+    out = np.empty((n, 2), dtype=np.int64)
+    out[:, 0] = _array(starts, np.int64)
+    out[:, 1] = _array(ends, np.int64)
+    return out
+
+
+# ---- wire bytes ----------------------------------------------------------------------------
+
+_BLOCK = 1 << 16
+"""Values (or chunks) encoded per numpy pass: the temporaries stay a few MB."""
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # a negative int32/int64 is ten bytes of two's complement
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's varint as a row of a (n, width) uint8 array, and how many bytes of each
+    row it takes."""
+    v = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
+    n = np.ones(v.shape[0], dtype=np.int64)
+    for k in range(1, 10):
+        n += v >= np.uint64(1 << (7 * k))
+    width = int(n.max()) if v.shape[0] else 1
+    cols = np.empty((v.shape[0], width), dtype=np.uint8)
+    for k in range(width):
+        cols[:, k] = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | (
+            (n > k + 1).astype(np.uint8) << 7)
+    return cols, n
+
+
+def _packed_varints(values: np.ndarray) -> bytes:
+    """The varints of `values`, one after another (a packed repeated int field's payload)."""
+    parts = []
+    for lo in range(0, values.shape[0], _BLOCK):
+        cols, n = _varint_columns(values[lo:lo + _BLOCK])
+        parts.append(cols[np.arange(cols.shape[1]) < n[:, None]].tobytes())
+    return b"".join(parts)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (a message, a string, a packed array)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _double(number: int, value: float) -> bytes:
+    return _varint(number << 3 | 1) + np.float64(value).tobytes()
+
+
+def tokenized_bytes(t: at.TokenizedText) -> bytes:
+    """A TokenizedText on the wire (what `tokenized_from_pb` reads)."""
+    return b"".join((
+        _field(1, _packed_varints(t.token_ids)),
+        _field(2, _packed_varints(t.offsets[:, 0])),
+        _field(3, _packed_varints(t.offsets[:, 1])),
+        _field(4, t.text.encode("utf-8")),
+        _field(5, residual_to_pb(t.residual).SerializeToString())))
+
+
+def retokenize_response_bytes(results: list[bytes]) -> bytes:
+    """A RetokenizeResponse of TokenizedTexts already on the wire (`tokenized_bytes`)."""
+    return b"".join(_field(1, r) for r in results)
+
+
+# Chunk's fields: six int32 (1-6), the value (7, double), one_to_one (8, bool).
+_CHUNK_INT_TAGS = tuple(n << 3 for n in range(1, 7))
+
+
+def _chunk_rows(c: at.Chunks, lo: int, hi: int) -> bytes:
+    """Chunks [lo, hi) as repeated field 5 of an AlignedTrace: each a tag, a length and the
+    chunk's fields, built as the columns of one uint8 matrix (width 49) and masked."""
+    n = hi - lo
+    ints = (c.char_start, c.char_end, c.source_start, c.source_end, c.target_start,
+            c.target_end)
+    cols = [np.full((n, 1), 5 << 3 | 2, dtype=np.uint8), np.zeros((n, 1), dtype=np.uint8)]
+    used = [np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)]
+    for tag, arr in zip(_CHUNK_INT_TAGS, ints, strict=True):
+        body, length = _varint_columns(arr[lo:hi])
+        cols += [np.full((n, 1), tag, dtype=np.uint8), body]
+        used += [np.ones(n, dtype=np.int64), length]
+    cols += [np.full((n, 1), 7 << 3 | 1, dtype=np.uint8),
+             np.ascontiguousarray(c.value[lo:hi], dtype="<f8").view(np.uint8).reshape(n, 8),
+             np.full((n, 1), 8 << 3, dtype=np.uint8),
+             c.clean[lo:hi].astype(np.uint8).reshape(n, 1)]
+    used += [np.ones(n, dtype=np.int64), np.full(n, 8), np.ones(n, dtype=np.int64),
+             np.ones(n, dtype=np.int64)]
+    matrix = np.concatenate(cols, axis=1)
+    widths = np.array([col.shape[1] for col in cols])
+    # Each column group's bytes in use, spread over its columns.
+    starts = np.concatenate(([0], np.cumsum(widths)[:-1]))
+    mask = np.zeros(matrix.shape, dtype=bool)
+    for start, width, k in zip(starts, widths, used, strict=True):
+        mask[:, start:start + width] = np.arange(width) < k[:, None]
+    matrix[:, 1] = mask.sum(axis=1) - 2  # a chunk is at most 47 bytes: a one-byte length
+    return matrix[mask].tobytes()
+
+
+def aligned_bytes(a: at.AlignedTrace) -> bytes:
+    """An AlignedTrace on the wire (what `aligned_from_pb` reads)."""
+    n = a.chunks.char_start.shape[0]
+    return b"".join((
+        _field(1, _packed_varints(a.target_token_ids)),
+        _field(2, _packed_varints(a.target_offsets[:, 0])),
+        _field(3, _packed_varints(a.target_offsets[:, 1])),
+        _field(4, np.ascontiguousarray(a.target_values, dtype="<f8").tobytes()),
+        *(_chunk_rows(a.chunks, lo, min(lo + _BLOCK, n)) for lo in range(0, n, _BLOCK)),
+        _double(6, a.sequence_value),
+        _field(7, residual_to_pb(a.residual).SerializeToString()),
+        _double(8, a.mass_error)))
+
+
+def align_response_bytes(results: list[bytes], residual: at.Residual) -> bytes:
+    """An AlignTraceResponse of AlignedTraces already on the wire (`aligned_bytes`)."""
+    return b"".join((*(_field(1, r) for r in results),
+                     _field(2, residual_to_pb(residual).SerializeToString())))
 
 
 def tokenized_from_pb(msg: pb.TokenizedText) -> at.TokenizedText:
@@ -85,25 +213,8 @@ def item_from_pb(msg: pb.TraceItem, index: int) -> at.TraceItem:
         raise InvalidArgument(f"items[{index}].source_offset_ends",
                               f"{n_e} ends for {n_s} starts")
     offsets = _offsets(msg.source_offset_starts, msg.source_offset_ends) if n_s else None
-    return at.TraceItem(text=msg.text, source_token_ids=np.asarray(msg.source_token_ids,
-                                                                dtype=np.int64),
-                     values=np.asarray(msg.values, dtype=np.float64), source_offsets=offsets)
-
-
-def aligned_to_pb(a: at.AlignedTrace) -> pb.AlignedTrace:
-    c = a.chunks
-    chunks = [pb.Chunk(char_start=cs, char_end=ce, source_start=ss, source_end=se,
-                       target_start=ts, target_end=te, value=v, one_to_one=o)
-              for cs, ce, ss, se, ts, te, v, o in zip(
-                  c.char_start.tolist(), c.char_end.tolist(), c.source_start.tolist(),
-                  c.source_end.tolist(), c.target_start.tolist(), c.target_end.tolist(),
-                  c.value.tolist(), c.clean.tolist(), strict=True)]
-    return pb.AlignedTrace(target_token_ids=a.target_token_ids.tolist(),
-                           target_offset_starts=a.target_offsets[:, 0].tolist(),
-                           target_offset_ends=a.target_offsets[:, 1].tolist(),
-                           target_values=a.target_values.tolist(), chunks=chunks,
-                           sequence_value=a.sequence_value, residual=residual_to_pb(a.residual),
-                           mass_error=a.mass_error)
+    return at.TraceItem(text=msg.text, source_token_ids=_array(msg.source_token_ids, np.int64),
+                        values=_array(msg.values, np.float64), source_offsets=offsets)
 
 
 def aligned_from_pb(msg: pb.AlignedTrace) -> at.AlignedTrace:
@@ -123,9 +234,9 @@ def aligned_from_pb(msg: pb.AlignedTrace) -> at.AlignedTrace:
                         msg.sequence_value, msg.mass_error, residual_from_pb(msg.residual))
 
 
-def result_to_pb(r: at.AlignTraceResult) -> pb.AlignTraceResponse:
-    return pb.AlignTraceResponse(results=[aligned_to_pb(a) for a in r.results],
-                                 residual=residual_to_pb(r.residual))
+def result_bytes(r: at.AlignTraceResult) -> bytes:
+    """An AlignTraceResponse on the wire (what `result_from_pb` reads)."""
+    return align_response_bytes([aligned_bytes(a) for a in r.results], r.residual)
 
 
 def result_from_pb(msg: pb.AlignTraceResponse) -> at.AlignTraceResult:

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from mutualrl.common.errors import quote, quote_all
 from mutualrl.common.handlers import HandlerInterceptor, guarded
 from mutualrl.common.request_parsing import UnparsableRequest
 
@@ -158,10 +159,10 @@ def _acts_as_check(principal: Principal, method: str, acts_as: ActsAs
         except Exception:  # raw bytes that do not parse: the handler answers those
             return
         if names != {principal.policy}:
-            others = sorted(n for n in names if n != principal.policy) or ["no policy"]
+            others = sorted(n for n in names if n != principal.policy)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"the token of policy {principal.policy!r} may not call "
-                                f"{method} as {', '.join(map(repr, others))}")
+                                f"the token of policy {quote(principal.policy)} may not call "
+                                f"{method} as {quote_all(others) if others else 'no policy'}")
 
     return check
 
@@ -193,7 +194,8 @@ class BearerAuthInterceptor(HandlerInterceptor):
             return handler
         if principal.role == Role.POLICY and access.acts_as is not None:
             return guarded(handler, _acts_as_check(principal, method, access.acts_as))
-        scope = "read-only" if principal.role == Role.READ else f"policy {principal.policy!r}"
+        scope = ("read-only" if principal.role == Role.READ
+                 else f"policy {quote(principal.policy)}")
         return guarded(handler, _deny(grpc.StatusCode.PERMISSION_DENIED,
                                       f"a {scope} token may not call {method}"))
 

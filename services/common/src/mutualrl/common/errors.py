@@ -2,20 +2,53 @@
 
 Servicers (and the stores under them) raise these with the offending field named; the
 `grpc_errors` decorator turns them into INVALID_ARGUMENT / NOT_FOUND / ... so bad input never
-crashes a server or reaches the client as UNKNOWN."""
+crashes a server or reaches the client as UNKNOWN.
+
+A message never carries more than a bounded prefix of what a caller sent: `quote` is how every
+service writes a caller-supplied string into a message (a 10 kB id is quoted as its first 64
+characters and its length), and `ServiceError` cuts its field path and message to
+`MAX_FIELD_CHARS` / `MAX_MESSAGE_CHARS`, so an answer's status details (a gRPC trailer, which
+clients refuse beyond 8 KiB, or a REST body) stay small whatever the request held."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
 import grpc
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_QUOTED_CHARS = 64
+"""Characters of a caller-supplied string a message quotes (`quote`)."""
+MAX_FIELD_CHARS = 256
+"""Longest field path an error names."""
+MAX_MESSAGE_CHARS = 1024
+"""Longest message of an error (its field path aside)."""
+
+
+def quote(value: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """`repr` of a caller-supplied value for a message, bounded: at most `limit` characters of
+    it, and when it is longer, its length (`'aaaa'... (10000 characters)`)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def quote_all(values: Iterable[object], most: int = 4) -> str:
+    """`quote` of the first `most` values, comma-separated, then how many more there are."""
+    items = list(values)
+    shown = ", ".join(quote(v) for v in items[:most])
+    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... (cut at {limit} characters)"
 
 
 class ServiceError(Exception):
@@ -32,6 +65,7 @@ class ServiceError(Exception):
             cls.code, cls.http_status = code, http_status
 
     def __init__(self, field: str, message: str) -> None:
+        field, message = _cut(field, MAX_FIELD_CHARS), _cut(message, MAX_MESSAGE_CHARS)
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
@@ -69,7 +103,8 @@ async def _answer(err: Exception, context: grpc.aio.ServicerContext, method: Any
     if isinstance(err, ServiceError):
         await context.abort(err.code, str(err))
     log.exception("%s failed", method.__qualname__)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err!r}")
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        _cut(f"internal error: {err!r}", MAX_MESSAGE_CHARS))
 
 
 def grpc_errors(method: F) -> F:

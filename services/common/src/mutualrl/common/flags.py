@@ -1,16 +1,18 @@
-"""Command-line flags derived from a config model: one `--field` per scalar field, with the
-field's type, choices and docstring, so a command's flags never drift from its model.
+"""Command-line flags derived from a config model by pydantic-settings' CLI source
+(`CliSettingsSource`), so a command's flags never drift from its model.
 
-`add_model_flags(parser, Model)` adds `--<field>` for every field (nested models as
-`--<field>-<subfield>`; `bool` fields as `--x/--no-x`; lists of scalars comma-separated;
-mappings and anything else as JSON), each with default None; `flag_values(args, Model)` returns
-the nested mapping of the flags given, to update a config file's values with.
+`add_model_flags(parser, Model)` adds a flag for every field of `Model` to an argparse parser of
+the `mutualrl` command tree: `--<field>` in kebab case, nested models as `--<field>.<subfield>`,
+`bool` fields as `--x/--no-x`, lists comma-separated (or JSON), mappings as JSON, the field's
+docstring and default as help; `flag_values(args, Model)` returns the nested mapping of the flags
+given (unvalidated: the caller merges it over the file and the environment, `load_section`, and
+validates the whole). A scalar flag's value is checked against its field's type while the
+command line is parsed, so `--port abc` is an argparse error naming the flag (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -19,10 +21,29 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pydantic stays out of `mutualrl --help`, which imports this module
     from pydantic import BaseModel
+    from pydantic_settings import BaseSettings, CliSettingsSource
 
 M = typing.TypeVar("M", bound="BaseModel")
 
 _SCALARS: tuple[type, ...] = (str, int, float, Path)
+
+
+def _settings(model: type[BaseModel]) -> type[BaseSettings]:
+    """`model` as the settings class the CLI source reads its fields from (never built)."""
+    from pydantic_settings import BaseSettings
+
+    return types.new_class(f"{model.__name__}Flags", (BaseSettings, model))
+
+
+def _field(model: type[BaseModel], dotted: str) -> Any:
+    """The annotation of the field at `dotted` (a CLI dest: `task.heldout_seed`), or None."""
+    annotation: Any = model
+    for name in dotted.split("."):
+        fields = getattr(annotation, "model_fields", None)
+        if fields is None or name not in fields:
+            return None
+        annotation = _unwrap_optional(fields[name].annotation)
+    return annotation
 
 
 def _unwrap_optional(annotation: Any) -> Any:
@@ -34,93 +55,71 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _comma_list(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    def parse(text: str) -> list[Any]:
-        return [item(part.strip()) for part in text.split(",") if part.strip()]
+def _checked(annotation: Any) -> Callable[[str], str]:
+    """An argparse `type` that lets a value through unchanged when `annotation` accepts it."""
+    from pydantic import TypeAdapter, ValidationError
 
-    parse.__name__ = f"comma-separated {getattr(item, '__name__', 'value')}s"
-    return parse
+    adapter = TypeAdapter(annotation)
 
+    def check(text: str) -> str:
+        try:
+            adapter.validate_python(text)
+        except ValidationError as err:
+            raise argparse.ArgumentTypeError(err.errors()[0]["msg"]) from None
+        return text
 
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-
-
-_json.__name__ = "JSON"
-
-
-def _argument(annotation: Any) -> dict[str, Any]:
-    """argparse keywords for a field of this type (JSON for what has no plainer spelling)."""
-    annotation = _unwrap_optional(annotation)
-    origin = typing.get_origin(annotation)
-    if annotation is bool:
-        return {"action": argparse.BooleanOptionalAction, "metavar": None}
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        return {"type": type(choices[0]), "choices": choices}
-    if annotation in _SCALARS:
-        return {"type": annotation}
-    if origin is list:
-        (item,) = typing.get_args(annotation) or (str,)
-        item = _unwrap_optional(item)
-        if item in _SCALARS:
-            return {"type": _comma_list(item), "metavar": "A,B,..."}
-    return {"type": _json, "metavar": "JSON"}
+    check.__name__ = getattr(annotation, "__name__", "value")
+    return check
 
 
-def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()
-            ) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
-    """(path, argparse keywords, help) for every field, nested models flattened."""
-    from pydantic import BaseModel
+def _source(model: type[BaseModel], parser: argparse.ArgumentParser,
+            aliases: Mapping[str, Sequence[str]] | None = None
+            ) -> tuple[CliSettingsSource[Any], set[str]]:
+    """The CLI source of `model` over `parser` (its flags added to it), and their dests."""
+    from pydantic_settings import CliSettingsSource
 
-    out = []
-    for name, info in model.model_fields.items():
-        path = (*prefix, name)
-        annotation = _unwrap_optional(info.annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out.extend(_fields(annotation, path))
-            continue
-        out.append((path, _argument(info.annotation), (info.description or "").replace("%", "%%")))
-    return out
+    dests: set[str] = set()
 
+    def add_argument(context: Any, *names: str, **kwargs: Any) -> Any:
+        dests.add(kwargs.get("dest", ""))
+        annotation = _field(model, kwargs.get("dest", ""))
+        one_value = kwargs.get("action", "store") == "store" and "nargs" not in kwargs
+        if one_value and (annotation in _SCALARS or typing.get_origin(annotation) is Literal):
+            kwargs["type"] = _checked(annotation)
+        return context.add_argument(*names, **kwargs)
 
-def _dest(path: tuple[str, ...]) -> str:
-    return "flag__" + "__".join(path)
+    shortcuts = {path: [name.lstrip("-") for name in names]
+                 for path, names in (aliases or {}).items()}
+    source: CliSettingsSource[Any] = CliSettingsSource(
+        _settings(model), root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True,
+        cli_avoid_json=True, cli_hide_none_type=True, cli_shortcuts=shortcuts,
+        add_argument_method=add_argument)
+    return source, dests
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
-                    aliases: Mapping[str, Sequence[str]] | None = None,
-                    skip: Sequence[str] = ()) -> None:
-    """Add a flag for every field of `model` (see the module).
-
-    `aliases` maps a dotted field path ("task.regime") to more option strings for it ("--regime");
-    `skip` names dotted paths that get no flag."""
-    aliases = aliases or {}
-    for path, kwargs, help_text in _fields(model):
-        dotted = ".".join(path)
-        if dotted in skip:
-            continue
-        options = [f"--{'-'.join(path).replace('_', '-')}", *aliases.get(dotted, ())]
-        if "choices" not in kwargs:  # argparse lists the choices itself
-            kwargs.setdefault("metavar", path[-1].upper())
-        parser.add_argument(*options, dest=_dest(path), default=None, help=help_text, **kwargs)
+                    aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Add a flag for every field of `model` (see the module). `aliases` maps a dotted field
+    path ("task.regime") to more option strings for it ("--regime")."""
+    _source(model, parser, aliases)
 
 
 def flag_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
-    """The values of the flags given, nested like the model's fields."""
-    out: dict[str, Any] = {}
-    for path, _, _ in _fields(model):
-        value = getattr(args, _dest(path), None)
-        if value is None:
-            continue
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
+    """The values of `model`'s flags given in `args`, nested like the model's fields (other
+    arguments of the command are left out). A value the source cannot read (a mapping that is
+    not JSON) exits 2 naming its field, as argparse does for the others."""
+    import sys
+
+    from pydantic_settings import SettingsError
+
+    source, dests = _source(model, argparse.ArgumentParser(add_help=False))
+    given = {k: v for k, v in vars(args).items() if k in dests and v is not None}
+    try:
+        values: dict[str, Any] = source(parsed_args=given)()
+    except SettingsError as err:
+        print(f"mutualrl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return values
 
 
 def deferred_flags(module: str, model: str, *,

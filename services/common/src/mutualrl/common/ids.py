@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.errors import InvalidArgument, quote
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class IdRule:
         if not value:
             raise InvalidArgument(field, f"a {self.kind} is required")
         if not self.valid(value):
-            raise InvalidArgument(field, f"{value[:80]!r} is not a valid {self.kind}: "
+            raise InvalidArgument(field, f"{quote(value)} is not a valid {self.kind}: "
                                          f"{self.described}")
         return value
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from mutualrl.common.bounds import DEFAULT_MAX_ROUND_AHEAD, MAX_ROUND
 from mutualrl.common.config import ServiceConfig
 from mutualrl.mwra.allocation import Strategy
 
@@ -16,6 +17,29 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 def _redis_url_from_env() -> str:
     return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+MAX_LABEL_BYTES = 8 * 1024
+"""UTF-8 bytes of one worker's labels, keys and values together."""
+MAX_ADDRESS_CHARS = 261
+"""Longest rollout address: a 255-character host, a colon and a port."""
+WORKER_BYTES = MAX_LABEL_BYTES + 64 * 8 + 128 + 128 + MAX_ADDRESS_CHARS + 128
+"""A WorkerState at most: labels and their framing, id, GPU kind, address, lease, counts."""
+SLICE_BYTES = 2 * (128 + MAX_ADDRESS_CHARS) + 16
+"""What one worker adds to one policy's Allocation at most: its id and address, twice (the
+slice and the flat lists), and the units."""
+HOLDER_BYTES = 2 * 128 + 16
+"""What one policy holding a worker adds to its WorkerState: its id in `holder` and in
+`units_by_policy`."""
+POLICY_BYTES = 2 * 1024
+"""A PolicyInfo and an Allocation's own fields at most (ids, counts, strategy)."""
+
+
+def table_bound(workers: int, policies: int) -> int:
+    """The largest AllocationTable a run of `workers` and `policies` can have: every policy
+    may hold a slice of every worker."""
+    return (workers * WORKER_BYTES + policies * POLICY_BYTES
+            + workers * policies * (SLICE_BYTES + HOLDER_BYTES) + 1024)
 
 
 def _short_pool_alias(value: Any) -> Any:
@@ -96,9 +120,31 @@ class MwraConfig(ServiceConfig):
     """Longest step ReportStepCost accepts, in seconds (about 11.6 days)."""
     max_weight: float = Field(default=1e6, gt=0)
     """Largest `static` share weight RegisterPolicy accepts."""
+    max_workers: int = Field(default=256, ge=1, le=65_536)
+    """Most workers one run holds; registering one more is RESOURCE_EXHAUSTED naming
+    `worker.worker_id` (DeregisterWorker or DeleteRun frees room). With `max_policies` it
+    bounds a run's state, what each call loads, and the largest answer (ListAllocations: each
+    policy's slices of every worker), which must fit `max_message_bytes`."""
+    max_policies: int = Field(default=128, ge=1, le=65_536)
+    """Most policies one run holds (RegisterPolicy beyond: RESOURCE_EXHAUSTED naming
+    `policy_id`)."""
+    max_round_ahead: int = Field(default=DEFAULT_MAX_ROUND_AHEAD, ge=1, le=MAX_ROUND)
+    """Rounds past the run's current round (the round of its plan, or the latest a policy
+    reported a step of) GetAllocation and ReportStepCost may name; beyond it INVALID_ARGUMENT,
+    so one request cannot pin the run's plan at a round nobody reaches. A run without a plan
+    or a report takes any first round up to 2^31 - 1 (`mutualrl.common.bounds`)."""
     replica_id: str | None = None
     """Name of this replica in the leader lock; None: <hostname>-<random> (a stable name lets a
     restarted replica reclaim its lock at once)."""
+
+    @model_validator(mode="after")
+    def _answers_fit(self) -> MwraConfig:
+        worst = table_bound(self.max_workers, self.max_policies)
+        if worst > self.max_message_bytes - (64 << 10):
+            raise ValueError(f"max_workers={self.max_workers} and max_policies="
+                             f"{self.max_policies} allow an allocation table of {worst} bytes, "
+                             f"over max_message_bytes ({self.max_message_bytes}) less 64 KiB")
+        return self
 
     @model_validator(mode="after")
     def _tick_below_ttl(self) -> MwraConfig:

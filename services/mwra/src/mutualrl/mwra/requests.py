@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 import re
 
-from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument
-from mutualrl.mwra.config import MwraConfig
+from mutualrl.common import bounds, ids
+from mutualrl.common.errors import InvalidArgument, quote
+from mutualrl.mwra.config import MAX_ADDRESS_CHARS, MAX_LABEL_BYTES, MwraConfig
 from mutualrl.v1 import allocation_pb2 as pb
 
 ADDRESS_RE = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
@@ -53,12 +53,18 @@ def check_worker(request: pb.RegisterWorkerRequest, cfg: MwraConfig) -> str:
     if cap.cpu_slots == 0 and cap.gpu_count == 0:
         raise InvalidArgument("worker.capacity", "zero capacity: cpu_slots or gpu_count "
                               "must be > 0")
-    if w.rollout_address and not ADDRESS_RE.match(w.rollout_address):
+    if w.rollout_address and (len(w.rollout_address) > MAX_ADDRESS_CHARS
+                              or not ADDRESS_RE.match(w.rollout_address)):
         raise InvalidArgument("worker.rollout_address",
-                              f"{w.rollout_address[:64]!r} is not host:port")
+                              f"{quote(w.rollout_address)} is not host:port (at most "
+                              f"{MAX_ADDRESS_CHARS} characters)")
     if len(w.labels) > 64 or any(len(k) > 128 or len(v) > 1024 for k, v in w.labels.items()):
         raise InvalidArgument("worker.labels", "at most 64 labels, keys <= 128 and values "
                               "<= 1024 characters")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in w.labels.items())
+    if size > MAX_LABEL_BYTES:
+        raise InvalidArgument("worker.labels", f"{size} bytes of UTF-8 in all, over the "
+                              f"{MAX_LABEL_BYTES}-byte limit")
     if len(cap.gpu_kind) > 128:
         raise InvalidArgument("worker.capacity.gpu_kind", "at most 128 characters")
     return wid
@@ -72,17 +78,16 @@ def check_policy(request: pb.RegisterPolicyRequest, cfg: MwraConfig) -> float:
         raise InvalidArgument("min_units", f"must be >= 1 (0 = 1), got {request.min_units}")
     nonneg("min_units", request.min_units, cfg.max_units)
     weight = finite("weight", request.weight, limit=cfg.max_weight) or 1.0
-    if request.rollout_budget < 0:
-        raise InvalidArgument("rollout_budget", f"must be >= 0, got {request.rollout_budget}")
+    nonneg("rollout_budget", request.rollout_budget)
     return weight
 
 
 def check_cost(request: pb.StepCostReport, cfg: MwraConfig) -> float:
-    """The fields of a ReportStepCost request past its ids; returns the step's seconds."""
-    nonneg("round", request.round)
+    """The fields of a ReportStepCost request past its ids and its round (a round of the run:
+    the servicer checks it against the run's current round); returns the step's seconds."""
     seconds = finite("seconds", request.seconds, positive=True, limit=cfg.max_step_seconds)
-    nonneg("tokens", request.tokens)
-    nonneg("samples", request.samples)
+    nonneg("tokens", request.tokens, bounds.MAX_COUNT)
+    nonneg("samples", request.samples, bounds.MAX_COUNT)
     if request.units < 1:
         raise InvalidArgument("units", f"must be >= 1, got {request.units}")
     nonneg("units", request.units, cfg.max_units)

@@ -4,6 +4,10 @@ Each RPC validates its request (`requests.py`: INVALID_ARGUMENT / NOT_FOUND nami
 writes facts to Redis (`MwraStore`) and asks the coordinator for the plan in force, which it
 makes, as the run's leader, from the pure core (`mutualrl.mwra.allocation.plan_round`) when a
 policy asks for a round past the current plan's round.
+
+What a run holds is bounded (`max_workers`, `max_policies`, labels and addresses by size), so
+every answer fits the message limit by construction (`config.table_bound`), and a round a
+request names lies within `max_round_ahead` of the run's current round (`_check_round`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,14 @@ from typing import Protocol
 
 import grpc
 
-from mutualrl.common import ids
-from mutualrl.common.errors import NotFound
+from mutualrl.common import bounds, ids
+from mutualrl.common.errors import NotFound, ResourceExhausted, quote
 from mutualrl.common.redis_errors import redis_rpc
 from mutualrl.mwra.allocation import PoolAssignment
 from mutualrl.mwra.config import MwraConfig
 from mutualrl.mwra.coordinator import Coordinator
 from mutualrl.mwra.metrics import COST
-from mutualrl.mwra.requests import check_cost, check_id, check_policy, check_worker, nonneg
+from mutualrl.mwra.requests import check_cost, check_id, check_policy, check_worker
 from mutualrl.mwra.store import MwraStore, PolicyRecord, RunState, WorkerRecord, now_ms
 from mutualrl.v1 import allocation_pb2 as pb
 from mutualrl.v1 import allocation_pb2_grpc as pb_grpc
@@ -83,8 +87,20 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         """A registered policy showed a sign of life (NOT_FOUND when it is not registered):
         the run is ticked from now on."""
         if not await self.store.touch_policy(run, pid):
-            raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+            raise NotFound("policy_id",
+                           f"policy {quote(pid)} is not registered in run {quote(run)}")
         self.coordinator.track(run)
+
+    async def _check_round(self, run: str, round_: int) -> None:
+        """`round_` within `max_round_ahead` of the run's current round: the round of its plan
+        or the latest round a policy reported, whichever is later (none: any first round)."""
+        bounds.check_int(round_, "round", bounds.MAX_ROUND)
+        state = await self.store.load(run)
+        known = [state.plan.round] if state.plan is not None else []
+        known += [c.last_round for c in state.costs.values()]
+        current = max(known, default=-1)
+        bounds.check_round(round_, "round", current if current >= 0 else None,
+                           self.cfg.max_round_ahead)
 
     async def _info(self, run: str, pid: str) -> pb.PolicyInfo:
         return self._policy_info(run, await self.store.load(run), pid, now_ms())
@@ -116,6 +132,10 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                              context: grpc.aio.ServicerContext) -> pb.Lease:
         run = ids.check_run_id(request.run_id)
         wid = check_worker(request, self.cfg)
+        if not await self.store.has_room(run, "workers", wid, self.cfg.max_workers):
+            raise ResourceExhausted("worker.worker_id", f"run {quote(run)} holds "
+                                    f"{self.cfg.max_workers} workers, the limit (max_workers); "
+                                    "deregister one first")
         w, cap = request.worker, request.worker.capacity
         rec = WorkerRecord(worker_id=wid, cpu_slots=cap.cpu_slots, gpu_count=cap.gpu_count,
                            gpu_kind=cap.gpu_kind, labels=dict(w.labels),
@@ -132,7 +152,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         run, wid = _worker_ids(request)
         renewed = await self.store.renew_lease(run, wid, self.cfg.worker_lease_seconds)
         if renewed is None:
-            raise NotFound("worker_id", f"worker {wid!r} is not registered in run {run!r}")
+            raise NotFound("worker_id",
+                           f"worker {quote(wid)} is not registered in run {quote(run)}")
         self.coordinator.track(run)
         expires, revived = renewed
         if revived:
@@ -145,6 +166,10 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                              context: grpc.aio.ServicerContext) -> pb.PolicyInfo:
         run, pid = _policy_ids(request)
         weight = check_policy(request, self.cfg)
+        if not await self.store.has_room(run, "policies", pid, self.cfg.max_policies):
+            raise ResourceExhausted("policy_id", f"run {quote(run)} holds "
+                                    f"{self.cfg.max_policies} policies, the limit "
+                                    "(max_policies); deregister one first")
         rec = PolicyRecord(policy_id=pid, trainer_id=request.trainer_id,
                            min_units=request.min_units or 1, weight=weight,
                            rollout_budget=request.rollout_budget, registered_ms=now_ms())
@@ -165,6 +190,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                              context: grpc.aio.ServicerContext) -> pb.StepCostAck:
         run, pid = _policy_ids(request)
         seconds = check_cost(request, self.cfg)
+        await self._check_round(run, request.round)
         await self._touch(run, pid)
         await self.store.record_cost(run, pid, round_=request.round, seconds=seconds,
                                      tokens=request.tokens, samples=request.samples,
@@ -182,13 +208,13 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     async def GetAllocation(self, request: pb.GetAllocationRequest,
                             context: grpc.aio.ServicerContext) -> pb.Allocation:
         run, pid = _policy_ids(request)
-        nonneg("round", request.round)
+        await self._check_round(run, request.round)
         await self._touch(run, pid)
         plan = await self.coordinator.plan_for(run, pid, request.round)
         state = await self.store.load(run)
         rec = state.policies.get(pid)
         if rec is None:
-            raise NotFound("policy_id", f"policy {pid!r} was deregistered")
+            raise NotFound("policy_id", f"policy {quote(pid)} was deregistered")
         alloc = _allocation(run, pid, plan, rec.rollout_budget)
         if plan is not None and plan.strategy == "time-share" and plan.round < request.round:
             # Turns of an earlier round still train: this round's turn has not come yet.
@@ -206,7 +232,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             state = await self.store.load(run)
             rec = state.policies.get(pid)
             if rec is None:
-                raise NotFound("policy_id", f"policy {pid!r} is not registered in run {run!r}")
+                raise NotFound("policy_id",
+                               f"policy {quote(pid)} is not registered in run {quote(run)}")
             msg = _allocation(run, pid, state.plan, rec.rollout_budget)
             blob = msg.SerializeToString(deterministic=True)
             if blob != last:
@@ -220,7 +247,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         run = ids.check_run_id(request.run_id)
         state = await self.store.load(run)
         if not state.workers and not state.policies:
-            raise NotFound("run_id", f"run {run!r} has no workers or policies")
+            raise NotFound("run_id", f"run {quote(run)} has no workers or policies")
         now = now_ms()
         plan = state.plan
         table = pb.AllocationTable(run_id=run, leader=state.leader or "", round=-1)
@@ -270,6 +297,6 @@ class AllocatorService(pb_grpc.AllocatorServicer):
             deleted = await self.store.delete_run(run)
         self.coordinator.forget(run)
         if not deleted:
-            raise NotFound("run_id", f"run {run!r} has no state in MWRA")
+            raise NotFound("run_id", f"run {quote(run)} has no state in MWRA")
         log.info("run %s deleted (%d keys)", run, deleted)
         return runs_pb.DeleteRunResponse(run_id=run, deleted=deleted)

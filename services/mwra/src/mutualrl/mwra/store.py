@@ -229,6 +229,18 @@ class MwraStore:
             added = await p.execute()
         return [w for w, a in zip(worker_ids, added, strict=True) if a]
 
+    async def has_room(self, run_id: str, kind: str, member: str, most: int) -> bool:
+        """Whether `member` may be registered in the run's `kind` hash ("workers",
+        "policies"): it is there already, or the hash holds fewer than `most`. Checked before
+        the write: replicas registering new members at the same moment may pass it by one
+        each."""
+        key = getattr(self.keys(run_id), kind)
+        async with self.r.pipeline(transaction=False) as p:
+            p.hexists(key, member)
+            p.hlen(key)
+            there, count = await p.execute()
+        return bool(there) or int(count) < most
+
     # policies ----------------------------------------------------------------------------
     async def put_policy(self, run_id: str, rec: PolicyRecord) -> None:
         k = self.keys(run_id)

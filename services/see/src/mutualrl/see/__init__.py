@@ -5,9 +5,10 @@ Redis (redis.asyncio). Subpackages:
 
 - `store`: `SeeStore`, one object over the Redis parts: `runs`, `publish` (with `lua`, the batch
   script, and `durability`), `rollouts` (consumer groups), `roundstats`, `successes`,
-  `inspection` (Subscribe, run stats, records), `runmetrics`, `transfers`; `entries` and
-  `ranges` (stream-entry headers and record ranges, pure), `part`, `blocking`, `connect` (the
-  client).
+  `inspection` (Subscribe, run stats, records), `runmetrics`, `transfers`; `layout` (the
+  storage format: separators, stream-entry headers, stream ids, index entries, the publish
+  script's ARGV, each with its build and parse), `entries` (stream-id checks, reply shapes) and
+  `ranges` (record ranges, pure), `part`, `blocking`, `connect` (the client).
 - `grpc`: the Experience and RunMetrics servicers, token scopes (`access`), request checks.
 - `rest`: the REST inspection app; `dashboard`: the `/ui` pages and the routes they read.
 

@@ -6,11 +6,16 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from mutualrl.common.bounds import DEFAULT_MAX_ROUND_AHEAD, MAX_ROUND
 from mutualrl.common.config import Config, ServiceConfig
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+ANSWER_SLACK = 64 * 1024
+"""Bytes an answer may need beside its records (ids, counts, framing)."""
 
 
 def _default_redis_url() -> str:
@@ -32,9 +37,17 @@ class SeeLimits(Config):
     """Most `meta` entries per record."""
     max_meta_chars: int = Field(default=1024, ge=1)
     """Longest `meta` key or value in characters."""
-    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-    """Record bytes one FetchRollouts answer carries at most (at least one record); entries
-    beyond it stay pending for the consumer and come first in its next fetch."""
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024)
+    """Bytes one answer carries at most, over gRPC and REST: a page that would be larger ends
+    early with a continuation (`next_page_token`, FetchRollouts' `more`, REST's `next_cursor`)
+    and holds at least one entry. Reads size what they would return before they load it (the
+    index knows each record's length), so this also bounds what one read holds in memory. At
+    least `max_record_bytes` plus 64 KiB, at most the gRPC message limit less 64 KiB."""
+    max_round_ahead: int = Field(default=DEFAULT_MAX_ROUND_AHEAD, ge=1, le=MAX_ROUND)
+    """Rounds past the run's current round (the highest round its records and metric rows hold)
+    a request may name: a record's round, GetRoundStats' round, FetchRollouts' current_round,
+    GetVerifiedSuccesses' min_round, a metric row's round; beyond it INVALID_ARGUMENT. A run
+    holding no round yet takes any first round up to 2^31 - 1 (`mutualrl.common.bounds`)."""
     max_inflight_publish_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     """Publish request bytes one SEE process works on at once; a Publish that would go beyond
     is RESOURCE_EXHAUSTED (retry later). With `max_response_bytes` and `max_cached_runs` it
@@ -110,3 +123,14 @@ class SeeConfig(ServiceConfig):
     None shows the sender's tokens only. Calls carry SEE's own bearer token."""
     thl_tls_ca: Path | None = None
     """PEM root certificate for a THL that listens with TLS; None connects in plaintext."""
+
+    @model_validator(mode="after")
+    def _answers_fit(self) -> SeeConfig:
+        limits = self.limits
+        if limits.max_response_bytes < limits.max_record_bytes + ANSWER_SLACK:
+            raise ValueError("limits.max_response_bytes must be at least limits.max_record_bytes "
+                             f"+ {ANSWER_SLACK} (an answer holds at least one record)")
+        if limits.max_response_bytes > self.max_message_bytes - ANSWER_SLACK:
+            raise ValueError(f"limits.max_response_bytes must be at most max_message_bytes - "
+                             f"{ANSWER_SLACK} (an answer must fit one gRPC message)")
+        return self

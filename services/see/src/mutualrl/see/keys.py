@@ -24,6 +24,8 @@ of run ids (`<prefix>:see:runs`) spans runs.
   (`transfers.py`) |
 | `metrics` | stream | per-round metric rows of the run's trainers (`runmetrics.py`) |
 | `rounds` | zset | rounds that have REWARD_STATS (score = round) |
+| `round` | zset | one member, "r", scored with the run's current round: the highest round its
+  records and metric rows hold (ZADD GT; `mutualrl.common.bounds`' horizon counts from it) |
 | `rs:<round>` | hash | "<prompt>|<policy>" -> "count,sum,sum_sq,max" |
 | `succ:<prompt>` | hash | "<policy>|<text digest>" -> record id of a VERIFIED_SUCCESS |
 """
@@ -95,6 +97,7 @@ class RunKeys:
     trimmed = _Key("trimmed")
     xfer = _Key("xfer")
     rounds = _Key("rounds")
+    current_round = _Key("round")
 
     round_stats_prefix = _Key("rs:")
 

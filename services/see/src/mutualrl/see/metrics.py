@@ -18,6 +18,11 @@ BYTES_OUT = Counter(
 INVALID = Counter(
     "mutualrl_see_invalid_requests", "Requests refused as INVALID_ARGUMENT / NOT_FOUND, by RPC.",
     ["rpc"])
+STORED_REFUSED = Counter(
+    "mutualrl_see_stored_refused", "Stored entries a read left out because they break today's "
+    "record rules (stored before a rule existed), by kind.", ["kind"])
+PAGES_CUT = Counter(
+    "mutualrl_see_pages_cut", "Answers that ended early at the byte budget, by read.", ["read"])
 TRIMMED = Counter(
     "mutualrl_see_trimmed", "Entries removed by retention, by stream (round_stats = rounds).",
     ["stream"])

@@ -2,6 +2,9 @@
 
 Every rule raises `InvalidArgument` whose field path names the offending value exactly as a
 client would write it (`records[3].reward`), so a trainer can fix its input from the message.
+Numbers are held to `mutualrl.common.bounds` (rounds, policy versions, rewards, a REWARD_STATS
+record's count and sums), so nothing a record holds can overflow what reads it: GetRoundStats'
+pooled sums, a trainer's advantages.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument, require_nonnegative
+from mutualrl.common import bounds, ids
+from mutualrl.common.errors import InvalidArgument, quote, require_nonnegative
 from mutualrl.see.config import SeeLimits
 from mutualrl.see.keys import KINDS
 from mutualrl.v1 import experience_pb2 as pb
@@ -56,7 +59,7 @@ def validate_run_config(cfg: pb.RunConfig, limits: SeeLimits) -> None:
     for i, policy in enumerate(cfg.policies):
         ids.check_name(policy, f"config.policies[{i}]")
         if policy in seen:
-            raise InvalidArgument(f"config.policies[{i}]", f"duplicate policy {policy!r}")
+            raise InvalidArgument(f"config.policies[{i}]", f"duplicate policy {quote(policy)}")
         seen.add(policy)
     if not math.isfinite(cfg.tau):
         raise InvalidArgument("config.tau", "not finite")
@@ -161,9 +164,12 @@ def _scalars_pass(records: Sequence[pb.ExperienceRecord], b: Batch, run: pb.RunC
             and set(b.policy_id) <= set(run.policies)
             and set(b.kind) <= _KIND_SET and set(finish) <= FINISH_VALUES
             and min(b.round) >= 0 and min(b.policy_version) >= 0
+            and max(b.round) <= bounds.MAX_ROUND
+            and max(b.policy_version) <= bounds.MAX_POLICY_VERSION
             and max(text_lens) <= limits.max_text_chars
             and max(map(len, [r.prompt_text for r in records])) <= limits.max_text_chars
             and all(map(math.isfinite, reward))
+            and max(map(abs, reward)) <= bounds.MAX_ABS_REWARD
             and not any(n & 3 for n in nbytes) and max(nbytes) >> 2 <= limits.max_tokens
             and all(list(map(len, a)) == nbytes for a in arrays[1:])
             and not any(v and f == pb.FINISH_REASON_LENGTH
@@ -245,16 +251,17 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     if tokenizer_id:  # optional (REWARD_STATS records carry no tokens)
         ids.check_tokenizer_id(tokenizer_id, f"{f}.tokenizer_id")
     if rec.run_id and rec.run_id != run.run_id:
-        raise InvalidArgument(f"{f}.run_id", f"{rec.run_id!r} differs from the request's run_id")
+        raise InvalidArgument(f"{f}.run_id",
+                              f"{quote(rec.run_id)} differs from the request's run_id")
     if rec.policy_id not in policies:
         raise InvalidArgument(f"{f}.policy_id",
-                              f"{rec.policy_id!r} is not a policy of run {run.run_id!r}")
+                              f"{quote(rec.policy_id)} is not a policy of run {quote(run.run_id)}")
     kind = rec.kind
     if kind not in KINDS:
         raise InvalidArgument(f"{f}.kind",
                               f"must be ROLLOUT, REWARD_STATS or VERIFIED_SUCCESS, got {kind}")
-    require_nonnegative(f"{f}.round", rec.round)
-    require_nonnegative(f"{f}.policy_version", rec.policy_version)
+    bounds.check_int(rec.round, f"{f}.round", bounds.MAX_ROUND)
+    bounds.check_int(rec.policy_version, f"{f}.policy_version", bounds.MAX_POLICY_VERSION)
     finish = rec.finish_reason
     if finish not in FINISH_VALUES:
         raise InvalidArgument(f"{f}.finish_reason", f"unknown value {finish}")
@@ -268,6 +275,8 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
     reward = rec.reward
     if not math.isfinite(reward):
         raise InvalidArgument(f"{f}.reward", "not finite")
+    if abs(reward) > bounds.MAX_ABS_REWARD:
+        raise InvalidArgument(f"{f}.reward", f"{reward:g} is beyond +-{bounds.MAX_ABS_REWARD:g}")
 
     nbytes = len(rec.token_ids_i32)
     if nbytes % 4:
@@ -288,7 +297,7 @@ def _validate_scalars(rec: pb.ExperienceRecord, idx: int, run: pb.RunConfig,
             raise InvalidArgument(f"{f}.meta", f"more than {limits.max_meta_entries} entries")
         for key, value in meta.items():
             if len(key) > limits.max_meta_chars or len(value) > limits.max_meta_chars:
-                raise InvalidArgument(f"{f}.meta[{key[:32]!r}]",
+                raise InvalidArgument(f"{f}.meta[{quote(key)}]",
                                       f"key or value longer than {limits.max_meta_chars} "
                                       "characters")
 
@@ -370,15 +379,31 @@ def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:
     if not rec.HasField("stats"):
         raise InvalidArgument(f"{f}.stats", "a REWARD_STATS record needs stats")
     st = rec.stats
-    if st.count < 1:
-        raise InvalidArgument(f"{f}.stats.count", "must be >= 1")
-    for name in ("sum", "sum_sq", "max"):
-        _finite(getattr(st, name), f"{f}.stats.{name}")
-    require_nonnegative(f"{f}.stats.sum_sq", st.sum_sq)
-    mean = st.sum / st.count
+    check_stats(st.count, st.sum, st.sum_sq, st.max, f"{f}.stats")
+
+
+def check_stats(count: int, total: float, sum_sq: float, top: float, f: str) -> None:
+    """The rules of a group's reward statistics (`f`: their field path, "records[3].stats"):
+    1 <= count <= MAX_GROUP_SIZE, finite sums of rewards within +-MAX_ABS_REWARD, a variance
+    that is not negative and a max not below the mean. GetRoundStats holds what it reads back
+    to the same rules (records stored before a rule existed)."""
+    bounds.check_int(count, f"{f}.count", bounds.MAX_GROUP_SIZE, least=1)
+    for name, value in (("sum", total), ("sum_sq", sum_sq), ("max", top)):
+        _finite(value, f"{f}.{name}")
+    require_nonnegative(f"{f}.sum_sq", sum_sq)
+    most = bounds.MAX_ABS_REWARD
+    # Rewards within +-most: the max, the mean and the mean square are too (with rounding room).
+    if abs(top) > most:
+        raise InvalidArgument(f"{f}.max", f"{top:g} is beyond +-{most:g}")
+    mean = total / count
+    if abs(mean) > most * (1 + 1e-9):
+        raise InvalidArgument(f"{f}.sum", f"a mean of {mean:g} is beyond +-{most:g}")
+    if sum_sq / count > most * most * (1 + 1e-9):
+        raise InvalidArgument(f"{f}.sum_sq", f"a mean square of {sum_sq / count:g} is beyond "
+                              f"{most * most:g} (rewards within +-{most:g})")
     # Relative tolerance: sums of floats carry rounding error proportional to their size.
-    tol = 1e-9 * max(1.0, abs(st.sum_sq), abs(st.sum))
-    if st.sum_sq / st.count - mean * mean < -tol:
-        raise InvalidArgument(f"{f}.stats.sum_sq", "smaller than sum**2/count (negative variance)")
-    if st.max < mean - tol:
-        raise InvalidArgument(f"{f}.stats.max", "smaller than the mean sum/count")
+    tol = 1e-9 * max(1.0, abs(sum_sq), abs(total))
+    if sum_sq / count - mean * mean < -tol:
+        raise InvalidArgument(f"{f}.sum_sq", "smaller than sum**2/count (negative variance)")
+    if top < mean - tol:
+        raise InvalidArgument(f"{f}.max", "smaller than the mean sum/count")

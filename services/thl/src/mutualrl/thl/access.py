@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mutualrl.common.auth import READ, Access, Rules
+from mutualrl.common.errors import quote
 from mutualrl.v1 import alignment_pb2 as pb
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
@@ -26,7 +27,7 @@ def _registrant(request: Any) -> list[str]:
     prefix = f"{run_id}/"
     if run_id and tokenizer_id.startswith(prefix) and "/" not in tokenizer_id[len(prefix):]:
         return [tokenizer_id[len(prefix):]]
-    return [f"tokenizer {tokenizer_id!r} of run {run_id!r}"]
+    return [f"tokenizer {quote(tokenizer_id)} of run {quote(run_id)}"]
 
 
 ACCESS: Rules = {

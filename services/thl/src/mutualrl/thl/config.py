@@ -53,18 +53,28 @@ class ThlConfig(ServiceConfig):
     With `max_request_text_bytes` it bounds THL's working memory whatever clients send."""
     work_threads: int = Field(default=2, ge=1)
     """Retokenize / AlignTrace calls worked on at once (others wait their turn, their request
-    bytes counted in `max_inflight_request_bytes`). Each holds up to ~130 bytes per token of
-    one block of text (256 KiB, or one larger text) in tokenizer encodings, plus its answer."""
+    bytes counted in `max_inflight_request_bytes`)."""
+    max_working_bytes: int = Field(default=256 << 20, ge=1 << 20)
+    """Working memory the Retokenize / AlignTrace calls being worked on may take together. A
+    call needs ~400 bytes per UTF-8 byte of the largest block it encodes at once (256 KiB of
+    texts, or one larger text: its Encoding in the tokenizer, its arrays and its answer); one
+    that does not fit beside the calls running waits its turn, and a call alone always runs.
+    With the defaults a 1 MiB text runs alone, and texts of a few kB run many at once.
+    THL's peak is about its memory after start-up and registrations (with its tokenizer cache)
+    plus this plus twice `max_inflight_request_bytes` (docs/reliability.md has the measure)."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])
     """Directories RegisterTokenizer may read from: a path a client sends must lie under one of
     them, also after following symlinks, or the call is INVALID_ARGUMENT (the same answer
-    whether or not anything exists there). Relative entries resolve against THL's working
-    directory. The default covers `runs/` (the trainer's default `output_dir`) and `/data/run`
-    (the run volume of the Compose and Kubernetes deployments); `mutualrl up` adds the run's
-    `output_dir` and every policy's `model_path` and `sft_checkpoint`. An empty list refuses
-    every registration over gRPC (start-up `tokenizers` still load)."""
+    whether or not anything exists there), and so must every file a load opens, resolved (a
+    file or directory linked out of the roots, a FIFO or device: refused). Relative entries
+    resolve against THL's working directory. The default covers `runs/` (the trainer's default
+    `output_dir`) and `/data/run` (the run volume of the Compose and Kubernetes deployments);
+    `mutualrl up` adds the run's `output_dir` and every policy's `model_path` and
+    `sft_checkpoint`, with the directories their files link into (a Hugging Face cache
+    snapshot links into the cache's `blobs/`). An empty list refuses every registration over
+    gRPC (start-up `tokenizers` still load)."""
     tokenizers: dict[TokenizerId, str] = Field(default_factory=dict)
     """Tokenizers to register at start-up: id -> local path (directory or tokenizer.json);
     an id already registered with another path is overwritten."""

@@ -4,12 +4,24 @@ The gRPC servicer is a thin shell over this class, and trainers that run without
 use it directly, so both go through the same code: validation, tokenization, the pure
 alignment core (`mutualrl.thl.align`) and the residual metrics (`mutualrl.thl.residual`).
 Errors are `mutualrl.common.errors` exceptions naming the offending field.
+
+Working memory. A call works one block of text at a time (`encode_blocks`: up to 256 KiB of
+texts, or one larger text), and its results come out one item at a time (`iter_retokenize`,
+`iter_align`), so the servicer writes each to the wire and drops it before the next block. A
+tokenizer's Encoding holds ~170 bytes a token in Rust; its ids and offsets are read in pieces
+of `ENCODING_PIECE` tokens (`token_arrays`), so the Python lists that reading makes stay small
+instead of ~130 bytes a token more. What a call needs at its peak is `working_bytes`: what the
+servicer's admission (`thl.max_working_bytes`) counts before it lets a call start.
+
+Refusals. Every rule that depends on the request alone (sizes, counts, values, offsets, ids)
+runs before any text is encoded; only the size of an AlignTrace answer too large to bound from
+the text sizes is known after the target side is encoded (counted, not kept).
 """
 
 from __future__ import annotations
 
 import builtins  # the classes below define a `list` method
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +38,9 @@ from mutualrl.common.alignment_types import (
     TraceItem,
     aggregate_residual,
 )
-from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, quote
 from mutualrl.thl import align as core
+from mutualrl.thl import memory
 from mutualrl.thl.registry import LoadedTokenizer, TokenizerRegistry
 from mutualrl.thl.residual import edit_distance, uncovered_bytes
 
@@ -70,10 +83,56 @@ _CHUNK_OVERHEAD = 15
 MAX_SOURCE_TOKENS_PER_BYTE = 4
 
 
-# Text encoded per tokenizer call: a tokenizer's Encoding holds ~130 bytes per token (ids, type
+# Text encoded per tokenizer call: a tokenizer's Encoding holds ~170 bytes per token (ids, type
 # ids, the token strings, offsets, masks, word ids), so only this much text's worth is alive
 # at once (a single larger text goes alone).
 ENCODE_BLOCK_BYTES = 256 * 1024
+ENCODING_PIECE = 1 << 16
+"""Tokens of an Encoding read into numpy at once (`token_arrays`)."""
+WORK_BYTES_PER_TEXT_BYTE = 400
+"""Working memory a call takes per UTF-8 byte of the block it encodes, at most: one token per
+byte (byte-level worst case) at ~170 bytes of Encoding, its arrays, the residual's decode and
+the answer's share (measured: 1 MiB of emoji, 786k tokens, peaks at ~230 MiB)."""
+
+
+def token_arrays(enc: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An Encoding's ids, (n, 2) offsets and special-token mask as numpy arrays, read
+    `ENCODING_PIECE` tokens at a time (`Encoding.truncate` splits it into pieces without
+    copying its tokens again; the Encoding is used up)."""
+    n = len(enc)
+    ids = np.empty(n, dtype=np.int64)
+    offsets = np.empty((n, 2), dtype=np.int64)
+    special = np.empty(n, dtype=bool)
+    if n > ENCODING_PIECE:
+        enc.truncate(ENCODING_PIECE)
+        pieces = [enc, *enc.overflowing]
+    else:
+        pieces = [enc]
+    at = 0
+    for piece in pieces:
+        k = len(piece)
+        ids[at:at + k] = piece.ids
+        offsets[at:at + k] = np.asarray(piece.offsets, dtype=np.int64).reshape(-1, 2)
+        special[at:at + k] = piece.special_tokens_mask
+        at += k
+    return ids, offsets, special
+
+
+def encode_block(backend: Any, texts: Sequence[str], add_special_tokens: bool = False
+                 ) -> builtins.list[Any]:
+    """The Encodings of one block (`encode_blocks`): a block of one text is encoded alone
+    (`encode`: `encode_batch` on one long text peaks ~40% higher, 200 against 140 MB for 1 MiB
+    of emoji), a block of many in parallel."""
+    if len(texts) == 1:
+        return [backend.encode(texts[0], add_special_tokens=add_special_tokens)]
+    return list(backend.encode_batch(list(texts), add_special_tokens=add_special_tokens))
+
+
+def working_bytes(texts: Sequence[str]) -> int:
+    """What a call over `texts` needs at its peak: its largest encode block's worth."""
+    largest = max((sum(len(t.encode("utf-8")) for t in texts[lo:hi])
+                   for lo, hi in encode_blocks(texts, len(texts) or 1)), default=0)
+    return WORK_BYTES_PER_TEXT_BYTE * largest
 
 
 def encode_blocks(texts: Sequence[str], max_items: int) -> list[tuple[int, int]]:
@@ -109,23 +168,42 @@ def retokenize_response_bound(texts: Sequence[str], vocab_size: int) -> int:
     return total
 
 
-def align_response_bound(items: Sequence[TraceItem], target_tokens: Sequence[int],
-                         vocab_size: int) -> int:
-    """An upper bound on the serialized AlignTraceResponse for `items`, whose texts the target
-    tokenizer encodes to `target_tokens` tokens each: per target token an id, two offsets and
-    a double; per chunk six ints, a double and a bool. Chunks end on distinct character
-    positions and on a cut of each side, so an item has at most min(its characters, source
-    tokens + target tokens + 1) of them (and at least one)."""
+def align_response_bound(texts: Sequence[str], source_tokens: Sequence[int],
+                         target_tokens: Sequence[int], vocab_size: int) -> int:
+    """An upper bound on the serialized AlignTraceResponse for items of `texts` with
+    `source_tokens` tokens each, which the target tokenizer encodes to `target_tokens` tokens
+    each: per target token an id, two offsets and a double; per chunk six ints, a double and a
+    bool. Chunks end on distinct character positions and on a cut of each side, so an item has
+    at most min(its characters, source tokens + target tokens + 1) of them (and at least
+    one)."""
     total = _TOKENIZED_OVERHEAD  # the batch residual
     id_bytes = _varint_bytes(vocab_size)
-    for it, m in zip(items, target_tokens, strict=True):
-        chars = len(it.text)
-        n = int(np.asarray(it.source_token_ids).size)
+    for text, n, m in zip(texts, source_tokens, target_tokens, strict=True):
+        chars = len(text)
         per_token = id_bytes + 2 * _varint_bytes(chars) + 8
         chunks = max(1, min(chars, n + m + 1))
         per_chunk = 2 * (3 + _varint_bytes(chars) + _varint_bytes(n) + _varint_bytes(m))
         total += m * per_token + chunks * (per_chunk + _CHUNK_OVERHEAD) + _ALIGNED_OVERHEAD
     return total
+
+
+def item_texts(items: Sequence[TraceItem]) -> builtins.list[str]:
+    """The items' texts: `items.texts()` when the sequence has it (the servicer's items, which
+    convert their arrays only when an item is read), else each item's."""
+    texts = getattr(items, "texts", None)
+    return list(texts()) if texts is not None else [it.text for it in items]
+
+
+def source_counts(items: Sequence[TraceItem]) -> builtins.list[int]:
+    """The items' source token counts (`items.source_counts()` when it has it, as `item_texts`)."""
+    counts = getattr(items, "source_counts", None)
+    return (list(counts()) if counts is not None
+            else [int(np.asarray(it.source_token_ids).size) for it in items])
+
+
+def _given(item: TraceItem) -> bool:
+    """The item carries its source offsets (otherwise THL re-encodes its text)."""
+    return item.source_offsets is not None and np.asarray(item.source_offsets).size > 0
 
 
 def _check_text(text: Any, field: str, limit: int) -> None:
@@ -168,83 +246,128 @@ class AlignmentEngine:
     def retokenize(self, tokenizer_id: str, texts: Sequence[str], add_special_tokens: bool = False,
                    apply_chat_template: bool = False) -> builtins.list[TokenizedText]:
         """Encode texts with a registered tokenizer: ids, char offsets and residual metrics."""
+        return list(self.iter_retokenize(tokenizer_id, texts, add_special_tokens,
+                                         apply_chat_template))
+
+    def iter_retokenize(self, tokenizer_id: str, texts: Sequence[str],
+                        add_special_tokens: bool = False, apply_chat_template: bool = False
+                        ) -> Iterator[TokenizedText]:
+        """`retokenize`, one text at a time: every check runs before the first comes out, and
+        a block's Encodings are gone before the next block is encoded."""
         tok = self.registry.get(tokenizer_id)
         self.check_texts(texts, "texts")
         if apply_chat_template:
             if not getattr(tok.hf, "chat_template", None):
                 raise FailedPrecondition("apply_chat_template",
-                                         f"tokenizer {tokenizer_id!r} has no chat template")
+                                         f"tokenizer {quote(tokenizer_id)} has no chat template")
             texts = [tok.hf.apply_chat_template([{"role": "user", "content": t}],
                                                 tokenize=False) for t in texts]
         self._check_response("texts", retokenize_response_bound(texts, tok.info.vocab_size),
                              texts)
-        out = []
+        return self._retokenized(tok, texts, add_special_tokens)
+
+    def _retokenized(self, tok: LoadedTokenizer, texts: Sequence[str],
+                     add_special_tokens: bool) -> Iterator[TokenizedText]:
         for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
             part = list(texts[lo:hi])
-            encs = tok.backend.encode_batch(part, add_special_tokens=add_special_tokens)
-            for text, enc in zip(part, encs, strict=True):
-                ids = np.asarray(enc.ids, dtype=np.int64)
-                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-                special = np.asarray(enc.special_tokens_mask, dtype=bool)
-                out.append(TokenizedText(ids, offsets, text,
-                                         self._residual(tok, text, ids, offsets, special)))
+            encs = encode_block(tok.backend, part, add_special_tokens)
+            for i, text in enumerate(part):
+                ids, offsets, special = token_arrays(encs[i])
+                encs[i] = None  # its memory goes before the next text's arrays are made
+                yield TokenizedText(ids, offsets, text,
+                                    self._residual(tok, text, ids, offsets, special))
+                del ids, offsets, special  # gone before the next text is encoded
             del encs
-        return out
 
     # -- align ----------------------------------------------------------------------------
     def align_trace(self, source_tokenizer_id: str, target_tokenizer_id: str,
                     items: Sequence[TraceItem], mode: Mode = "chunk",
                     placement: Placement = "last") -> AlignTraceResult:
         """Move source token traces onto the target tokenizer's tokens (see `align`)."""
-        if mode not in MODES:
-            raise InvalidArgument("mode", f"{mode!r} is not one of {MODES}")
-        if placement not in PLACEMENTS:
-            raise InvalidArgument("placement", f"{placement!r} is not one of {PLACEMENTS}")
-        src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
-        tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
-        texts = [it.text for it in items]
-        self.check_texts(texts, "items")
-        for i, it in enumerate(items):
-            n_source = int(np.asarray(it.source_token_ids).size)
-            most = MAX_SOURCE_TOKENS_PER_BYTE * len(it.text.encode("utf-8")) + _SPECIAL_TOKENS_SLACK
-            if n_source > most:
-                raise InvalidArgument(f"items[{i}].source_token_ids",
-                                      f"{n_source} tokens for a text of {len(it.text)} "
-                                      f"characters; at most {most} can be its tokens")
-        tgt_ids: list[np.ndarray] = []
-        tgt_offsets: list[np.ndarray] = []
-        for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
-            encs = tgt.backend.encode_batch(texts[lo:hi], add_special_tokens=False)
-            tgt_ids += [np.asarray(e.ids, dtype=np.int64) for e in encs]
-            tgt_offsets += [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encs]
-            del encs
-        # Once the target's token counts are known (encoding is the cheap part), before the
-        # source side, the alignment and the answer are built.
-        self._check_response("items", align_response_bound(
-            items, [len(t) for t in tgt_ids], tgt.info.vocab_size), texts)
-        src_offsets, values = self._source_side(src, items)
-        results: list[AlignedTrace] = []
-        block = max(1, self.limits.align_block_items)
-        for lo in range(0, len(items), block):
-            hi = min(lo + block, len(items))
-            s_st, s_en, s_b = core.concat_offsets(src_offsets[lo:hi])
-            t_st, t_en, t_b = core.concat_offsets(tgt_offsets[lo:hi])
-            vals = (np.concatenate(values[lo:hi]) if hi > lo else np.zeros(0))
-            lengths = np.array([len(t) for t in texts[lo:hi]], dtype=np.int64)
-            batch = core.align_batch(lengths, s_st, s_en, s_b, t_st, t_en, t_b, vals,
-                                     mode=mode, placement=placement)
-            for j in range(hi - lo):
-                i = lo + j
-                item = batch.item(j)
-                residual = self._residual(tgt, texts[i], tgt_ids[i], tgt_offsets[i],
-                                          np.zeros(len(tgt_ids[i]), dtype=bool),
-                                          item.multi_token_chunk_share)
-                results.append(AlignedTrace(tgt_ids[i], tgt_offsets[i], item.target_values,
-                                            item.chunks, item.sequence_value, item.mass_error,
-                                            residual))
+        results = list(self.iter_align(source_tokenizer_id, target_tokenizer_id, items, mode,
+                                       placement))
         agg = aggregate_residual([r.residual for r in results],
                                  [len(r.target_token_ids) for r in results])
         return AlignTraceResult(results, agg)
+
+    def iter_align(self, source_tokenizer_id: str, target_tokenizer_id: str,
+                   items: Sequence[TraceItem], mode: Mode = "chunk",
+                   placement: Placement = "last", *, answer_checked: bool = False
+                   ) -> Iterator[AlignedTrace]:
+        """`align_trace`, one item at a time (the batch residual is the caller's:
+        `aggregate_residual`): every check runs before the first comes out, and a block's
+        Encodings are gone before the next block is encoded. `answer_checked`: the caller ran
+        `check_align_answer` on these items already."""
+        if mode not in MODES:
+            raise InvalidArgument("mode", f"{quote(mode)} is not one of {MODES}")
+        if placement not in PLACEMENTS:
+            raise InvalidArgument("placement", f"{quote(placement)} is not one of {PLACEMENTS}")
+        src = self.registry.get(source_tokenizer_id, "source_tokenizer_id")
+        tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
+        texts, counts = item_texts(items), source_counts(items)
+        self.check_texts(texts, "items")
+        self._check_items(src, items)
+        if not answer_checked:
+            self.check_align_answer(tgt, texts, counts)
+        memory.trim_after(sum(counts))
+        blocks = encode_blocks(texts, max(1, self.limits.align_block_items))
+        return self._aligned(src, tgt, items, blocks, mode, placement)
+
+    def check_align_answer(self, tgt: LoadedTokenizer, texts: Sequence[str],
+                           source_tokens: Sequence[int]) -> None:
+        """RESOURCE_EXHAUSTED for items of `texts` with `source_tokens` tokens each whose
+        answer could pass the message limit: bounded from the texts' sizes (one target token a
+        byte at most) and, only when that bound is too loose, from the target's token counts
+        (counted without offsets, the fast way, before anything else is done)."""
+        limit = self.limits.max_response_bytes
+        if limit is None:
+            return
+        loose = [len(t.encode("utf-8")) + _SPECIAL_TOKENS_SLACK for t in texts]
+        if align_response_bound(texts, source_tokens, loose, tgt.info.vocab_size) <= limit:
+            return
+        count = getattr(tgt.backend, "encode_batch_fast", tgt.backend.encode_batch)
+        counts: list[int] = []
+        for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
+            counts += [len(e) for e in count(list(texts[lo:hi]), add_special_tokens=False)]
+        self._check_response("items", align_response_bound(texts, source_tokens, counts,
+                                                           tgt.info.vocab_size), texts)
+
+    def _aligned(self, src: LoadedTokenizer, tgt: LoadedTokenizer, items: Sequence[TraceItem],
+                 blocks: builtins.list[tuple[int, int]], mode: Mode, placement: Placement
+                 ) -> Iterator[AlignedTrace]:
+        """The items' alignments, block by block; a block's items are read from `items` only
+        now (the servicer's items convert from the request as they are read)."""
+        texts = item_texts(items)
+        for lo, hi in blocks:
+            block = [items[i] for i in range(lo, hi)]
+            encs = encode_block(tgt.backend, texts[lo:hi])
+            target = []
+            for j in range(hi - lo):
+                ids, offsets, _ = token_arrays(encs[j])
+                encs[j] = None
+                target.append((ids, offsets))
+            del encs
+            memory.trim_after(sum(len(ids) for ids, _ in target))
+            src_offsets = self._source_offsets(src, block, lo)
+            s_st, s_en, s_b = core.concat_offsets(src_offsets)
+            t_st, t_en, t_b = core.concat_offsets([o for _, o in target])
+            vals = (np.concatenate([np.asarray(it.values, dtype=np.float64).reshape(-1)
+                                    for it in block]) if block else np.zeros(0))
+            del block
+            lengths = np.array([len(t) for t in texts[lo:hi]], dtype=np.int64)
+            batch = core.align_batch(lengths, s_st, s_en, s_b, t_st, t_en, t_b, vals,
+                                     mode=mode, placement=placement)
+            del s_st, s_en, s_b, t_st, t_en, t_b, vals, src_offsets
+            for j in range(hi - lo):
+                item = batch.item(j)
+                ids, offsets = target[j]
+                residual = self._residual(tgt, texts[lo + j], ids, offsets,
+                                          np.zeros(len(ids), dtype=bool),
+                                          item.multi_token_chunk_share)
+                target[j] = (np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
+                yield AlignedTrace(ids, offsets, item.target_values, item.chunks,
+                                   item.sequence_value, item.mass_error, residual)
+            del batch
 
     # -- helpers --------------------------------------------------------------------------
     def check_texts(self, texts: Sequence[str], field: str) -> None:
@@ -282,15 +405,17 @@ class AlignmentEngine:
             raise InvalidArgument(field, f"{len(seq)} entries, over the limit of "
                                   f"{self.limits.max_batch} per call")
 
-    def _source_side(self, src: LoadedTokenizer, items: Sequence[TraceItem]
-                     ) -> tuple[builtins.list[np.ndarray], builtins.list[np.ndarray]]:
-        """Validated source offsets and values per item (re-encoding where offsets are absent)."""
-        offsets: list[np.ndarray | None] = []
-        values: list[np.ndarray] = []
-        need: list[int] = []
+    def _check_items(self, src: LoadedTokenizer, items: Sequence[TraceItem]) -> None:
+        """Every rule of the items that depends on the request alone: token counts, values,
+        ids, offsets (one item's arrays at a time)."""
         vocab = src.info.vocab_size
         for i, it in enumerate(items):
             ids = np.asarray(it.source_token_ids, dtype=np.int64).reshape(-1)
+            most = MAX_SOURCE_TOKENS_PER_BYTE * len(it.text.encode("utf-8")) + _SPECIAL_TOKENS_SLACK
+            if ids.shape[0] > most:
+                raise InvalidArgument(f"items[{i}].source_token_ids",
+                                      f"{ids.shape[0]} tokens for a text of {len(it.text)} "
+                                      f"characters; at most {most} can be its tokens")
             vals = np.asarray(it.values, dtype=np.float64).reshape(-1)
             if vals.shape[0] != ids.shape[0]:
                 raise InvalidArgument(f"items[{i}].values", f"{vals.shape[0]} values for "
@@ -302,49 +427,42 @@ class AlignmentEngine:
             if ids.shape[0] and (ids.min() < 0 or ids.max() >= vocab):
                 raise InvalidArgument(f"items[{i}].source_token_ids",
                                       f"ids must lie in [0, {vocab}) for this tokenizer")
-            values.append(vals)
-            if it.source_offsets is None or np.asarray(it.source_offsets).size == 0:
-                if ids.shape[0] == 0 and it.text == "":
-                    offsets.append(np.zeros((0, 2), dtype=np.int64))
-                else:
-                    offsets.append(None)
-                    need.append(i)
-                continue
-            off = np.asarray(it.source_offsets, dtype=np.int64)
-            if off.ndim != 2 or off.shape[1] != 2 or off.shape[0] != ids.shape[0]:
-                raise InvalidArgument(f"items[{i}].source_offsets",
-                                      f"need one (start, end) per source token ({ids.shape[0]}),"
-                                      f" got shape {tuple(off.shape)}")
-            problem = core.validate_offsets(off[:, 0], off[:, 1], len(it.text))
-            if problem:
-                raise InvalidArgument(f"items[{i}].source_offsets", problem)
-            offsets.append(off)
-        if need:
-            texts = [items[i].text for i in need]
-            for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
-                plain = src.backend.encode_batch(texts[lo:hi], add_special_tokens=False)
-                self._source_offsets(src, items, need[lo:hi], plain, offsets)
-        return [o for o in offsets if o is not None], values
+            if _given(it):
+                off = np.asarray(it.source_offsets, dtype=np.int64)
+                if off.ndim != 2 or off.shape[1] != 2 or off.shape[0] != ids.shape[0]:
+                    raise InvalidArgument(f"items[{i}].source_offsets", "need one (start, end) "
+                                          f"per source token ({ids.shape[0]}), got shape "
+                                          f"{tuple(off.shape)}")
+                problem = core.validate_offsets(off[:, 0], off[:, 1], len(it.text))
+                if problem:
+                    raise InvalidArgument(f"items[{i}].source_offsets", problem)
 
     @staticmethod
-    def _source_offsets(src: LoadedTokenizer, items: Sequence[TraceItem],
-                        need: Sequence[int], plain: Sequence[Any],
-                        offsets: builtins.list[np.ndarray | None]) -> None:
-        """Offsets of items[need] from their encodings `plain` (or with special tokens), which
-        must carry the items' ids."""
-        for i, enc in zip(need, plain, strict=True):
-            ids = np.asarray(items[i].source_token_ids, dtype=np.int64).reshape(-1)
-            chosen = enc if np.array_equal(ids, enc.ids) else None
-            if chosen is None:
-                with_special = src.backend.encode(items[i].text, add_special_tokens=True)
-                if np.array_equal(ids, with_special.ids):
-                    chosen = with_special
-            if chosen is None:
+    def _source_offsets(src: LoadedTokenizer, block: Sequence[TraceItem], first: int
+                        ) -> builtins.list[np.ndarray]:
+        """Source offsets of a block's items (items[first:]): as sent, or from re-encoding the
+        text, whose ids must then be the item's (with or without special tokens)."""
+        out: list[np.ndarray] = []
+        for j, it in enumerate(block):
+            ids = np.asarray(it.source_token_ids, dtype=np.int64).reshape(-1)
+            if _given(it):
+                out.append(np.asarray(it.source_offsets, dtype=np.int64))
+                continue
+            if ids.shape[0] == 0 and it.text == "":
+                out.append(np.zeros((0, 2), dtype=np.int64))
+                continue
+            for special in (False, True):
+                got, offsets, _ = token_arrays(src.backend.encode(
+                    it.text, add_special_tokens=special))
+                if np.array_equal(ids, got):
+                    out.append(offsets)
+                    break
+            else:
                 raise InvalidArgument(
-                    f"items[{i}].source_token_ids", "without source offsets the ids must "
+                    f"items[{first + j}].source_token_ids", "without source offsets the ids must "
                     "equal the source tokenizer's encoding of text (they do not); send "
                     "source_offset_starts/ends")
-            offsets[i] = np.asarray(chosen.offsets, dtype=np.int64).reshape(-1, 2)
+        return out
 
     def _residual(self, tok: LoadedTokenizer, text: str, ids: np.ndarray, offsets: np.ndarray,
                   special: np.ndarray, multi_token_chunk_share: float = 0.0) -> Residual:

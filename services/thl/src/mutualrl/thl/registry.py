@@ -11,7 +11,15 @@ never made without a run ("pinned": start-up config, `mutualrl thl register`).
 
 Paths a client sends are confined to the registry's `roots` (THL's `thl.tokenizer_roots`): a path
 outside them — before or after following symlinks — is refused with one message whatever is
-there, so the service never tells a caller whether a file exists elsewhere on its host.
+there, so the service never tells a caller whether a file exists elsewhere on its host. What a
+load opens is checked too, before every load (a registration, and each reload after the cache
+dropped the tokenizer): the file, or each entry of the directory, resolved (`realpath`), must
+lie under a root and be a regular file (or a directory, which is never read), so a
+`tokenizer.json` that links to `/etc/passwd`, or a FIFO that would block the reading thread, is
+refused before anything opens it (`check_contents`). Tokenizers of THL's own start-up config may
+lie anywhere, but their files must still be regular files. What is left: whoever may write
+inside a root can swap a checked file for a link between the check and the load (the check
+narrows that race to the load itself; it cannot close it without opening every file itself).
 
 A loaded tokenizer encodes with truncation and padding off, whatever its tokenizer.json says
 (BERT-family checkpoints ship `truncation: 128` and fixed padding): THL's ids and offsets must be
@@ -23,6 +31,7 @@ from __future__ import annotations
 import builtins  # the classes below define a `list` method
 import json
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -33,7 +42,14 @@ from typing import Any, Protocol
 
 from mutualrl.common import ids
 from mutualrl.common.alignment_types import TokenizerInfo
-from mutualrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from mutualrl.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    quote,
+)
 from mutualrl.common.keys import DEFAULT_PREFIX, KeySpace
 from mutualrl.common.redis_errors import sync_redis_op
 
@@ -239,7 +255,7 @@ def confine(path: str, roots: Sequence[Path] | None, field: str = "path") -> str
     form after, both with the same message, so the answer for a path outside the roots says
     nothing about what exists there."""
     check_path_text(path, field)
-    outside = InvalidArgument(field, f"{path!r} is not under a directory THL may read "
+    outside = InvalidArgument(field, f"{quote(path)} is not under a directory THL may read "
                               "tokenizers from (its thl.tokenizer_roots, logged at start-up)")
     lexical = _absolute(path)
     # A root may itself be a symlink (/data/run -> a volume): paths name it either way.
@@ -250,11 +266,53 @@ def confine(path: str, roots: Sequence[Path] | None, field: str = "path") -> str
     try:
         resolved = lexical.resolve()
     except (OSError, RuntimeError, ValueError) as err:  # RuntimeError: a symlink loop
-        raise InvalidArgument(field, f"{path!r} cannot be resolved: "
+        raise InvalidArgument(field, f"{quote(path)} cannot be resolved: "
                               f"{type(err).__name__}") from err
     if resolved_roots is not None and not _inside(resolved, resolved_roots):
         raise outside  # a symlink inside a root that points out of it
     return str(resolved)
+
+
+MAX_DIR_ENTRIES = 4096
+"""Most entries a tokenizer directory may hold (each one is checked before a load)."""
+
+
+def check_contents(path: str, roots: Sequence[Path] | None, field: str = "path") -> None:
+    """What a load of `path` (absolute and resolved) may open stays inside `roots` (None:
+    anywhere) and is a regular file: the file itself, or every entry of the directory
+    (transformers picks its files by name: tokenizer.json, tokenizer_config.json, vocabularies,
+    chat templates, config.json). An entry that resolves outside the roots, or to a FIFO,
+    socket or device, is refused; a directory entry (never read) or a dangling link (never
+    opened: the load fails on what it lacks) is left alone."""
+    resolved_roots = None if roots is None else [Path(r).resolve() for r in roots]
+
+    def check(target: str, shown: str) -> None:
+        real = os.path.realpath(target)
+        if resolved_roots is not None and not _inside(Path(real), resolved_roots):
+            raise InvalidArgument(field, f"{shown} resolves outside the directories THL may "
+                                  "read tokenizers from (thl.tokenizer_roots)")
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            return
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise InvalidArgument(field, f"{shown} is not a regular file (a FIFO, socket or "
+                                  "device is never read)")
+
+    check(path, quote(path))
+    if not os.path.isdir(path):
+        return
+    try:
+        with os.scandir(path) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_DIR_ENTRIES:
+                    raise InvalidArgument(field, f"{quote(path)} holds more than "
+                                          f"{MAX_DIR_ENTRIES} entries; a tokenizer directory "
+                                          "holds a few files")
+                check(entry.path, f"{quote(path)} holds {quote(entry.name)}, which")
+    except OSError as err:
+        raise InvalidArgument(field, f"{quote(path)} cannot be listed: "
+                              f"{type(err).__name__}") from err
 
 
 def _absolute(path: str) -> Path:
@@ -281,13 +339,15 @@ _TRANSFORMERS_IMPORT = threading.Lock()
 def _too_big(path: str, size: int, max_bytes: int | None) -> InvalidArgument | None:
     if max_bytes is None or size <= max_bytes:
         return None
-    return InvalidArgument("path", f"the tokenizer at {path!r} is {size} bytes serialized, over "
-                           f"THL's limit of {max_bytes} (thl.max_tokenizer_bytes)")
+    return InvalidArgument("path", f"the tokenizer at {quote(path)} is {size} bytes serialized, "
+                           f"over THL's limit of {max_bytes} (thl.max_tokenizer_bytes)")
 
 
-def load_fast_tokenizer(path: str, max_bytes: int | None = None) -> Any:
-    """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones, and ones
-    larger than `max_bytes` serialized (its tokenizer.json is measured before loading)."""
+def load_fast_tokenizer(path: str, max_bytes: int | None = None,
+                        roots: Sequence[Path] | None = None) -> Any:
+    """Load a fast tokenizer from a directory or a tokenizer.json; refuse slow ones, ones
+    larger than `max_bytes` serialized (its tokenizer.json is measured before loading), and
+    paths whose files `check_contents` refuses (against `roots`; None: anywhere)."""
     with _TRANSFORMERS_IMPORT:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -296,23 +356,25 @@ def load_fast_tokenizer(path: str, max_bytes: int | None = None) -> Any:
     tok: Any
     try:
         if not p.exists():
-            raise InvalidArgument("path", f"{path!r} does not exist on the THL host")
+            raise InvalidArgument("path", f"{quote(path)} does not exist on the THL host")
+        check_contents(path, roots)
         spec_file = p / "tokenizer.json" if p.is_dir() else p
         if spec_file.is_file() and (err := _too_big(path, spec_file.stat().st_size, max_bytes)):
             raise err
         if p.is_file():
             if p.suffix != ".json":
-                raise InvalidArgument("path", f"{path!r} is a file but not a tokenizer.json")
+                raise InvalidArgument("path", f"{quote(path)} is a file but not a tokenizer.json")
             tok = PreTrainedTokenizerFast(tokenizer_file=str(p), clean_up_tokenization_spaces=False)
         else:
             tok = AutoTokenizer.from_pretrained(str(p), use_fast=True, local_files_only=True)
     except InvalidArgument:
         raise
     except Exception as err:  # transformers raises many types for unreadable inputs
-        raise InvalidArgument("path", f"cannot load a tokenizer from {path!r}: {err}") from err
+        raise InvalidArgument("path", f"cannot load a tokenizer from {quote(path)}: "
+                              f"{quote(err, 256)}") from err
     if not getattr(tok, "is_fast", False):
         raise InvalidArgument(
-            "path", f"{path!r} loads as {type(tok).__name__}, a slow (Python) tokenizer; THL "
+            "path", f"{quote(path)} loads as {type(tok).__name__}, a slow (Python) tokenizer; THL "
             "needs a fast tokenizer (tokenizer.json) because alignment uses its character offsets")
     return _plain_encoding(tok)
 
@@ -409,11 +471,12 @@ class TokenizerRegistry:
         self.check_id(tokenizer_id)
         if run_id:
             ids.check_run_id(run_id)
-        path = confine(path, self.roots if confined else None)
+        roots = self.roots if confined else None
+        path = confine(path, roots)
         existing = self._store.get(tokenizer_id)
         if existing is not None and not overwrite and existing.get("path") != path:
-            raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} is registered with path "
-                                f"{existing.get('path')!r}; set overwrite to replace it")
+            raise AlreadyExists("tokenizer_id", f"{quote(tokenizer_id)} is registered with path "
+                                f"{quote(existing.get('path'))}; set overwrite to replace it")
         most = self.limits.max_tokenizers
         # Checked before the update, not inside it: replicas registering new ids at the same
         # moment may overshoot by one each.
@@ -425,18 +488,20 @@ class TokenizerRegistry:
         if overwrite or existing is None or existing.get("path") != path:
             # slow: outside the store's critical section
             with self._load_lock:
-                new = loaded(tokenizer_id, path, load_fast_tokenizer(path, max_bytes), max_bytes)
+                new = loaded(tokenizer_id, path,
+                             load_fast_tokenizer(path, max_bytes, roots), max_bytes)
 
         def hold(current: Record | None) -> Record:
             if new is not None:
                 record: Record = {"path": path, "info": asdict(new.info),
-                                  "registered_at": time.time(), "runs": [], "pinned": False}
+                                  "registered_at": time.time(), "runs": [], "pinned": False,
+                                  "confined": confined}
                 if current is not None:  # overwrite: the runs that held the id still do
                     record["runs"] = list(current.get("runs", []))
                     record["pinned"] = _pinned(current)
             elif current is None or current.get("path") != path:
-                raise AlreadyExists("tokenizer_id", f"{tokenizer_id!r} was changed concurrently "
-                                    "by another registration; retry")
+                raise AlreadyExists("tokenizer_id", f"{quote(tokenizer_id)} was changed "
+                                    "concurrently by another registration; retry")
             else:
                 record = dict(current, runs=list(current.get("runs", [])),
                               pinned=_pinned(current))
@@ -444,8 +509,8 @@ class TokenizerRegistry:
                 runs = self.limits.max_runs_per_tokenizer
                 if run_id not in record["runs"] and runs is not None and len(
                         record["runs"]) >= runs:
-                    raise ResourceExhausted("run_id", f"{runs} runs hold {tokenizer_id!r}, the "
-                                            "limit (thl.max_runs_per_tokenizer)")
+                    raise ResourceExhausted("run_id", f"{runs} runs hold {quote(tokenizer_id)}, "
+                                            "the limit (thl.max_runs_per_tokenizer)")
                 record["runs"] = sorted({*record["runs"], run_id})
             else:
                 record["pinned"] = True
@@ -479,7 +544,7 @@ class TokenizerRegistry:
                 for hook in self.on_drop:
                     hook(tid)
         if not held:
-            raise NotFound("run_id", f"no tokenizer is registered for run {run_id!r}")
+            raise NotFound("run_id", f"no tokenizer is registered for run {quote(run_id)}")
         return len(held)
 
     def list(self) -> list[TokenizerInfo]:
@@ -497,11 +562,18 @@ class TokenizerRegistry:
         # Not cached here: another replica (or an earlier life of this one) may have registered it.
         record = self._store.get(tokenizer_id)
         if record is None:
-            raise NotFound(field, f"no tokenizer registered as {tokenizer_id!r}")
+            raise NotFound(field, f"no tokenizer registered as {quote(tokenizer_id)}")
         max_bytes = self.limits.max_tokenizer_bytes
         with self._load_lock:
-            found = loaded(tokenizer_id, record["path"],
-                           load_fast_tokenizer(record["path"], max_bytes), max_bytes)
+            # Checked again at each load: a link planted after the registration is refused.
+            roots = self.roots if record.get("confined", True) else None
+            try:
+                found = loaded(tokenizer_id, record["path"],
+                               load_fast_tokenizer(record["path"], max_bytes, roots), max_bytes)
+            except InvalidArgument as err:  # what the registration found there changed
+                raise FailedPrecondition(field, f"the tokenizer registered as "
+                                         f"{quote(tokenizer_id)} can no longer be loaded: "
+                                         f"{err.message}") from err
         with self._lock:
             self.loads += 1
             self._remember(tokenizer_id, found)

@@ -68,7 +68,8 @@ class ThlServer(ServiceServer):
 async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
     """Start THL on cfg.host:cfg.port (0 = free port) with health, reflection, auth, metrics."""
     engine = engine if engine is not None else build_engine(cfg)
-    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes, cfg.work_threads)
+    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes, cfg.work_threads,
+                                 cfg.max_working_bytes)
 
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)

@@ -3,24 +3,38 @@
 A body that is not valid protobuf becomes INVALID_ARGUMENT in the shared server
 (`mutualrl.common.request_parsing`). Engine work (tokenization, alignment) runs in worker
 threads so the event loop keeps answering health checks and other calls.
+
+What bounds THL's memory whatever clients send, in the order a call meets it: the per-call
+limits (refused INVALID_ARGUMENT / RESOURCE_EXHAUSTED before anything is queued), the request
+bytes held at once (`RequestBudget`, `thl.max_inflight_request_bytes`: RESOURCE_EXHAUSTED
+beyond), then the working memory calls may take at once (`WorkBudget`,
+`thl.max_working_bytes`): a call whose need (`engine.working_bytes`) does not fit waits its turn
+(one call alone always runs), on at most `thl.work_threads` threads. A call's answer is written
+to the wire item by item (`alignment_wire`), so what it holds is one block's work and its answer's
+bytes. docs/reliability.md states the peak this gives and the test that measures it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import ctypes
-import ctypes.util
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import overload
 
 import grpc
 
 from mutualrl.common import alignment_wire as wire
-from mutualrl.common.alignment_types import TokenizerInfo
+from mutualrl.common.alignment_types import (
+    Residual,
+    TokenizerInfo,
+    TraceItem,
+    aggregate_residual,
+)
 from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
-from mutualrl.thl import metrics
-from mutualrl.thl.engine import AlignmentEngine
+from mutualrl.thl import memory, metrics
+from mutualrl.thl.engine import AlignmentEngine, working_bytes
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import runs_pb2 as runs_pb
 
@@ -30,28 +44,13 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 TRIM_AFTER_BYTES = 256 * 1024
 
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim: freed blocks of a large call otherwise stay in the heap of the thread
-    that worked on it (resident, though free) until that heap happens to be reused."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return trim
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-
 @contextlib.contextmanager
 def _trimmed(request_bytes: int) -> Iterator[None]:
     try:
         yield
     finally:
-        if _MALLOC_TRIM is not None and request_bytes >= TRIM_AFTER_BYTES:
-            _MALLOC_TRIM(0)
+        if request_bytes >= TRIM_AFTER_BYTES:
+            memory.trim()
 
 
 class RequestBudget:
@@ -77,13 +76,92 @@ class RequestBudget:
             metrics.INFLIGHT_BYTES.set(self.in_use)
 
 
+class WorkBudget:
+    """Working memory the running calls may take together, at most `limit` bytes: a call
+    waits, in arrival order, until its need fits; a call alone always runs. A call holds its
+    share until its answer has been sent (the RPC's done callback), so the next large call
+    does not start while the last one's answer is still in memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque())
+
+    async def acquire(self, need: int) -> None:
+        if not self._waiting and (self.in_use == 0 or self.in_use + need <= self.limit):
+            self._take(need)
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.append((need, turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release(need)  # admitted as the caller went away
+            else:
+                self._waiting.remove((need, turn))
+                self._admit()
+            raise
+
+    def release(self, need: int) -> None:
+        self.in_use -= need
+        metrics.WORKING_BYTES.set(self.in_use)
+        self._admit()
+
+    def _take(self, need: int) -> None:
+        self.in_use += need
+        metrics.WORKING_BYTES.set(self.in_use)
+
+    def _admit(self) -> None:
+        while self._waiting:
+            need, turn = self._waiting[0]
+            if self.in_use and self.in_use + need > self.limit:
+                return
+            self._waiting.popleft()
+            self._take(need)
+            turn.set_result(None)
+
+
+class _RequestItems(Sequence[TraceItem]):
+    """An AlignTrace request's items, each converted to numpy arrays when it is read and
+    dropped after: the engine reads them once to check them and once per block to align them,
+    so one item's (or one block's) arrays are alive at a time, not the whole request's."""
+
+    def __init__(self, items: Sequence[pb.TraceItem]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def texts(self) -> list[str]:
+        """Every item's text, without converting its arrays."""
+        return [it.text for it in self._items]
+
+    def source_counts(self) -> list[int]:
+        """Every item's source token count, without converting its arrays."""
+        return [len(it.source_token_ids) for it in self._items]
+
+    @overload
+    def __getitem__(self, index: int) -> TraceItem: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[TraceItem]: ...
+
+    def __getitem__(self, index: int | slice) -> TraceItem | Sequence[TraceItem]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return wire.item_from_pb(self._items[index], index)
+
+
 class AlignmentServicer:
     """Implements the Alignment RPCs on an engine."""
 
     def __init__(self, engine: AlignmentEngine, max_inflight_request_bytes: int | None = None,
-                 work_threads: int = 2) -> None:
+                 work_threads: int = 2, max_working_bytes: int = 256 << 20) -> None:
         self.engine = engine
         self.budget = RequestBudget(max_inflight_request_bytes)
+        self.work = WorkBudget(max_working_bytes)
         # Retokenize / AlignTrace run here: each working call holds a block of Encodings and
         # its answer, so how many run at once bounds memory as much as the budget does.
         self._work = ThreadPoolExecutor(max_workers=max(1, work_threads),
@@ -118,32 +196,38 @@ class AlignmentServicer:
 
     @grpc_errors
     async def Retokenize(self, request: pb.RetokenizeRequest,
-                         context: grpc.aio.ServicerContext) -> pb.RetokenizeResponse:
+                         context: grpc.aio.ServicerContext) -> bytes:
+        """Answers the serialized RetokenizeResponse (registered with a pass-through
+        serializer: the answer is written to the wire text by text)."""
         # A call over the limits is refused before it waits for (or is refused by) the budget.
-        self.engine.check_texts(request.texts, "texts")
-        # The answer is built under the budget too: it is as large as the work.
+        texts = list(request.texts)
+        self.engine.check_texts(texts, "texts")
         with self.budget.hold(request.ByteSize(), "texts"):
+            await self._admitted(context, working_bytes(texts))
             return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._retokenize, request)
+                self._work, self._retokenize, request, texts)
 
-    def _retokenize(self, request: pb.RetokenizeRequest) -> pb.RetokenizeResponse:
+    def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str]) -> bytes:
         with _trimmed(request.ByteSize()):
-            return self._retokenize_response(request)
-
-    def _retokenize_response(self, request: pb.RetokenizeRequest) -> pb.RetokenizeResponse:
-        results = self.engine.retokenize(request.tokenizer_id, list(request.texts),
-                                         request.add_special_tokens, request.apply_chat_template)
-        target = request.tokenizer_id
-        for r in results:
-            metrics.observe_text("Retokenize", target, r.residual)
-        metrics.ITEMS.labels("Retokenize", target).inc(len(results))
-        metrics.TARGET_TOKENS.labels("Retokenize", target).inc(
-            sum(len(r.token_ids) for r in results))
-        return pb.RetokenizeResponse(results=[wire.tokenized_to_pb(r) for r in results])
+            target = request.tokenizer_id
+            out: list[bytes] = []
+            tokens = 0
+            for r in self.engine.iter_retokenize(target, texts, request.add_special_tokens,
+                                                 request.apply_chat_template):
+                metrics.observe_text("Retokenize", target, r.residual)
+                tokens += len(r.token_ids)
+                out.append(wire.tokenized_bytes(r))
+                n = len(r.token_ids)
+                del r  # gone before the next text is encoded
+                memory.trim_after(n)
+            metrics.ITEMS.labels("Retokenize", target).inc(len(out))
+            metrics.TARGET_TOKENS.labels("Retokenize", target).inc(tokens)
+            return wire.retokenize_response_bytes(out)
 
     @grpc_errors
     async def AlignTrace(self, request: pb.AlignTraceRequest,
-                         context: grpc.aio.ServicerContext) -> pb.AlignTraceResponse:
+                         context: grpc.aio.ServicerContext) -> bytes:
+        """Answers the serialized AlignTraceResponse (as Retokenize)."""
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
         if request.placement not in wire.PLACEMENT_FROM_PB:
@@ -151,46 +235,70 @@ class AlignmentServicer:
         if len(request.items) > self.engine.limits.max_batch:  # before converting them all
             raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
                                   f"{self.engine.limits.max_batch} per call")
-        self.engine.check_texts([it.text for it in request.items], "items")
+        texts = [it.text for it in request.items]
+        self.engine.check_texts(texts, "items")
         with self.budget.hold(request.ByteSize(), "items"):
+            await self._admitted(context, working_bytes(texts))
             return await asyncio.get_running_loop().run_in_executor(
                 self._work, self._align_trace, request)
+
+    async def _admitted(self, context: grpc.aio.ServicerContext, need: int) -> None:
+        """Wait until the call's working memory fits; it is held until the call is done."""
+        await self.work.acquire(need)
+        loop = asyncio.get_running_loop()
+        context.add_done_callback(lambda _: loop.call_soon_threadsafe(self.work.release, need))
 
     def close(self) -> None:
         """Stop the work threads (calls still queued are cancelled)."""
         self._work.shutdown(wait=False, cancel_futures=True)
 
-    def _align_trace(self, request: pb.AlignTraceRequest) -> pb.AlignTraceResponse:
+    def _align_trace(self, request: pb.AlignTraceRequest) -> bytes:
+        """The serialized AlignTraceResponse, written item by item."""
         with _trimmed(request.ByteSize()):
-            return self._align_trace_response(request)
+            # The answer's size first, from the request's own counts: a call refused for it is
+            # refused before its arrays are converted.
+            items = _RequestItems(request.items)
+            self.engine.check_align_answer(
+                self.engine.registry.get(request.target_tokenizer_id, "target_tokenizer_id"),
+                items.texts(), items.source_counts())
+            target = request.target_tokenizer_id
+            out: list[bytes] = []
+            residuals: list[Residual] = []
+            counts: list[int] = []
+            for a, it in zip(self.engine.iter_align(
+                    request.source_tokenizer_id, target, items,
+                    wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement],
+                    answer_checked=True), items, strict=False):
+                metrics.observe_text("AlignTrace", target, a.residual)
+                metrics.SHARE.labels(target).observe(a.residual.multi_token_chunk_share)
+                metrics.SOURCE_TOKENS.labels(target).inc(len(it.source_token_ids))
+                metrics.CHUNKS.labels(target).inc(len(a.chunks))
+                nt = a.chunks.target_end - a.chunks.target_start
+                metrics.MULTI_TOKEN_TARGET_TOKENS.labels(target).inc(
+                    int(nt[~a.chunks.clean].sum()))
+                if a.mass_error != 0.0:
+                    metrics.MASS_ERROR.labels(target).inc()
+                residuals.append(a.residual)
+                counts.append(len(a.target_token_ids))
+                out.append(wire.aligned_bytes(a))
+                n = len(a.target_token_ids)
+                del a, it
+                memory.trim_after(n)
+            metrics.ITEMS.labels("AlignTrace", target).inc(len(out))
+            metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(sum(counts))
+            return wire.align_response_bytes(out, aggregate_residual(residuals, counts))
 
-    def _align_trace_response(self, request: pb.AlignTraceRequest) -> pb.AlignTraceResponse:
-        items = [wire.item_from_pb(it, i) for i, it in enumerate(request.items)]
-        result = self.engine.align_trace(
-            request.source_tokenizer_id, request.target_tokenizer_id, items,
-            wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement])
-        target = request.target_tokenizer_id
-        for a, it in zip(result.results, items, strict=True):
-            metrics.observe_text("AlignTrace", target, a.residual)
-            metrics.SHARE.labels(target).observe(a.residual.multi_token_chunk_share)
-            metrics.SOURCE_TOKENS.labels(target).inc(len(it.source_token_ids))
-            metrics.CHUNKS.labels(target).inc(len(a.chunks))
-            nt = a.chunks.target_end - a.chunks.target_start
-            metrics.MULTI_TOKEN_TARGET_TOKENS.labels(target).inc(int(nt[~a.chunks.clean].sum()))
-            if a.mass_error != 0.0:
-                metrics.MASS_ERROR.labels(target).inc()
-        metrics.ITEMS.labels("AlignTrace", target).inc(len(result.results))
-        metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(
-            sum(len(a.target_token_ids) for a in result.results))
-        return wire.result_to_pb(result)
+
+def _as_is(answer: bytes) -> bytes:
+    return answer
 
 
 _METHODS = (
-    ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo),
-    ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse),
-    ("Retokenize", pb.RetokenizeRequest, pb.RetokenizeResponse),
-    ("AlignTrace", pb.AlignTraceRequest, pb.AlignTraceResponse),
-    ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse),
+    ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo.SerializeToString),
+    ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse.SerializeToString),
+    ("Retokenize", pb.RetokenizeRequest, _as_is),  # written by `_retokenize`
+    ("AlignTrace", pb.AlignTraceRequest, _as_is),  # written by `_align_trace`
+    ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse.SerializeToString),
 )
 
 
@@ -199,8 +307,8 @@ def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name), request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString)
-        for name, req, resp in _METHODS
+            response_serializer=serialize)
+        for name, req, serialize in _METHODS
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
                                                                           handlers),))

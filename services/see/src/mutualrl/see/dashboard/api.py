@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPBearer
 
 from mutualrl.common.auth import rest_access
+from mutualrl.common.bounds import MAX_ROUND
 from mutualrl.common.ids import NAME, RECORD_KEY
 from mutualrl.see.dashboard import convert, recent
 from mutualrl.see.dashboard.models import (
@@ -37,18 +38,21 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.see.dashboard.thl_link import NOT_CONFIGURED, ThlError, ThlLink, ThlSession
 from mutualrl.see.keys import kind_name
-from mutualrl.see.rest.params import STREAM_ID_PATTERN, RunId
+from mutualrl.see.route_params import STREAM_ID_PATTERN, RunId, TransferCursor, transfer_page
 from mutualrl.see.store import SeeStore, transfers
+from mutualrl.see.store.paging import Budget
 from mutualrl.see.store.runmetrics import RunMetricsStore
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
 
-RoundMin = Annotated[int | None, Query(ge=0, description="First round of the window "
-                                                         "(inclusive).")]
-RoundMax = Annotated[int | None, Query(ge=0, description="Last round of the window "
-                                                         "(inclusive; below round_min: an "
-                                                         "empty window).")]
+RoundMin = Annotated[int | None, Query(ge=0, le=MAX_ROUND, description="First round of the "
+                                                                       "window (inclusive).")]
+RoundMax = Annotated[int | None, Query(ge=0, le=MAX_ROUND,
+                                       description="Last round of the window (inclusive; below "
+                                                   "round_min: an empty window).")]
 MAX_SAMPLE = 64
+TOO_BIG = ("not shown: this answer reached SEE's byte budget (see.limits.max_response_bytes); "
+           "the receivers before it are shown")
 
 
 def _empty_window(round_min: int | None, round_max: int | None) -> bool:
@@ -95,25 +99,29 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                 summary="Records each policy took from each other, per kind: run totals "
                         "(= GetRunStats) or over a window of the records' rounds.")
     async def run_transfers(run_id: RunId, round_min: RoundMin = None,
-                            round_max: RoundMax = None) -> TransferWindowOut:
+                            round_max: RoundMax = None, cursor: TransferCursor = None
+                            ) -> TransferWindowOut:
         rk = store.keys(run_id)
         counts: dict[tuple[str, str, int], int]
         if _empty_window(round_min, round_max):
             await store.get_run(run_id)  # 404s an unknown run
             counts = {}
         elif round_min is None and round_max is None:
-            stats = await store.run_stats(run_id)  # also 404s an unknown run
+            stats = await store.run_stats_all(run_id)  # also 404s an unknown run
             counts = {(t.taker_policy, t.source_policy, t.kind): t.count
                       for t in stats.transfers}
         else:
             await store.get_run(run_id)
             counts = await transfers.window(store.r, rk, round_min or 0,
-                                            round_max if round_max is not None else 2**62)
+                                            round_max if round_max is not None else MAX_ROUND)
         span = await transfers.round_range(store.r, rk)
+        page, next_cursor = transfer_page([(*k, n) for k, n in counts.items()], cursor,
+                                          store.cfg.limits.max_response_bytes)
         out = TransferWindowOut(run_id=run_id, round_min=round_min, round_max=round_max,
                                 first_round=span[0] if span else None,
-                                last_round=span[1] if span else None, transfers=[], matrix={})
-        for (taker, source, kind), n in sorted(counts.items()):
+                                last_round=span[1] if span else None, transfers=[], matrix={},
+                                next_cursor=next_cursor)
+        for taker, source, kind, n in page:
             name = kind_name(kind)
             out.transfers.append(TransferOut(taker_policy=taker, source_policy=source,
                                              kind=name, count=n))
@@ -167,6 +175,8 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                     sender.tokens, sender.source = convert.tokenized_tokens(tt), "thl"
                 item = convert.trace_item(rec, sender.tokens)
                 with_lp = any(t.logprob is not None for t in sender.tokens)
+                room = Budget(store.cfg.limits.max_response_bytes)
+                room.take(convert.json_size(out))
                 for i, r in enumerate(receivers):
                     tid = tids.get(r.policy_id)
                     if tid is None:
@@ -178,8 +188,11 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
                     except ThlError as err:
                         r.tokenizer_id, r.error = tid, str(err)
                         continue
-                    receivers[i] = convert.receiver_out(r.policy_id, tid, res.results[0],
-                                                        with_lp)
+                    shown = convert.receiver_out(r.policy_id, tid, res.results[0], with_lp)
+                    if not room.take(convert.json_size(shown)):
+                        r.tokenizer_id, r.error = tid, TOO_BIG
+                        continue
+                    receivers[i] = shown
         except ThlError as err:
             if not sender.tokens:
                 sender.error = str(err)
@@ -205,8 +218,10 @@ def make_router(store: SeeStore, token: str | None, thl: ThlLink) -> APIRouter:
         ids = await recent.newest_record_ids(store, run_id, pb.ROLLOUT, policies, sample,
                                              round_min=round_min, round_max=round_max)
         items: dict[str, tuple[str, list[apb.TraceItem]]] = {}
+        # What the records loaded take at most: each policy's share of the answer's budget.
+        share = store.cfg.limits.max_response_bytes // max(1, len(policies))
         for p in policies:
-            recs = [r for r in await recent.load_records(store, run_id, ids[p])
+            recs = [r for r in await recent.load_records(store, run_id, ids[p], budget=share)
                     if convert.has_tokens(r) and r.text]
             if recs:
                 items[p] = (recs[0].tokenizer_id,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from mutualrl.common import token_arrays as ta
 from mutualrl.see.dashboard.models import (
     ChunkOut,
@@ -12,6 +14,11 @@ from mutualrl.see.dashboard.models import (
 )
 from mutualrl.v1 import alignment_pb2 as apb
 from mutualrl.v1 import experience_pb2 as pb
+
+
+def json_size(model: BaseModel) -> int:
+    """Bytes of `model` as the answer's JSON."""
+    return len(model.model_dump_json())
 
 
 def has_tokens(rec: pb.ExperienceRecord) -> bool:

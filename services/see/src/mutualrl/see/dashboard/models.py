@@ -31,7 +31,8 @@ class MetricsOut(BaseModel):
                                                  "reported twice appears twice: the later wins.")
     cursor: str = Field(description="Pass as `after` to poll for newer rows (\"0-0\" when the "
                                     "run has none yet).")
-    more: bool = Field(description="The page was cut at `limit`: read again at once.")
+    more: bool = Field(description="The page was cut at `limit` or at the answer's byte "
+                                   "budget: read again at once.")
 
 
 class TransferOut(BaseModel):
@@ -51,6 +52,8 @@ class TransferWindowOut(BaseModel):
     matrix: dict[str, dict[str, dict[str, int]]] = Field(
         description="kind -> taker -> source -> records taken. Without a window these are the "
                     "run totals of GetRunStats; with one, the records of those rounds.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page of "
+                                                "`transfers` (and `matrix`); null: the last.")
 
 
 class TokenOut(BaseModel):

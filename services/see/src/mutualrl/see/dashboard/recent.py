@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mutualrl.see.store import SeeStore
-from mutualrl.see.store.entries import Header, redis_op
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import Header
 from mutualrl.v1 import experience_pb2 as pb
 
 _PAGE = 512
@@ -45,13 +46,14 @@ async def newest_record_ids(store: SeeStore, run_id: str, kind: int, policies: S
     return out
 
 
-async def load_records(store: SeeStore, run_id: str, record_ids: Sequence[str]
-                       ) -> list[pb.ExperienceRecord]:
-    """Payloads of `record_ids` in order (those removed by retention are left out)."""
+async def load_records(store: SeeStore, run_id: str, record_ids: Sequence[str],
+                       budget: int | None = None) -> list[pb.ExperienceRecord]:
+    """Payloads of `record_ids` in order (those removed by retention are left out), as many as
+    fit `budget` bytes (None: all; sized from the index before they are read)."""
     if not record_ids:
         return []
     async with redis_op("dashboard_recent"):
-        payloads = await store.payloads(run_id, record_ids)
+        payloads = await store.payloads(run_id, record_ids, budget)
     return [pb.ExperienceRecord.FromString(p) for p in payloads if p is not None]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mutualrl.common import ids
-from mutualrl.common.errors import InvalidArgument, require_nonnegative
+from mutualrl.common import bounds, ids
+from mutualrl.common.errors import InvalidArgument, quote, require_nonnegative
 from mutualrl.see.keys import KINDS
 from mutualrl.see.store.entries import check_stream_id
 from mutualrl.v1 import experience_pb2 as pb
@@ -16,12 +16,13 @@ MAX_FETCH = 4096
 MAX_BLOCK_MS = 30_000
 MAX_ACK = 65536
 MAX_ROUND_WAIT_MS = 60_000
+MAX_PAGE = 1000
 
 
 def check_policy(run: pb.Run, policy_id: str, field: str = "policy_id") -> None:
     if policy_id not in run.config.policies:
-        raise InvalidArgument(field, f"{policy_id!r} is not a policy of run "
-                                     f"{run.config.run_id!r}")
+        raise InvalidArgument(field, f"{quote(policy_id)} is not a policy of run "
+                                     f"{quote(run.config.run_id)}")
 
 
 def _prompt_ids(prompt_ids: Sequence[str], no_bar: bool) -> None:
@@ -35,14 +36,18 @@ def _prompt_ids(prompt_ids: Sequence[str], no_bar: bool) -> None:
 
 
 def check_fetch(req: pb.FetchRolloutsRequest, run: pb.Run) -> None:
+    """The fields of a FetchRollouts request but `current_round` (a round of the run: the
+    servicer checks it against the run's current round)."""
     check_policy(run, req.policy_id)
     ids.check_name(req.consumer, "consumer")  # e.g. the trainer's pod name
     if not 1 <= req.max_records <= MAX_FETCH:
         raise InvalidArgument("max_records", f"must lie in [1, {MAX_FETCH}]")
     if not 0 <= req.block_ms <= MAX_BLOCK_MS:
         raise InvalidArgument("block_ms", f"must lie in [0, {MAX_BLOCK_MS}]")
-    require_nonnegative("max_round_lag", req.max_round_lag)
-    require_nonnegative("claim_idle_ms", req.claim_idle_ms)
+    bounds.check_int(req.max_round_lag, "max_round_lag", bounds.MAX_ROUND)
+    bounds.check_int(req.min_policy_version, "min_policy_version", bounds.MAX_POLICY_VERSION,
+                     least=-bounds.MAX_POLICY_VERSION)
+    bounds.check_int(req.claim_idle_ms, "claim_idle_ms", bounds.MAX_COUNT)
 
 
 def check_ack(req: pb.AckRequest, run: pb.Run) -> None:
@@ -54,7 +59,8 @@ def check_ack(req: pb.AckRequest, run: pb.Run) -> None:
 
 
 def check_round_stats(req: pb.RoundStatsRequest, run: pb.Run) -> None:
-    require_nonnegative("round", req.round)
+    """The fields of a GetRoundStats request but `round` (checked against the run's current
+    round) and `page_token` (`paging`)."""
     _prompt_ids(req.prompt_ids, no_bar=True)
     if req.policy_id:
         check_policy(run, req.policy_id)
@@ -65,9 +71,18 @@ def check_round_stats(req: pb.RoundStatsRequest, run: pb.Run) -> None:
 
 
 def check_successes(req: pb.SuccessesRequest, run: pb.Run) -> None:
+    """The fields of a GetVerifiedSuccesses request but `min_round` (checked against the run's
+    current round) and `page_token` (`paging`)."""
     check_policy(run, req.policy_id)
     _prompt_ids(req.prompt_ids, no_bar=False)
     require_nonnegative("max_per_prompt", req.max_per_prompt)
+
+
+def check_page_size(size: int, field: str = "page_size") -> int:
+    """A page size: 0 means the most, MAX_PAGE."""
+    if not 0 <= size <= MAX_PAGE:
+        raise InvalidArgument(field, f"must lie in [0, {MAX_PAGE}] (0 = {MAX_PAGE})")
+    return size or MAX_PAGE
 
 
 def check_subscribe(req: pb.SubscribeRequest) -> None:

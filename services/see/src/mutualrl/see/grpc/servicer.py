@@ -1,4 +1,8 @@
-"""gRPC servicer of experience.proto: validates requests, calls the store, maps errors."""
+"""gRPC servicer of experience.proto: validates requests, calls the store, maps errors.
+
+Every round a request names is held to the run's bounds (`RunRegistry.check_round`: at most
+`see.limits.max_round_ahead` past the run's current round), and every answer that lists
+records or runs is one page of at most `see.limits.max_response_bytes` (the store's reads)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
+from mutualrl.common import ids
 from mutualrl.common.errors import (
     InvalidArgument,
     NotFound,
@@ -19,8 +24,7 @@ from mutualrl.common.errors import (
 from mutualrl.see import metrics as m
 from mutualrl.see.grpc import requests
 from mutualrl.see.store import SeeStore
-from mutualrl.see.store.publish import publish_response
-from mutualrl.see.validate import validate_records
+from mutualrl.see.store.paging import make_token, read_token
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
@@ -65,7 +69,14 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     @grpc_errors
     async def ListRuns(self, request: pb.ListRunsRequest,
                        context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
-        return pb.ListRunsResponse(runs=await self.store.list_runs())
+        with _count_refusals("ListRuns"):
+            size = requests.check_page_size(request.page_size)
+            after = read_token(request.page_token, "runs")
+            if after is not None:
+                ids.check_run_id(after, "page_token")
+            runs, last = await self.store.list_runs_page(size, after)
+        return pb.ListRunsResponse(runs=runs, next_page_token=make_token("runs", last)
+                                   if last is not None else "")
 
     @grpc_errors
     async def Publish(self, request: bytes, context: grpc.aio.ServicerContext
@@ -79,18 +90,16 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
             except DecodeError as err:
                 raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
             requests.check_publish(req, limits.max_batch_records)
-            run = await self.store.get_run(req.run_id)
-            if not req.records:
-                return pb.PublishResponse()
-            batch = validate_records(req.records, run.config, limits, batch_bytes=len(request))
-            rids, flags = await self.store.publisher.publish(run, req.records, batch)
-            return publish_response(rids, flags)
+            return await self.store.publish(req.run_id, req.records, batch_bytes=len(request))
 
     @grpc_errors
     async def FetchRollouts(self, request: pb.FetchRolloutsRequest,
                             context: grpc.aio.ServicerContext) -> pb.FetchRolloutsResponse:
         with _count_refusals("FetchRollouts"):
             requests.check_fetch(request, await self.store.get_run(request.run_id))
+            if request.current_round >= 0:
+                await self.store.runs.check_round(request.run_id, request.current_round,
+                                                  "current_round")
             return await self.store.fetch_rollouts(request, _deadline(context))
 
     @grpc_errors
@@ -106,6 +115,7 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
                             context: grpc.aio.ServicerContext) -> pb.RoundStatsResponse:
         with _count_refusals("GetRoundStats"):
             requests.check_round_stats(request, await self.store.get_run(request.run_id))
+            await self.store.runs.check_round(request.run_id, request.round, "round")
             return await self.store.round_stats(request, _deadline(context))
 
     @grpc_errors
@@ -113,6 +123,9 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
                                    context: grpc.aio.ServicerContext) -> pb.SuccessesResponse:
         with _count_refusals("GetVerifiedSuccesses"):
             requests.check_successes(request, await self.store.get_run(request.run_id))
+            if request.min_round > 0:  # (0 or below: no filter, as before)
+                await self.store.runs.check_round(request.run_id, request.min_round,
+                                                  "min_round")
             return await self.store.successes(request)
 
     @grpc_errors
@@ -132,7 +145,7 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     async def GetRunStats(self, request: pb.RunStatsRequest,
                           context: grpc.aio.ServicerContext) -> pb.RunStats:
         with _count_refusals("GetRunStats"):
-            return await self.store.run_stats(request.run_id)
+            return await self.store.run_stats(request.run_id, request.page_token)
 
     @grpc_errors
     async def DeleteRun(self, request: runs_pb.DeleteRunRequest,

@@ -7,6 +7,10 @@ matrix), /healthz, /metrics, /docs, and the dashboard at /ui with the routes it 
 configured every route but /healthz (and, if `public_docs`, /docs + /openapi.json; if
 `public_metrics`, /metrics) needs `Authorization: Bearer <token>`, else 401; /v1/session and the
 dashboard's pages (no data) are open too.
+
+Every answer is bounded by bytes, not only by rows: a listing ends its page early when the next
+entry would take it past `see.limits.max_response_bytes` (sized before it is loaded) and names
+where the next page starts (`next_cursor`; the metric rows' `more`).
 """
 
 from __future__ import annotations
@@ -23,10 +27,20 @@ from pydantic import BaseModel, Field
 
 from mutualrl.common import token_arrays as ta
 from mutualrl.common.auth import rest_access
+from mutualrl.common.bounds import MAX_ROUND
 from mutualrl.common.errors import InvalidArgument, ServiceError
+from mutualrl.common.ids import RUN_ID
 from mutualrl.see import dashboard
 from mutualrl.see.keys import KINDS, kind_name
-from mutualrl.see.rest.params import Cursor, PolicyFilter, RecordKey, RunId
+from mutualrl.see.route_params import (
+    JSON_GROWTH,
+    Cursor,
+    PolicyFilter,
+    RecordKey,
+    RunId,
+    TransferCursor,
+    transfer_page,
+)
 from mutualrl.see.store import SeeStore
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -48,7 +62,9 @@ class RunOut(BaseModel):
 
 
 class RunsOut(BaseModel):
-    runs: list[RunOut]
+    runs: list[RunOut] = Field(description="In run id order.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null when "
+                                                "the listing is exhausted.")
 
 
 class PolicyOut(BaseModel):
@@ -123,6 +139,8 @@ class StatsOut(BaseModel):
     trimmed: dict[str, int] = Field(description="Entries removed by retention per stream.")
     stream_lengths: dict[str, int] = Field(description="Entries held per stream now.")
     duplicates: int = Field(description="Publishes of an already stored record id.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page of "
+                                                "`transfers` (and `matrix`); null: the last.")
 
 
 class ErrorOut(BaseModel):
@@ -217,9 +235,15 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     auth_dep = [Depends(bearer)]
 
     @app.get("/v1/runs", response_model=RunsOut, tags=["runs"], dependencies=auth_dep,
-             summary="Every run with its config.")
-    async def list_runs() -> RunsOut:
-        return RunsOut(runs=[run_out(r) for r in await store.list_runs()])
+             summary="Every run with its config, in pages.")
+    async def list_runs(
+        cursor: Annotated[str | None, Query(pattern=RUN_ID.pattern, description="next_cursor "
+                                            "of the previous page (a run id).")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
+    ) -> RunsOut:
+        runs, last = await store.runs.list_page(limit, cursor, cfg.limits.max_response_bytes
+                                                // JSON_GROWTH)
+        return RunsOut(runs=[run_out(r) for r in runs], next_cursor=last)
 
     @app.get("/v1/runs/{run_id}", response_model=RunOut, tags=["runs"], dependencies=auth_dep,
              summary="One run's config.")
@@ -229,7 +253,7 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     @app.get("/v1/runs/{run_id}/policies", response_model=PoliciesOut, tags=["runs"],
              dependencies=auth_dep, summary="The run's policies with their record counts.")
     async def policies(run_id: RunId) -> PoliciesOut:
-        stats = await store.run_stats(run_id)
+        stats = await store.run_stats_all(run_id)
         return PoliciesOut(run_id=run_id, policies=_policies(stats))
 
     @app.get("/v1/runs/{run_id}/records", response_model=RecordsOut, tags=["records"],
@@ -240,8 +264,10 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
                         Query(description="Record kind.")] = None,
         policy: PolicyFilter = None,
         prompt: Annotated[str | None, Query(description="Prompt id.")] = None,
-        round_min: Annotated[int | None, Query(ge=0, description="Smallest round.")] = None,
-        round_max: Annotated[int | None, Query(ge=0, description="Largest round.")] = None,
+        round_min: Annotated[int | None, Query(ge=0, le=MAX_ROUND,
+                                               description="Smallest round.")] = None,
+        round_max: Annotated[int | None, Query(ge=0, le=MAX_ROUND,
+                                               description="Largest round.")] = None,
         verified: Annotated[bool | None, Query(description="Verifier outcome.")] = None,
         cursor: Cursor = None,
         limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
@@ -278,19 +304,22 @@ def create_app(store: SeeStore, token: str | None = None) -> FastAPI:
     @app.get("/v1/runs/{run_id}/stats", response_model=StatsOut, tags=["runs"],
              dependencies=auth_dep,
              summary="Per-run statistics with the transfer matrix (taker x source per kind).")
-    async def stats(run_id: RunId) -> StatsOut:
-        st = await store.run_stats(run_id)
+    async def stats(run_id: RunId, cursor: TransferCursor = None) -> StatsOut:
+        st = await store.run_stats_all(run_id)
+        page, next_cursor = transfer_page(
+            [(t.taker_policy, t.source_policy, t.kind, t.count) for t in st.transfers], cursor,
+            cfg.limits.max_response_bytes)
         matrix: dict[str, dict[str, dict[str, int]]] = {}
         transfers = []
-        for t in st.transfers:
-            kname = kind_name(t.kind)
-            transfers.append(TransferOut(taker_policy=t.taker_policy,
-                                         source_policy=t.source_policy, kind=kname,
-                                         count=t.count))
-            matrix.setdefault(kname, {}).setdefault(t.taker_policy, {})[t.source_policy] = t.count
+        for taker, source, kind, count in page:
+            kname = kind_name(kind)
+            transfers.append(TransferOut(taker_policy=taker, source_policy=source, kind=kname,
+                                         count=count))
+            matrix.setdefault(kname, {}).setdefault(taker, {})[source] = count
         return StatsOut(run_id=run_id, policies=_policies(st), transfers=transfers,
                         matrix=matrix, trimmed=dict(st.trimmed),
-                        stream_lengths=dict(st.stream_lengths), duplicates=st.duplicates)
+                        stream_lengths=dict(st.stream_lengths), duplicates=st.duplicates,
+                        next_cursor=next_cursor)
 
     dashboard.mount(app, store, token)
     return app

@@ -16,16 +16,19 @@ from typing import Any
 
 from redis import exceptions as rexc
 
+from mutualrl.common import bounds
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.keys import KINDS, RunKeys
 from mutualrl.see.store.blocking import BlockingReads, ByteBudget
 from mutualrl.see.store.connect import redis_client
 from mutualrl.see.store.inspection import Inspection, RecordPage
+from mutualrl.see.store.paging import Budget
 from mutualrl.see.store.publish import Publisher, publish_response
 from mutualrl.see.store.rollouts import Rollouts
 from mutualrl.see.store.roundstats import RoundStats
 from mutualrl.see.store.runs import Retention, RunRegistry
 from mutualrl.see.store.successes import Successes
+from mutualrl.see.validate import validate_records, validate_run_config
 from mutualrl.v1 import experience_pb2 as pb
 
 __all__ = ["RecordPage", "Retention", "SeeStore"]
@@ -74,8 +77,6 @@ class SeeStore:
 
     # runs
     async def create_run(self, config: pb.RunConfig, exist_ok: bool = False) -> pb.Run:
-        from mutualrl.see.validate import validate_run_config
-
         validate_run_config(config, self.cfg.limits)
         return await self.runs.create(config, exist_ok)
 
@@ -86,17 +87,30 @@ class SeeStore:
     async def list_runs(self) -> list[pb.Run]:
         return await self.runs.list_all()
 
+    async def list_runs_page(self, size: int, after: str | None
+                             ) -> tuple[list[pb.Run], str | None]:
+        """A page of runs after run id `after` within the answer's byte budget, and the run id
+        the next page starts after (None: no more)."""
+        return await self.runs.list_page(size, after, self.cfg.limits.max_response_bytes)
+
     async def delete_run(self, run_id: str) -> int:
         return await self.runs.delete(run_id)
 
     # publish
-    async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord]
-                      ) -> pb.PublishResponse:
-        """Validate and store records (in-process callers; the RPC validates in the servicer)."""
-        from mutualrl.see.validate import validate_records
-
+    async def publish(self, run_id: str, records: Sequence[pb.ExperienceRecord],
+                      batch_bytes: int | None = None) -> pb.PublishResponse:
+        """Validate and store records: the one publish path (the RPC's and in-process callers');
+        `batch_bytes` is the request's size when it came over the wire."""
         run = await self.runs.get(run_id, field="run_id")
-        batch = validate_records(records, run.config, self.cfg.limits)
+        if not records:
+            return pb.PublishResponse()
+        limits = self.cfg.limits
+        batch = validate_records(records, run.config, limits, batch_bytes=batch_bytes)
+        current = await self.runs.current_round(run_id)
+        ahead = limits.max_round_ahead
+        if current is not None and max(batch.round) > current + ahead:
+            past = next(i for i, r in enumerate(batch.round) if r > current + ahead)
+            bounds.check_round(batch.round[past], f"records[{past}].round", current, ahead)
         rids, flags = await self.publisher.publish(run, records, batch)
         return publish_response(rids, flags)
 
@@ -119,12 +133,36 @@ class SeeStore:
                   ) -> AsyncGenerator[pb.ExperienceEvent, None]:
         return self.inspection.subscribe(req, block_ms)
 
-    async def run_stats(self, run_id: str) -> pb.RunStats:
-        return await self.inspection.run_stats(run_id)
+    async def run_stats(self, run_id: str, page_token: str = "", budget: int | None = None
+                        ) -> pb.RunStats:
+        """A page of the run's statistics (its transfer counts paged; `budget` bytes, None:
+        the answer's budget)."""
+        return await self.inspection.run_stats(run_id, page_token, budget)
 
-    async def payloads(self, run_id: str, record_ids: Sequence[str]) -> list[bytes | None]:
-        """The serialized records of `record_ids`, in order (None: gone)."""
-        return await self.inspection.payloads(self.keys(run_id), record_ids)
+    async def run_stats_all(self, run_id: str) -> pb.RunStats:
+        """The run's statistics with every transfer count (in-process readers that aggregate
+        them: at most 3 x policies^2 counts, bounded by the run's config)."""
+        out = await self.run_stats(run_id)
+        page = out
+        while page.next_page_token:
+            page = await self.run_stats(run_id, page.next_page_token)
+            out.transfers.extend(page.transfers)
+        out.next_page_token = ""
+        return out
+
+    async def payloads(self, run_id: str, record_ids: Sequence[str], budget: int | None = None
+                       ) -> list[bytes | None]:
+        """The serialized records of `record_ids`, in order (None: gone), as many as fit
+        `budget` bytes (None: all), sized from the index before they are read."""
+        rk = self.keys(run_id)
+        if budget is None:
+            return await self.inspection.payloads(rk, record_ids)
+        locs = await self.inspection.locate(rk, record_ids)
+        room = Budget(budget)
+        n = next((i for i, loc in enumerate(locs)
+                  if loc is not None and not room.take(self.inspection.size_of(loc))),
+                 len(locs))
+        return await self.inspection.payloads_at(rk, record_ids[:n], locs[:n])
 
     async def get_record(self, run_id: str, record_id: str) -> tuple[str, pb.ExperienceRecord]:
         return await self.inspection.get_record(run_id, record_id)

@@ -1,17 +1,15 @@
-"""Stream entries of a run (pure): the header every entry carries, stream ids, reply shapes."""
+"""Stream entries of a run: stream-id checks, reply shapes, the Redis-call wrapper (the
+storage format itself, header and ids included, is `layout.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass
 
-from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.errors import InvalidArgument, quote
 from mutualrl.common.redis_errors import redis_op as _redis_op
 from mutualrl.see import metrics as m
 
-SEP = "\x1f"  # joins a stream entry's header fields (ids never contain control characters)
-SEP_BYTES = SEP.encode()
 _STREAM_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 _U64_MAX = (1 << 64) - 1
 
@@ -27,9 +25,9 @@ def check_stream_id(value: str, field: str) -> str:
     """`<ms>-<seq>` with both parts unsigned 64-bit integers (what Redis accepts)."""
     match = _STREAM_ID_RE.match(value)
     if not match:
-        raise InvalidArgument(field, f"not a stream id of the form <ms>-<seq>: {value[:64]!r}")
+        raise InvalidArgument(field, f"not a stream id of the form <ms>-<seq>: {quote(value)}")
     if int(match[1]) > _U64_MAX or int(match[2]) > _U64_MAX:
-        raise InvalidArgument(field, f"stream id parts must be at most 2^64-1: {value[:64]!r}")
+        raise InvalidArgument(field, f"stream id parts must be at most 2^64-1: {quote(value)}")
     return value
 
 
@@ -44,34 +42,7 @@ def is_last_id(sid: str) -> bool:
     return a.isdigit() and b.isdigit() and int(a) == _U64_MAX and int(b) == _U64_MAX
 
 
-def sid_key(sid: str) -> tuple[int, int]:
-    """A stream id as a sortable pair."""
-    a, _, b = sid.partition("-")
-    return int(a), int(b or 0)
-
-
-def s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def redis_op(op: str) -> contextlib.AbstractAsyncContextManager[None]:
     """A block of Redis calls: failures mapped by `mutualrl.common.redis_errors`, time and
     failures counted in SEE's metrics."""
     return _redis_op(op, m.REDIS)
-
-
-@dataclass
-class Header:
-    """The plain fields of a stream entry (filters read these without parsing the record)."""
-
-    record_id: str
-    policy_id: str
-    prompt_id: str
-    round: int
-    verified: bool
-    policy_version: int
-
-    @classmethod
-    def of(cls, fields: dict[bytes, bytes]) -> Header:
-        rid, pol, prompt, rnd, ver, pv = fields[b"h"].decode().split(SEP)
-        return cls(rid, pol, prompt, int(rnd), ver == "1", int(pv))

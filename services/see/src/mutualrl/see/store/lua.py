@@ -26,31 +26,28 @@ exceeds it by `slack` entries (dropping the trimmed records' index entries and p
 counting exactly what it removed), drops the oldest rounds beyond max_rounds, bumps the
 counters and refreshes every TTL.
 
-Index entries (`idx`): "<kind>:<stream id>:<string id>:<offset>:<length>" (string id: the nonce
-then the kind number), the record's bytes being `GETRANGE <run>b:<string id> <offset>
-<offset + length - 1>`. Entries written before this layout read "<kind>:<stream id>", with the
-payload under `<run>rec:<record id>`: the script trims those and the readers
-(`part.StorePart.payloads`) read them, so a run carries on across the upgrade. Readers do not go
+Index entries (`idx`): `layout.IndexEntry` (the string id is the nonce then the kind number).
+Entries of the layout before batch strings read "<kind>:<stream id>", with the payload under
+`<run>rec:<record id>`: the script trims those and the readers (`part.StorePart.payloads`) read
+them, so a run carries on across the upgrade. Readers do not go
 through a script: Redis would copy each payload into Lua and back, about 12 µs a 6.45 kB record
 against 1 µs for GETRANGE.
 """
 
-# KEYS: 1 lastid, 2 idx, 3 counts, 4 trimmed, 5 config, 6 rounds, 7..9 streams (kind 1..3),
-#       10 blobs, 11.. auxiliary keys (round-stats and success hashes)
-# ARGV: 1 maxlen, 2 ttl, 3 max_rounds, 4 max_successes_per_prompt, 5 n, 6 round-stats key
-#       prefix, 7 batch string key prefix (`<run>b:`), 8 trim slack, 9 the records: per record
-#       rid, kind, payload size, policy, header (stream field h), aux joined by FIELD_SEP,
-#       records joined by RECORD_SEP (one argument for the batch: a client packs each argument
-#       on its own, and 6 per record cost more than the script's split of one), 10 the batch's
-#       nonce (the payloads of its records of kind k are the string <prefix><nonce><k>, in
-#       record order), 11 the old layout's record key prefix (`<run>rec:`), 12 the kinds in the
-#       batch, as digits ("13")
-#       aux: "" for ROLLOUT; "<key index>\x1f<field>\x1f<value>\x1f<round>" for REWARD_STATS;
-#       "<key index>\x1f<field>" for VERIFIED_SUCCESS
-FIELD_SEP = "\x1d"
-RECORD_SEP = "\x1e"
+from mutualrl.see.store.layout import ARGV_LUA, FIELD_SEP, HEADER_SEP, RECORD_SEP
 
-PUBLISH_LUA = r"""
+# KEYS and ARGV: `layout.KEYS`, `layout.ARGV` (the prologue below names every ARGV slot). The
+# records travel as one argument (`layout.batch_rows`: a client packs each argument on its own,
+# and 6 per record cost more than the script's split of one); the payloads of the batch's
+# records of kind k are the string <prefix><nonce><k>, in record order.
+_PROLOGUE = f"""
+{ARGV_LUA}
+local FS, RS, HS = '\\{ord(FIELD_SEP)}', '\\{ord(RECORD_SEP)}', '\\{ord(HEADER_SEP)}'
+local ROW = '([^' .. FS .. ']*)' .. FS .. '([^' .. FS .. ']*)' .. FS .. '([^' .. FS .. ']*)' ..
+  FS .. '([^' .. FS .. ']*)' .. FS .. '([^' .. FS .. ']*)' .. FS .. '([^' .. RS .. ']*)' .. RS
+"""
+
+PUBLISH_LUA = _PROLOGUE + r"""
 local function split(s, sep)
   local out, start = {}, 1
   while true do
@@ -61,17 +58,6 @@ local function split(s, sep)
   end
 end
 local NAMES = {'ROLLOUT', 'REWARD_STATS', 'VERIFIED_SUCCESS'}
-local maxlen = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local max_rounds = tonumber(ARGV[3])
-local max_succ = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-local rs_prefix = ARGV[6]
-local slack = tonumber(ARGV[8])
-local blob_prefix = ARGV[7]
-local nonce = ARGV[10]
-local old_prefix = ARGV[11]
-local present = ARGV[12]
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -106,8 +92,7 @@ for k in string.gmatch(present, '%d') do redis.call('HSET', KEYS[10], nonce .. k
 local offsets = {0, 0, 0}
 local i = -1
 -- One pattern match per record, no table: half the cost of splitting the batch, then each row.
-for rid, kind_s, size, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
-    '([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\29]*)\29([^\30]*)\30') do
+for rid, kind_s, size, policy, header, aux_s in string.gmatch(rows .. RS, ROW) do
   i = i + 1
   local kind = tonumber(kind_s)
   local id = string.format('%d-%d', lms, lseq + 1)
@@ -122,7 +107,7 @@ for rid, kind_s, size, policy, header, aux_s in string.gmatch(ARGV[9] .. '\30',
     local cf = policy .. '|' .. kind
     counts[cf] = (counts[cf] or 0) + 1
     if kind ~= 1 then
-      local aux = split(aux_s, '\31')
+      local aux = split(aux_s, HS)
       local key = KEYS[tonumber(aux[1])]
       touched[key] = true
       if kind == 2 then
@@ -181,7 +166,7 @@ for k = 1, 3 do
       local rids = {}
       for j, e in ipairs(gone) do
         local h = e[2][2]
-        rids[#rids + 1] = string.sub(h, 1, (string.find(h, '\31', 1, true) or (#h + 1)) - 1)
+        rids[#rids + 1] = string.sub(h, 1, (string.find(h, HS, 1, true) or (#h + 1)) - 1)
         if #rids == 500 or j == #gone then
           drop(rids)
           rids = {}

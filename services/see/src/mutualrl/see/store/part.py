@@ -9,8 +9,9 @@ from typing import Any, cast
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store import transfers
 from mutualrl.see.store.blocking import BlockingReads
-from mutualrl.see.store.entries import Entry, StreamReply, s
-from mutualrl.see.store.ranges import plan_reads
+from mutualrl.see.store.entries import Entry, StreamReply
+from mutualrl.see.store.layout import as_str
+from mutualrl.see.store.ranges import location, plan_reads
 from mutualrl.see.store.runs import RunRegistry
 
 # Record ids per HMGET of the index.
@@ -42,6 +43,23 @@ class StorePart:
             locs = cast("list[bytes | None]", await self.r.hmget(rk.idx, part))
             out += await self.payloads_at(rk, part, locs)
         return out
+
+    async def locate(self, rk: RunKeys, record_ids: Sequence[str]) -> list[bytes | None]:
+        """The index entries of `record_ids` (None: gone), read before any payload is: the
+        caller sizes what it would load (`size_of`) and takes what fits its budget."""
+        out: list[bytes | None] = []
+        for i in range(0, len(record_ids), _IDS_PER_READ):
+            out += cast("list[bytes | None]",
+                        await self.r.hmget(rk.idx, record_ids[i:i + _IDS_PER_READ]))
+        return out
+
+    def size_of(self, loc: bytes | None) -> int:
+        """Bytes the record of index entry `loc` holds: its length (0 when gone); an entry of
+        the layout before batch strings does not say, and counts as the largest record."""
+        if loc is None:
+            return 0
+        where = location(loc)
+        return self.cfg.limits.max_record_bytes if where is None else where[2]
 
     async def payloads_at(self, rk: RunKeys, record_ids: Sequence[str],
                           locs: Sequence[bytes | None]) -> list[bytes | None]:
@@ -80,7 +98,7 @@ class StorePart:
         """Delivery count per pending entry id of `consumer` in [lo, hi]."""
         info = cast("list[dict[str, Any]]", await self.r.xpending_range(
             stream, group, min=lo, max=hi, count=count, consumername=consumer))
-        return {s(p["message_id"]): int(p["times_delivered"]) for p in info}
+        return {as_str(p["message_id"]): int(p["times_delivered"]) for p in info}
 
     async def _count_transfers(self, run_id: str, taker: str, kind: int,
                                taken: dict[tuple[str, int], int]) -> None:

@@ -28,12 +28,22 @@ from redis import exceptions as rexc
 
 from mutualrl.common.errors import Unavailable
 from mutualrl.see import metrics as m
-from mutualrl.see.keys import KINDS, kind_name
+from mutualrl.see.keys import KINDS, RunKeys, kind_name
 from mutualrl.see.store.durability import Mode
-from mutualrl.see.store.entries import SEP, redis_op, s
-from mutualrl.see.store.lua import FIELD_SEP, PUBLISH_LUA, RECORD_SEP
-from mutualrl.see.store.ranges import location
-from mutualrl.see.store.runs import RunRegistry
+from mutualrl.see.store.entries import redis_op
+from mutualrl.see.store.layout import (
+    Header,
+    PublishArgs,
+    as_str,
+    batch_rows,
+    batch_string_id,
+    parse_index_entry,
+    record_row,
+    stats_aux,
+    success_aux,
+)
+from mutualrl.see.store.lua import PUBLISH_LUA
+from mutualrl.see.store.runs import RunRegistry, queue_round
 from mutualrl.see.validate import Batch, text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
@@ -74,12 +84,6 @@ class Publisher:
         limits = self.runs.cfg.limits
         keys = rk.fixed()
         aux_keys: dict[str, int] = {}
-        # Trim once a stream is this far past its cap (amortises the trim like MAXLEN ~).
-        slack = max(1, min(100, ret.max_stream_len // 10))
-        args: list[bytes | str | int] = [
-            ret.max_stream_len, ret.ttl_seconds, ret.max_rounds,
-            limits.max_successes_per_prompt, len(records), rk.round_stats_prefix,
-            rk.batch_prefix, slack]
         now_ms = int(time.time() * 1000)
         nonce = uuid.uuid4().hex
         ids, kinds = batch.record_id, batch.kind
@@ -92,10 +96,8 @@ class Publisher:
             rec.created_unix_ms = now_ms
             payload = rec.SerializeToString()
             payloads.append(payload)
-            # (f-strings rather than joins of str() calls: this loop runs once per record)
-            row = (f"{rid}{FIELD_SEP}{kind}{FIELD_SEP}{len(payload)}{FIELD_SEP}{policy}"
-                   f"{FIELD_SEP}{rid}{SEP}{policy}{SEP}{prompt}{SEP}{round_}{SEP}"
-                   f"{'1' if verified else '0'}{SEP}{version}{FIELD_SEP}")
+            header = Header(rid, policy, prompt, round_, verified, version)
+            aux = ""
             if kind != pb.ROLLOUT:
                 key = (rk.round_stats(round_) if kind == pb.REWARD_STATS
                        else rk.successes(prompt))
@@ -105,25 +107,35 @@ class Publisher:
                     idx = aux_keys[key] = len(keys)
                 if kind == pb.REWARD_STATS:
                     st = rec.stats
-                    row += SEP.join((str(idx), f"{prompt}|{policy}",
-                                     f"{st.count},{st.sum!r},{st.sum_sq!r},{st.max!r}",
-                                     str(round_)))
+                    aux = stats_aux(idx, prompt, policy, st.count, st.sum, st.sum_sq, st.max,
+                                    round_)
                 else:
-                    row += SEP.join((str(idx), f"{policy}|{text_digest(batch.text[i])}"))
-            rows.append(row)
+                    aux = success_aux(idx, policy, text_digest(batch.text[i]))
+            rows.append(record_row(rid, kind, len(payload), header, aux))
         sizes = list(map(len, payloads))
         present = sorted(set(kinds))
         if len(present) == 1:
-            strings = [(rk.batch(f"{nonce}{present[0]}"), b"".join(payloads))]
+            strings = [(rk.batch(batch_string_id(nonce, present[0])), b"".join(payloads))]
         else:
             by_kind: dict[int, list[bytes]] = {}
             for kind, payload in zip(kinds, payloads, strict=True):
                 by_kind.setdefault(kind, []).append(payload)
-            strings = [(rk.batch(f"{nonce}{k}"), b"".join(by_kind[k])) for k in present]
-        args += (RECORD_SEP.join(rows), nonce, rk.rec_prefix, "".join(map(str, present)))
+            strings = [(rk.batch(batch_string_id(nonce, k)), b"".join(by_kind[k]))
+                       for k in present]
+        args = PublishArgs(
+            maxlen=ret.max_stream_len, ttl=ret.ttl_seconds, max_rounds=ret.max_rounds,
+            max_succ=limits.max_successes_per_prompt, n=len(records),
+            rs_prefix=rk.round_stats_prefix, blob_prefix=rk.batch_prefix,
+            # Trim once a stream is this far past its cap (amortises the trim like MAXLEN ~).
+            slack=max(1, min(100, ret.max_stream_len // 10)), rows=batch_rows(rows),
+            nonce=nonce, old_prefix=rk.rec_prefix, present="".join(map(str, present))
+        ).argv()
+        top = max(batch.round)
         async with redis_op("publish"):
-            reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids)
-        flags = s(reply[0])
+            reply = await self._transaction(strings, ret.ttl_seconds, keys, args, ids,
+                                            (rk, top))
+        self.runs.raised_round(run_id, top)
+        flags = as_str(reply[0])
         if "0" not in flags and len(present) == 1:
             # The common batch: one kind, nothing duplicated.
             tally = {(kinds[0], True): [len(kinds), sum(sizes)]}
@@ -147,16 +159,19 @@ class Publisher:
         return ids, flags
 
     async def _transaction(self, strings: list[tuple[str, bytes]], ttl: int, keys: list[str],
-                           args: list[bytes | str | int], record_ids: list[str]) -> Any:
-        """The MULTI/EXEC (a SET of each (key, payloads) of `strings`, then the index script);
-        returns the script's reply."""
+                           args: Sequence[bytes | str | int], record_ids: list[str],
+                           top: tuple[RunKeys, int]) -> Any:
+        """The MULTI/EXEC (a SET of each (key, payloads) of `strings`, the raise of the run's
+        current round to the batch's highest, `top`, then the index script); returns the
+        script's reply."""
         for attempt in (0, 1):
             if self.mode is Mode.WAITAOF:
-                replies = await self._transaction_waitaof(strings, ttl, keys, args)
+                replies = await self._transaction_waitaof(strings, ttl, keys, args, top)
             else:
                 async with self.runs.r.pipeline(transaction=True) as pipe:
                     for key, data in strings:
                         pipe.set(key, data, ex=ttl)
+                    queue_round(pipe, *top, ttl)
                     pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
             *set_replies, reply = replies
@@ -180,20 +195,22 @@ class Publisher:
         before the error point into their strings. Delete the strings none points into; the
         others stay, and go with their records or with the run's TTL."""
         locs = await self.runs.r.hmget(idx, record_ids)
-        used = {where[0] for where in (location(loc) for loc in locs if loc is not None)
-                if where is not None}
+        used = {e.string_id for e in (parse_index_entry(loc) for loc in locs if loc is not None)
+                if e.string_id is not None}
         unused = [k for k in string_keys if k.rpartition(":")[2] not in used]
         if unused:
             await self.runs.r.delete(*unused)
 
     async def _transaction_waitaof(self, strings: list[tuple[str, bytes]], ttl: int,
-                                   keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+                                   keys: list[str], args: Sequence[bytes | str | int],
+                                   top: tuple[RunKeys, int]) -> list[Any]:
         """The same MULTI/EXEC, then WAITAOF on the same connection (it waits for that
         connection's writes): the replies of the SETs and the script, once fsynced."""
         async with self.runs.r.pipeline(transaction=False) as pipe:
             pipe.execute_command("MULTI")
             for key, data in strings:
                 pipe.set(key, data, ex=ttl)
+            queue_round(pipe, *top, ttl)
             pipe.evalsha(self.script.sha, len(keys), *keys, *args)
             pipe.execute_command("EXEC")
             pipe.execute_command("WAITAOF", 1, 0, _WAITAOF_TIMEOUT_MS)

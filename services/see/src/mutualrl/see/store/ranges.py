@@ -1,7 +1,7 @@
 """Where records' bytes lie (pure): index entries, and the reads that fetch many records.
 
-A record is a range of its batch's string (`lua.py`); its index entry says which string and
-where: "<kind>:<stream id>:<string id>:<offset>:<length>". Records wanted together were mostly
+A record is a range of its batch's string (`lua.py`); its index entry (`layout.IndexEntry`)
+says which string and where. Records wanted together were mostly
 stored together (a page of a stream is a run of one batch), so the reads merge the ranges of
 one string that lie close into one GETRANGE: a page of 64 records is one or two reads of a few
 hundred kB instead of 64 commands.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from mutualrl.see.store.layout import parse_index_entry
 
 MERGE_GAP = 64 * 1024
 """Two wanted ranges of one string less than this apart are read as one (the bytes between
@@ -39,11 +41,11 @@ class Read:
 
 def location(loc: bytes) -> tuple[str, int, int] | None:
     """Where an index entry's record lies: (batch string id, offset, length); None for an entry
-    of the layout before batch strings ("<kind>:<stream id>")."""
-    fields = loc.split(b":")
-    if len(fields) != 5:
+    of the layout before batch strings."""
+    entry = parse_index_entry(loc)
+    if entry.string_id is None:
         return None
-    return fields[2].decode(), int(fields[3]), int(fields[4])
+    return entry.string_id, entry.offset, entry.length
 
 
 def plan_reads(locs: Sequence[bytes | None], gap: int = MERGE_GAP

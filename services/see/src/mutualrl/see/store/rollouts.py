@@ -12,12 +12,14 @@ from redis import exceptions as rexc
 
 from mutualrl.see import metrics as m
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store.entries import Entry, Header, redis_op, s
+from mutualrl.see.store.entries import Entry, redis_op
+from mutualrl.see.store.layout import Header, as_str
+from mutualrl.see.store.paging import Budget
 from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
 
-# Payloads read per MGET while a fetch fills its response.
-_PAYLOAD_CHUNK = 64
+DELIVERY_BYTES = 96
+"""What a Delivery adds to its record in an answer (its id, count and framing), at most."""
 
 
 class Rollouts(StorePart):
@@ -65,7 +67,7 @@ class Rollouts(StorePart):
                 await self._ensure_group(stream, group)
                 pending = []
             if pending:
-                eids = [s(e[0]) for e in pending]
+                eids = [as_str(e[0]) for e in pending]
                 counts = await self._pending_counts(stream, group, consumer, eids[0], eids[-1],
                                                     len(eids))
                 for eid, (_, fields) in zip(eids, pending, strict=True):
@@ -78,7 +80,7 @@ class Rollouts(StorePart):
                 # XAUTOCLAIM: [next start id, entries, deleted ids]
                 entries = cast("list[Entry]", claimed[1]) if claimed else []
                 if entries:
-                    eids = [s(e[0]) for e in entries]
+                    eids = [as_str(e[0]) for e in entries]
                     counts = await self._pending_counts(stream, group, consumer, min(eids),
                                                         max(eids), len(eids) * 4)
                     for eid, (_, fields) in zip(eids, entries, strict=True):
@@ -109,12 +111,12 @@ class Rollouts(StorePart):
                 if not entries:
                     break
                 for raw_id, fields in entries:
-                    keep(s(raw_id), fields, 1, True)
+                    keep(as_str(raw_id), fields, 1, True)
                 block_ms = 0  # block at most once per call
             rk = self.runs.keys(req.run_id)
             nbytes = 0
             budget = self.cfg.limits.max_response_bytes
-            found = await self._budgeted_payloads(rk, chosen, budget)
+            found, out.more = await self._budgeted_payloads(rk, chosen, budget)
             for (eid, _, count, fresh, source), payload in found:
                 if payload is None:  # the record's payload expired (TTL) or was trimmed
                     to_ack.append(eid)
@@ -135,21 +137,22 @@ class Rollouts(StorePart):
 
     async def _budgeted_payloads(self, rk: RunKeys,
                                  chosen: list[tuple[str, str, int, bool, str]], budget: int
-                                 ) -> list[tuple[tuple[str, str, int, bool, str], bytes | None]]:
-        """Payloads of the chosen entries, read in chunks until `budget` bytes (at least one
-        record): a response stays bounded whatever max_records asks. Entries left out stay
+                                 ) -> tuple[list[tuple[tuple[str, str, int, bool, str],
+                                                       bytes | None]], bool]:
+        """Payloads of the chosen entries that fit `budget` bytes of answer (at least one
+        record), and whether any was left out. Sized from the index before anything is read,
+        so a fetch holds at most its answer whatever max_records asks. Entries left out stay
         pending for this consumer and come first in its next fetch."""
-        out: list[tuple[tuple[str, str, int, bool, str], bytes | None]] = []
-        total = 0
-        for i in range(0, len(chosen), _PAYLOAD_CHUNK):
-            part = chosen[i:i + _PAYLOAD_CHUNK]
-            for c, payload in zip(part, await self.payloads(rk, [c[1] for c in part]),
-                                  strict=True):
-                if payload is not None and out and total + len(payload) > budget:
-                    return out
-                total += len(payload or b"")
-                out.append((c, payload))
-        return out
+        locs = await self.locate(rk, [c[1] for c in chosen])
+        room = Budget(budget)
+        kept: list[int] = []
+        for i, loc in enumerate(locs):
+            if loc is not None and not room.take(self.size_of(loc) + DELIVERY_BYTES):
+                break
+            kept.append(i)
+        more = len(kept) < len(chosen)
+        found = await self.payloads_at(rk, [chosen[i][1] for i in kept], [locs[i] for i in kept])
+        return [(chosen[i], payload) for i, payload in zip(kept, found, strict=True)], more
 
     async def ack(self, run_id: str, policy_id: str, delivery_ids: Sequence[str]) -> int:
         """Acknowledge deliveries (validated by `requests.check_ack`)."""

@@ -21,6 +21,8 @@ from typing import Any
 
 from mutualrl.see.keys import RunKeys
 
+_ROUNDS_PER_READ = 64
+
 
 def round_key(rk: RunKeys, round_: int) -> str:
     return f"{rk.base}xr:{round_}"
@@ -48,20 +50,22 @@ def queue_counts(pipe: Any, rk: RunKeys, taker: str, kind: int,
 
 async def window(client: Any, rk: RunKeys, round_min: int, round_max: int
                  ) -> dict[tuple[str, str, int], int]:
-    """(taker, source, kind) -> records of rounds round_min..round_max (inclusive) delivered."""
+    """(taker, source, kind) -> records of rounds round_min..round_max (inclusive) delivered.
+    Read `_ROUNDS_PER_READ` rounds at a time: what is held is the sum (at most 3 x policies^2
+    counts) and one read's hashes, whatever the window."""
     rounds = await client.zrangebyscore(rounds_key(rk), round_min, round_max)
     out: dict[tuple[str, str, int], int] = {}
-    if not rounds:
-        return out
-    async with client.pipeline(transaction=False) as pipe:
-        for r in rounds:
-            pipe.hgetall(round_key(rk, int(r)))
-        hashes = await pipe.execute()
-    for h in hashes:
-        for fld, val in h.items():
-            taker, source, kind = (fld.decode() if isinstance(fld, bytes) else fld).split("|")
-            k = (taker, source, int(kind))
-            out[k] = out.get(k, 0) + int(val)
+    for i in range(0, len(rounds), _ROUNDS_PER_READ):
+        async with client.pipeline(transaction=False) as pipe:
+            for r in rounds[i:i + _ROUNDS_PER_READ]:
+                pipe.hgetall(round_key(rk, int(r)))
+            hashes = await pipe.execute()
+        for h in hashes:
+            for fld, val in h.items():
+                taker, source, kind = (fld.decode() if isinstance(fld, bytes)
+                                       else fld).split("|")
+                k = (taker, source, int(kind))
+                out[k] = out.get(k, 0) + int(val)
     return out
 
 

@@ -8,11 +8,13 @@ what a trainer imports."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mutualrl.trainer.config.run import TrainerConfig
+from mutualrl.trainer.data.chat import ContextLengthError
 from mutualrl.trainer.runtime.memory import (
     MemoryPlan,
     ModelShape,
@@ -22,6 +24,7 @@ from mutualrl.trainer.runtime.memory import (
     policy_plan,
     render,
 )
+from mutualrl.trainer.runtime.preflight import check_inputs, policy_dir
 
 
 @dataclass
@@ -41,8 +44,6 @@ def runtime_bytes(engines: set[str]) -> int:
     """This process's resident memory once it has imported what a trainer of these engines
     imports (torch, transformers, the SDK, the task's libraries: the caller has built the
     task): a trainer's share of host memory before any model, as measured, not guessed."""
-    import importlib
-
     for module in ("mutualrl.trainer.runtime.loop", "mutualrl.trainer.runtime.session",
                    "mutualrl.client.see", "mutualrl.client.thl", "mutualrl.client.mwra",
                    "mutualrl.trainer.engines.hf",
@@ -57,9 +58,6 @@ def prompt_lengths(cfg: TrainerConfig, names: list[str], cache_dir: Path | None
     """Each policy's longest rendered prompt (`preflight.check_inputs`), or the allowance
     for all with the reason when the problems cannot be rendered here. A prompt that does
     not fit the model's context raises (ContextLengthError): that run cannot start."""
-    from mutualrl.trainer.data.chat import ContextLengthError
-    from mutualrl.trainer.runtime.preflight import check_inputs
-
     try:
         budgets = check_inputs(cfg, names, cache_dir)
     except ContextLengthError:
@@ -77,8 +75,6 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                  cache_dir: Path | None = None) -> list[PolicyPlan]:
     """The plan of each policy in `names` (default: every policy of the run). `prompt_tokens`
     None: each policy's longest rendered prompt (see the module docstring)."""
-    from mutualrl.trainer.runtime.preflight import policy_dir
-
     names = names or [p.name for p in cfg.policies]
     note = ""
     if prompt_tokens is None:

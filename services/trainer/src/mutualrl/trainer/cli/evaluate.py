@@ -1,5 +1,5 @@
-"""`mutualrl eval -c CONFIG --policy NAME [--checkpoint N | --model DIR]`: one policy's
-benchmarks (`eval.benchmarks`) alone, no services, written as JSON."""
+"""`mutualrl eval -c CONFIG --policy NAME [--checkpoint N | --latest | --model DIR]`: one
+policy's benchmarks (`eval.benchmarks`) alone, no services, written as JSON."""
 
 from __future__ import annotations
 
@@ -11,23 +11,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.common.commands import Commands
+import torch
+from pydantic import ValidationError
+
+from mutualrl.trainer.config.run import TrainerConfig, first_error, load_trainer_config
+from mutualrl.trainer.data.chat import renderer_for
+from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
+from mutualrl.trainer.data.task_factory import make_task
+from mutualrl.trainer.engines.factory import make_engine
+from mutualrl.trainer.runtime import checkpoint
+from mutualrl.trainer.runtime.distributed import SINGLE
+from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
+from mutualrl.trainer.runtime.preflight import policy_dir
+from mutualrl.trainer.runtime.presets import load_policy
 
 
-def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, Any]:
+def evaluate_policy(cfg: TrainerConfig, policy_name: str, model_dir: Path) -> dict[str, Any]:
     """Every benchmark of `cfg.eval` on the model in `model_dir`, rendered and scored as the
     policy's training run does."""
-    import torch
-
-    from mutualrl.trainer.config.task import DatasetTaskConfig
-    from mutualrl.trainer.data.chat import renderer_for
-    from mutualrl.trainer.data.dataset_task import DatasetTask
-    from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
-    from mutualrl.trainer.data.jsonl import make_task
-    from mutualrl.trainer.engines.factory import make_engine
-    from mutualrl.trainer.runtime.distributed import SINGLE
-    from mutualrl.trainer.runtime.presets import load_policy
-
     cfg = cfg.for_policy(policy_name)
     policy = cfg.policy(policy_name)
     if not cfg.eval.benchmarks:
@@ -37,8 +38,7 @@ def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, An
     model, tok = load_policy(model_dir, policy.dtype, policy.device)
     model.eval()
     render = renderer_for(tok, policy)
-    task: Any = DatasetTask(cfg.task) if isinstance(cfg.task, DatasetTaskConfig) \
-        else make_task(cfg.task)
+    task = make_task(cfg.task)
     engine = make_engine(policy.rollout_engine, model, tok, model_path=str(model_dir))
     max_new = cfg.grpo.max_new_tokens or task.max_new_tokens
     out: dict[str, Any] = {"policy": policy.name, "model": str(model_dir), "benchmarks": {}}
@@ -52,14 +52,16 @@ def evaluate_policy(cfg: Any, policy_name: str, model_dir: Path) -> dict[str, An
     return out
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from mutualrl.trainer.config.run import load_trainer_config
-    from mutualrl.trainer.runtime import checkpoint
-    from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
-    from mutualrl.trainer.runtime.preflight import policy_dir
-
-    cfg = load_trainer_config(args.config)
-    policy = cfg.policy(args.policy)
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_trainer_config(args.config)
+        policy = cfg.policy(args.policy)
+    except ValidationError as err:
+        print(f"mutualrl eval: {first_error(err)}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"mutualrl eval: {err}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="mutualrl-eval-") as tmp:
         try:
             if args.model is not None:
@@ -83,18 +85,3 @@ def _eval(args: argparse.Namespace) -> int:
     path.write_text(json.dumps(result, indent=2))
     print(json.dumps({**result, "out": str(path)}, indent=2))
     return 0
-
-
-def register_eval_command(commands: Commands) -> None:
-    e = commands.add(("eval",), "Evaluate one policy on the config's eval.benchmarks (avg@n, "
-                     "pass@k per skill) and write JSON; needs no services.", _eval)
-    e.add_argument("-c", "--config", type=Path, required=True, help="The run YAML.")
-    e.add_argument("--policy", required=True, help="Policy name.")
-    which = e.add_mutually_exclusive_group()
-    which.add_argument("--checkpoint", type=int, default=None,
-                       help="The policy's checkpoint after N rounds of this run.")
-    which.add_argument("--latest", action="store_true", help="Its latest checkpoint.")
-    which.add_argument("--model", type=Path, default=None,
-                       help="A save_pretrained model directory (default: the policy's start).")
-    e.add_argument("--out", type=Path, default=None,
-                   help="JSON path (default <output_dir>/<run_id>/<policy>/eval-<which>.json).")

@@ -1,70 +1,46 @@
-"""Trainer commands: `mutualrl sft` (warm start); `train` and `create-run` register here too.
+"""The trainer's commands: `mutualrl sft`, `export`, `train`, `create-run` and `eval`.
 
-Heavy imports (torch, transformers) happen inside the handlers so `mutualrl --help` stays fast.
+`register` declares every command and its arguments and nothing more: each handler lives in
+its own module (`cli.sft`, `cli.export`, `cli.train`, `cli.evaluate`), imported by name when
+its command runs (`_handler`), so `mutualrl --help` loads neither pydantic nor torch while the
+handler modules import what they use at their top.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 from pathlib import Path
-from typing import Any
 
-from mutualrl.common.commands import Commands
+from mutualrl.common.commands import Commands, Handler
 from mutualrl.common.flags import deferred_flags
 
-# Flags that SFTConfig's derived names (`--out-dir`, `--task-regime`, ...) also answer to.
+# Flags that SFTConfig's derived names (`--out-dir`, `--task.regime`, ...) also answer to.
 SFT_FLAG_ALIASES = {"out_dir": ["--out"], "strong_skills": ["--strong"],
                     "task.regime": ["--regime"], "task.skills": ["--skills"]}
 
 
-def _sft(args: argparse.Namespace) -> int:
-    from mutualrl.common.config import deep_merge, load_yaml
-    from mutualrl.common.flags import flag_values
-    from mutualrl.trainer.config.sft import SFTConfig
-    from mutualrl.trainer.runtime.sft import EVAL_FILE, run_sft
+def _handler(name: str) -> Handler:
+    """The function `run` of `mutualrl.trainer.cli.<name>`, imported when the command runs."""
 
-    data: dict[str, Any] = {}
-    if args.config:
-        raw = load_yaml(args.config)
-        # Either a dedicated SFT file or an `sft:` section of a run YAML.
-        data = dict(raw.get("sft", raw))
-    flags = flag_values(args, SFTConfig)
-    if "model_path" in flags:
-        data["preset"] = None  # a model path replaces the default preset
-    cfg = SFTConfig.model_validate(deep_merge(data, flags))
-    out = run_sft(cfg)
-    report = json.loads((out / EVAL_FILE).read_text())
-    print(json.dumps({"checkpoint": str(out), "heldout_accuracy": report["heldout_accuracy"],
-                      "train_seconds": report["train_seconds"]}, indent=2))
-    return 0
+    def run(args: argparse.Namespace) -> int:
+        module = importlib.import_module(f"mutualrl.trainer.cli.{name}")
+        return int(module.run(args))
 
-
-def _export(args: argparse.Namespace) -> int:
-    import sys
-
-    from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
-
-    try:
-        ckpt = find_checkpoint(args.run, args.policy, args.round, args.output_dir)
-        out = export(ckpt, args.out, overwrite=args.overwrite)
-    except ExportError as e:
-        print(f"mutualrl export: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({"checkpoint": str(ckpt), "out": str(out)}, indent=2))
-    return 0
+    return run
 
 
 def register(commands: Commands) -> None:
     """Add the trainer's commands to the `mutualrl` CLI."""
     p = commands.add(("sft",), "Warm-start a policy by SFT (strong skills, tiny weak pool); "
-                     "every SFTConfig field is a flag, over the config file's value.", _sft,
-                     deferred=deferred_flags("mutualrl.trainer.runtime.sft", "SFTConfig",
-                                             aliases=SFT_FLAG_ALIASES))
+                     "every SFTConfig field is a flag, over the config file's value.",
+                     _handler("sft"), deferred=deferred_flags(
+                         "mutualrl.trainer.config.sft", "SFTConfig", aliases=SFT_FLAG_ALIASES))
     p.add_argument("-c", "--config", help="YAML: SFTConfig fields, or a run YAML's `sft:`.")
 
     e = commands.add(("export",), "Write a trained policy as a save_pretrained directory "
-                     "(LoRA adapters merged) that transformers / SGLang / vLLM load.", _export)
+                     "(LoRA adapters merged) that transformers / SGLang / vLLM load.",
+                     _handler("export"))
     e.add_argument("--run", required=True,
                    help="Run directory (<output_dir>/<run_id>) or run id under --output-dir.")
     e.add_argument("--policy", required=True, help="Policy name.")
@@ -75,9 +51,42 @@ def register(commands: Commands) -> None:
                    help="Where run ids are looked up (the trainer's output_dir).")
     e.add_argument("--overwrite", action="store_true", help="Write into a non-empty --out.")
 
-    # ---- `mutualrl train`, `mutualrl create-run` and `mutualrl eval` are registered below ----
-    from mutualrl.trainer.cli.evaluate import register_eval_command
-    from mutualrl.trainer.cli.train import register_train_commands
+    t = commands.add(("train",), "Train one policy of a run (GRPO + its sharing probe).",
+                     _handler("train"))
+    t.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
+    t.add_argument("--policy", default=None,
+                   help="Which of the config's policies this process trains.")
+    t.add_argument("--resume", action="store_true",
+                   help="Continue from the latest checkpoint of this policy, if any.")
+    t.add_argument("--rounds", type=int, default=None, help="Override grpo.rounds.")
+    t.add_argument("--dry-run", action="store_true",
+                   help="Print each policy's memory plan (from model configs only) and exit; "
+                        "exit 2 when a policy does not fit its device.")
+    t.add_argument("--device-memory-gb", type=float, default=None,
+                   help="Device size for --dry-run in GiB (default: the CUDA device's, or "
+                        "host RAM for CPU policies).")
+    t.add_argument("--prompt-tokens", type=int, default=None,
+                   help="Prompt length per rollout for --dry-run (default: each policy's "
+                        "longest rendered prompt of the task and benchmarks).")
+    t.add_argument("--nproc", type=int, default=None,
+                   help="Data-parallel ranks for this policy (overrides the policy's nproc): "
+                        "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")
 
-    register_train_commands(commands)
-    register_eval_command(commands)
+    r = commands.add(("create-run",), "Create a run config's run in SEE with the run's secret "
+                     "(trainers holding a policy token may not create it).",
+                     _handler("create_run"))
+    r.add_argument("-c", "--config", required=True, help="Run YAML with a `trainer:` section.")
+
+    v = commands.add(("eval",), "Evaluate one policy on the config's eval.benchmarks (avg@n, "
+                     "pass@k per skill) and write JSON; needs no services.",
+                     _handler("evaluate"))
+    v.add_argument("-c", "--config", type=Path, required=True, help="The run YAML.")
+    v.add_argument("--policy", required=True, help="Policy name.")
+    which = v.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=int, default=None,
+                       help="The policy's checkpoint after N rounds of this run.")
+    which.add_argument("--latest", action="store_true", help="Its latest checkpoint.")
+    which.add_argument("--model", type=Path, default=None,
+                       help="A save_pretrained model directory (default: the policy's start).")
+    v.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default <output_dir>/<run_id>/<policy>/eval-<which>.json).")

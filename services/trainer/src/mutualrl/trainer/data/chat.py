@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.trainer.config.run import PromptFormat
+from transformers import PreTrainedTokenizerBase
+
+from mutualrl.trainer.config.run import PolicySettings, PromptFormat
 from mutualrl.trainer.data.tasks import Prompt
 
 
@@ -36,7 +38,8 @@ def messages_of(prompt: Prompt) -> list[dict[str, str]]:
 class PromptRenderer:
     """One policy's prompts: problem -> the token ids its rollouts and loss condition on."""
 
-    def __init__(self, tokenizer: Any, policy: str, prompt_format: PromptFormat = "auto",
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, policy: str,
+                 prompt_format: PromptFormat = "auto",
                  chat_template: Path | str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
@@ -89,7 +92,7 @@ class PromptRenderer:
             return list(self.tokenizer(prompt.text)["input_ids"])
         return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
 
-    def many(self, prompts: list[Prompt]) -> list[list[int]]:
+    def many(self, prompts: Sequence[Prompt]) -> list[list[int]]:
         return [self.ids(p) for p in prompts]
 
     def lengths(self, prompts: Sequence[Prompt], batch: int = 1024) -> list[int]:
@@ -116,7 +119,7 @@ def _tokenizer_template_file(tokenizer: Any) -> str:
     return f"the chat_template of tokenizer {where or type(tokenizer).__name__}"
 
 
-def renderer_for(tokenizer: Any, policy: Any) -> PromptRenderer:
-    """The renderer of a policy's config (`mutualrl.trainer.config.run.PolicySettings`)."""
+def renderer_for(tokenizer: PreTrainedTokenizerBase, policy: PolicySettings) -> PromptRenderer:
+    """The renderer of a policy's config."""
     return PromptRenderer(tokenizer, policy.name, policy.prompt_format, policy.chat_template,
                           policy.chat_template_kwargs)

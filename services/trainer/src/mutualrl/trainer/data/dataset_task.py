@@ -24,16 +24,17 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mutualrl.trainer.config.task import DatasetSettings, DatasetTaskConfig
 from mutualrl.trainer.data.answers import after_hashes, last_boxed
 from mutualrl.trainer.data.chat import ChatTemplateError, ContextLengthError
 from mutualrl.trainer.data.rewards import Batch, RewardError, RewardSet
-from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.data.tasks import Prompt, Task
 from mutualrl.trainer.engines.base import Sample
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json",
             ".csv": "csv"}
 
@@ -234,7 +235,7 @@ class DatasetTask:
         """The row's answer column (a solution, or the bare answer)."""
         return str(self._rows[prompt.id][self.answer_key]).strip()
 
-    def batch(self, prompts: Sequence[Prompt], samples: Sequence[Sequence[Any]]) -> Batch:
+    def batch(self, prompts: Sequence[Prompt], samples: Sequence[Sequence[Sample]]) -> Batch:
         """The reward functions' input for samples[i][j] of prompts[i], flattened row-major."""
         flat = [(p, y) for p, row in zip(prompts, samples, strict=True) for y in row]
         cols: dict[str, list[Any]] = {}
@@ -248,7 +249,7 @@ class DatasetTask:
                      truncated=[y.finish_reason == "length" for _, y in flat], columns=cols,
                      conversational=self.conversational)
 
-    def score(self, prompts: Sequence[Prompt], samples: Sequence[Sequence[Any]], tau: float
+    def score(self, prompts: Sequence[Prompt], samples: Sequence[Sequence[Sample]], tau: float
               ) -> Scored:
         """The round's rewards: a verified success is the success reward reaching tau on a
         completion that was not truncated."""
@@ -292,7 +293,7 @@ class DatasetTask:
             self.rewards.score_one(i, batch)
 
 
-def _rows(flat: Sequence[Any], widths: Sequence[int]) -> list[list[Any]]:
+def _rows(flat: Sequence[T], widths: Sequence[int]) -> list[list[T]]:
     out, at = [], 0
     for w in widths:
         out.append(list(flat[at:at + w]))
@@ -314,7 +315,7 @@ class Scored:
     """Per-reward means and per-reward failures of the round."""
 
 
-def score_round(task: Any, prompts: Sequence[Prompt], samples: Sequence[Sequence[Any]],
+def score_round(task: Task, prompts: Sequence[Prompt], samples: Sequence[Sequence[Sample]],
                 tau: float) -> Scored:
     """A round's scores, for any task: a dataset task scores the round in one call per reward
     function; the built-in tasks sample by sample."""

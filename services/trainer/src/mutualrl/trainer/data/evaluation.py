@@ -10,12 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import comb
-from typing import Any
+from typing import Protocol, TypeVar
 
 from mutualrl.trainer.config.run import BenchmarkSettings
 from mutualrl.trainer.config.task import DatasetTaskConfig
+from mutualrl.trainer.data.chat import PromptRenderer
 from mutualrl.trainer.data.dataset_task import DatasetTask, score_round
-from mutualrl.trainer.engines.base import prompt_seed
+from mutualrl.trainer.data.tasks import Task
+from mutualrl.trainer.engines.base import RolloutEngine, prompt_seed
+
+T = TypeVar("T")
+
+
+class Ranks(Protocol):
+    """What a benchmark needs of the data-parallel ranks (`runtime.distributed.Dist`)."""
+
+    def block(self, n: int) -> range:
+        """This rank's block of `n` items."""
+        ...
+
+    def all_gather(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order."""
+        ...
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -33,7 +49,7 @@ def default_ks(n: int) -> list[int]:
     return sorted({*ks, n})
 
 
-def benchmark_task(bench: BenchmarkSettings, task: Any) -> DatasetTask:
+def benchmark_task(bench: BenchmarkSettings, task: Task) -> DatasetTask:
     """The benchmark's problems, rendered and scored as the run's task does (its system
     prompt, template and reward functions); a synthetic task's run scores with math_verify."""
     where = f"eval.benchmarks[{bench.name}]"
@@ -61,8 +77,9 @@ def summarize(name: str, skills: Sequence[str], successes: Sequence[int], n: int
     return out
 
 
-def run_benchmark(bench: BenchmarkSettings, task: Any, renderer: Any, engine: Any, dist: Any,
-                  max_new_tokens: int, tau: float, seed: int) -> dict[str, float]:
+def run_benchmark(bench: BenchmarkSettings, task: DatasetTask, renderer: PromptRenderer,
+                  engine: RolloutEngine, dist: Ranks, max_new_tokens: int, tau: float,
+                  seed: int) -> dict[str, float]:
     """One benchmark over `engine` (data parallel: each rank samples its block of problems)."""
     problems = task.problems
     mine = dist.block(len(problems))

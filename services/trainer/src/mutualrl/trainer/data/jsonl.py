@@ -16,10 +16,9 @@ import json
 import random
 from pathlib import Path
 
-from mutualrl.trainer.config.task import JsonlTaskConfig, TaskConfig
-
-from .answers import after_hashes, answers_match, last_boxed, last_number
-from .tasks import Prompt, Task
+from mutualrl.trainer.config.task import JsonlTaskConfig
+from mutualrl.trainer.data.answers import after_hashes, answers_match, last_boxed, last_number
+from mutualrl.trainer.data.tasks import Prompt
 
 
 def _form_of(rec: dict, form: str) -> str:
@@ -143,10 +142,3 @@ class JsonlTask:
         """Verified success (ignores any format reward)."""
         return finish_reason == "stop" and answers_match(
             self.extract(completion_text)[0], prompt.answer)
-
-
-def make_task(cfg: TaskConfig | JsonlTaskConfig) -> Task | JsonlTask:
-    """The task a config describes: synthetic (`TaskConfig`) or a JSONL dataset."""
-    if isinstance(cfg, JsonlTaskConfig):
-        return JsonlTask(cfg)
-    return Task(cfg)

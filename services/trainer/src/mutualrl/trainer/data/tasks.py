@@ -1,4 +1,6 @@
-"""Seeded synthetic verifiable tasks (add, sub, mul, rev, sort) in two completion regimes.
+"""The task interface (`Task`: what the loop, the probes, SFT and evaluation need of a task;
+`SyntheticTask`, `data.jsonl.JsonlTask` and `data.dataset_task.DatasetTask` have it) and the
+seeded synthetic verifiable tasks (add, sub, mul, rev, sort) in two completion regimes.
 
 Prompts look like `add:37+58=` in both regimes; only the completion differs:
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from mutualrl.trainer.config.task import DEFAULT_DIGITS, SKILLS, TaskConfig
 
@@ -42,6 +45,38 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] = ()
     """The problem as chat messages, (role, content) each; empty: one user turn of `text`.
     Each policy renders them with its own chat template (mutualrl.trainer.data.chat)."""
+
+
+class Task(Protocol):
+    """A verifiable task: seeded problems in a round order every policy shares, SFT targets,
+    the reward and the verifier."""
+
+    skills: tuple[str, ...]
+    """The skills its problems belong to (per-skill metrics)."""
+    stop: list[str]
+    """Stop strings of rollouts (empty: stop at EOS)."""
+    max_new_tokens: int
+    """The default completion budget."""
+
+    def prompts(self, split: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
+        """`n` problems of `split` ("train" or "heldout"; None: all held-out ones)."""
+        ...
+
+    def round_prompts(self, round_k: int, n: int, seed: int) -> list[Prompt]:
+        """The `n` problems of round `round_k`: the same for every policy of a run."""
+        ...
+
+    def sft_target(self, prompt: Prompt, rng: random.Random) -> str:
+        """A completion to warm-start on."""
+        ...
+
+    def reward(self, prompt: Prompt, completion_text: str, finish_reason: str) -> float:
+        """The completion's reward."""
+        ...
+
+    def is_correct(self, prompt: Prompt, completion_text: str, finish_reason: str) -> bool:
+        """Whether the completion is a verified success (a truncated one never is)."""
+        ...
 
 
 def _digits(n: int) -> list[int]:
@@ -188,11 +223,12 @@ def worked_steps(prompt: Prompt, style: int) -> str:
 # ---- the task --------------------------------------------------------------------------------
 
 
-class Task:
+class SyntheticTask:
     """A synthetic task: seeded prompts, paired round order, SFT targets and the verifier."""
 
     def __init__(self, cfg: TaskConfig | None = None, **overrides: object) -> None:
-        # Overrides go through validation too (`Task(regime="worked")` is checked like YAML).
+        # Overrides go through validation too (`SyntheticTask(regime="worked")` is checked
+        # like YAML).
         cfg = TaskConfig.model_validate({**(cfg or TaskConfig()).model_dump(), **overrides})
         for s in cfg.skills:
             if s not in SKILLS:
@@ -294,7 +330,7 @@ class Task:
         return finish_reason == "stop" and self.extract(completion_text) == prompt.answer
 
 
-def corpus(task: Task, n_per_skill: int = 400, seed: int = 0) -> list[str]:
+def corpus(task: SyntheticTask, n_per_skill: int = 400, seed: int = 0) -> list[str]:
     """Prompt + completion texts of `task` (all step styles), e.g. to train a tokenizer on."""
     rng = random.Random(f"corpus:{seed}")
     out: list[str] = []

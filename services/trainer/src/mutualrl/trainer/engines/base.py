@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the protocol needs no torch to be read (data imports Sample)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 ENGINES: tuple[str, ...] = ("hf", "sglang", "vllm")
 
@@ -68,7 +71,7 @@ class RolloutEngine(Protocol):
         (data-parallel ranks split a round's prompts); it replaces `seed`."""
         ...
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: PreTrainedModel) -> None:
         """Make the engine sample from `model`'s current parameters (and hold its memory again
         after `release_memory`)."""
         ...
@@ -90,7 +93,7 @@ def prompt_seed(seed: int, round_k: int, index: int) -> int:
     return ((seed * 1_000_003 + round_k) * 1_000_003 + index) & (2**63 - 1)
 
 
-def encode_prompt(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | Sequence[int]) -> list[int]:
     """The prompt's token ids exactly as the engines encode them (trainers must match): a
     rendered prompt's ids (mutualrl.trainer.data.chat) as they are, a text through the tokenizer."""
     if not isinstance(prompt, str):
@@ -98,7 +101,8 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
-def completion_offsets(tokenizer: Any, token_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+def completion_offsets(tokenizer: PreTrainedTokenizerFast, token_ids: list[int]
+                       ) -> tuple[str, list[tuple[int, int]]]:
     """Decoded text of `token_ids` and each token's character span in it.
 
     Each token spans from the end of the previous prefix's decoding to the end of its own, so
@@ -136,10 +140,3 @@ def check_truncation(top_p: float, top_k: int, min_p: float) -> None:
         raise ValueError(f"min_p must be in [0, 1] (0: off), got {min_p}")
 
 
-def sync_tensors(model: Any) -> list[tuple[str, Any]]:
-    """(name, tensor) of what an engine serving the base model's architecture must load."""
-    from mutualrl.trainer.model.lora import is_lora, merged_named_tensors
-
-    if is_lora(model):
-        return merged_named_tensors(model)
-    return [(name, p.detach()) for name, p in model.named_parameters()]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
 from mutualrl.trainer.engines.base import ENGINES, RolloutEngine
 from mutualrl.trainer.engines.hf import HFEngine
 from mutualrl.trainer.engines.sglang import SGLangEngine
 from mutualrl.trainer.engines.vllm import VLLMEngine
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, model_path: str | None = None,
+def make_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                model_path: str | None = None,
                 **kwargs: Any) -> RolloutEngine:
     """Engine `name` ("hf", "sglang" or "vllm") over `model`, with the engine's own keyword
     arguments; sglang and vllm also need the model directory (they load it once, then take

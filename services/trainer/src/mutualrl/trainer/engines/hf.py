@@ -35,15 +35,27 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
 from mutualrl.trainer.engines.base import (
     Sample,
     check_truncation,
     completion_offsets,
     encode_prompt,
     prompt_seed,
-    sync_tensors,
 )
 from mutualrl.trainer.engines.sampling import draw, row_keys
+from mutualrl.trainer.engines.static_decode import (
+    Sampling,
+    StaticDecoder,
+    cache_kwarg,
+    cache_of,
+    prefill,
+    static_cache_problem,
+)
+from mutualrl.trainer.model.lora import sync_tensors
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +74,11 @@ class HFEngine:
     (and refreshes a `copy`).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, policy: str = "policy",
-                 fast_path: bool = True, cuda_graphs: bool = True,
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
+                 policy: str = "policy", fast_path: bool = True, cuda_graphs: bool = True,
                  stop_check_every: int | None = None, weights: str = "master",
                  compute_dtype: str | None = None, window_tokens: int = 128,
                  kv_budget_bytes: int | None = None) -> None:
-        import torch
-
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("HFEngine needs a fast tokenizer (character offsets)")
         if weights not in WEIGHTS:
@@ -80,17 +90,14 @@ class HFEngine:
         self.policy = policy
         self.weights = weights
         self.compute_dtype = getattr(torch, compute_dtype) if compute_dtype else None
-        self._stop_cache: dict[tuple[str, ...], Any] = {}
-        self._copy: Any = None
-        self.decoder: Any = None
+        self._stop_cache: dict[tuple[str, ...], Tensor] = {}
+        self._copy: PreTrainedModel | None = None
+        self.decoder: StaticDecoder | None = None
         self.fallback_reason: str | None = None
-        if weights == "copy":
+        if self.compute_dtype is not None and weights == "copy":
             self._copy = sampling_copy(model, self.compute_dtype)
         if not fast_path:
             return
-        # torch and transformers' cache classes load with the first fast-path engine.
-        from mutualrl.trainer.engines.static_decode import StaticDecoder, static_cache_problem
-
         device = _device_of(model)
         reason = static_cache_problem(self._sampler(),
                                       self.compute_dtype if weights == "autocast" else None)
@@ -104,20 +111,18 @@ class HFEngine:
         self.decoder = StaticDecoder(device, cuda_graphs, every, window_tokens, kv_budget_bytes,
                                      policy)
 
-    def _sampler(self) -> Any:
+    def _sampler(self) -> PreTrainedModel:
         """The module the fast path runs: the copy, or the trainer's own."""
         return self._copy if self._copy is not None else self.model
 
     def _autocast(self) -> AbstractContextManager[Any]:
-        import torch
-
         if self.weights != "autocast":
             return nullcontext()
         # No cast cache: in a graph every replay must cast the current master weights.
         return torch.autocast(_device_of(self.model).type, dtype=self.compute_dtype,
                               cache_enabled=False)
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: PreTrainedModel) -> None:
         """Sample from `model` from now on: the trainer's own module, or (`copy`) its current
         weights copied into the engine's copy in place (graphs keep their addresses)."""
         self.model = model
@@ -136,15 +141,13 @@ class HFEngine:
             out.update(self.decoder.stats)
         return out
 
-    def _stop_candidates(self, stop: tuple[str, ...]) -> Any:
+    def _stop_candidates(self, stop: tuple[str, ...]) -> Tensor:
         """Bool mask over the vocabulary: tokens after which a stop string can be complete.
 
         A stop string ends in some character; only a token whose decoding contains that
         character (or an incomplete byte sequence) can complete it, so only rows that just
         sampled such a token need decoding. Cached per stop set.
         """
-        import torch
-
         if stop not in self._stop_cache:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             pieces = self.tokenizer.backend_tokenizer.decode_batch(
@@ -159,8 +162,6 @@ class HFEngine:
                  seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
                  min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
-        import torch
-
         if n < 1 or max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be >= 1")
         check_truncation(top_p, top_k, min_p)
@@ -191,8 +192,6 @@ class HFEngine:
         try:
             with torch.inference_mode():
                 if self.decoder is not None:
-                    from mutualrl.trainer.engines.static_decode import Sampling
-
                     if seeds is None:  # one call seed: prompt i draws as if seeded (seed, i)
                         base = seed if seed is not None else random.getrandbits(63)
                         seeds = [prompt_seed(base, 0, i) for i in range(len(prompts))]
@@ -225,18 +224,16 @@ class HFEngine:
         return result
 
 
-def _device_of(model: Any) -> Any:
+def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def sampling_copy(model: Any, dtype: Any) -> Any:
+def sampling_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """A module of `model`'s base architecture with parameters in `dtype` (LoRA adapters
     merged in at each sync) and buffers as the trainer's (rotary frequencies stay float32),
     holding `model`'s current weights. Built on the meta device: nothing is copied twice."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
     device = _device_of(model)
     with torch.device("meta"):
         copy = AutoModelForCausalLM.from_config(
@@ -261,28 +258,23 @@ def sampling_copy(model: Any, dtype: Any) -> Any:
     return copy
 
 
-def refresh_copy(copy: Any, model: Any) -> None:
+def refresh_copy(copy: torch.nn.Module, model: torch.nn.Module) -> None:
     """`model`'s current weights (LoRA adapters merged) into `copy`'s parameters, in place and
     cast to their dtype."""
-    import torch
-
     params = dict(copy.named_parameters())
     with torch.no_grad():
         for name, t in sync_tensors(model):
             params[name].copy_(t)
 
 
-def _generate_dynamic(model: Any, input_ids: Any, attn: Any, positions: Any, n: int,
-                      max_new_tokens: int, temperature: float,
+def _generate_dynamic(model: PreTrainedModel, input_ids: Tensor, attn: Tensor,
+                      positions: Tensor, n: int, max_new_tokens: int, temperature: float,
                       truncation: tuple[int, float, float], seed: int | None,
                       seeds: list[int] | None, eos: int | None, pad: int,
-                      stop_t: tuple[str, ...], stop_mask: Any, tok: Any
+                      stop_t: tuple[str, ...], stop_mask: Tensor | None,
+                      tok: PreTrainedTokenizerFast
                       ) -> list[tuple[list[int], list[float], bool]]:
     """The dynamic-cache loop: (tokens, log-probs, finished) per sample row."""
-    import torch
-
-    from mutualrl.trainer.engines.static_decode import cache_kwarg, cache_of, prefill
-
     device = input_ids.device
     b = input_ids.shape[0] * n
     gen: Any
@@ -351,15 +343,15 @@ def _generate_dynamic(model: Any, input_ids: Any, attn: Any, positions: Any, n: 
             for i in range(b)]
 
 
-def _sample(logits: Any, temperature: float, truncation: tuple[int, float, float], gen: Any,
-            owner: Any = None) -> tuple[Any, Any]:
+def _sample(logits: Tensor, temperature: float, truncation: tuple[int, float, float],
+            gen: torch.Generator | list[torch.Generator], owner: Tensor | None = None
+            ) -> tuple[Tensor, Tensor]:
     """`sampling.draw` with the uniforms from `gen`: one generator, or a list of them indexed
     by `owner[row]` (the row's prompt)."""
-    import torch
-
     if temperature <= 0:
         return draw(logits, temperature, truncation, None)
     if isinstance(gen, list):
+        assert owner is not None
         u = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
         for p in owner.unique().tolist():
             idx = (owner == p).nonzero().flatten()

@@ -15,9 +15,9 @@ would not be graph-safe and one per call would make a row's draws depend on its 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
+from torch import Tensor
 
 GOLDEN = 0x9E3779B97F4A7C15
 """SplitMix64's increment (2^64 / the golden ratio, odd)."""
@@ -47,12 +47,12 @@ def row_keys(seeds: Sequence[int], n: int) -> list[int]:
             for j in range(n)]
 
 
-def _shr(z: Any, bits: int) -> Any:
+def _shr(z: Tensor, bits: int) -> Tensor:
     """Logical right shift of int64 values (torch's `>>` keeps the sign)."""
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def uniforms(keys: Any, step: Any) -> Any:
+def uniforms(keys: Tensor, step: int | Tensor) -> Tensor:
     """[R] float64 uniforms in [0, 1): SplitMix64's output number `step + 1` of the stream
     that starts at each row's key. `step` is an int or a 0-d int64 tensor on the keys'
     device (a CUDA graph replays with the step it reads from that tensor)."""
@@ -71,8 +71,8 @@ def reference_uniform(key: int, step: int) -> float:
     return (z >> 11) * 2.0**-53
 
 
-def draw(logits: Any, temperature: float, truncation: tuple[int, float, float],
-         u: Any) -> tuple[Any, Any]:
+def draw(logits: Tensor, temperature: float, truncation: tuple[int, float, float],
+         u: Tensor | None) -> tuple[Tensor, Tensor]:
     """(token, log-prob under log_softmax(logits / T)) per row, the token drawn by inverting
     the truncated distribution's CDF at `u` (one uniform per row); T == 0 is greedy (the
     log-prob is then the untempered one). `truncation` is (top_k, top_p, min_p)."""
@@ -80,12 +80,13 @@ def draw(logits: Any, temperature: float, truncation: tuple[int, float, float],
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(dim=-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    assert u is not None
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     tok = inverse_cdf(truncate(logp.exp(), *truncation), u)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
+def truncate(probs: Tensor, top_k: int, top_p: float, min_p: float) -> Tensor:
     """`probs` with the entries top_k, then top_p, then min_p leave out set to 0 (not
     renormalised: the draw scales by the row's total). Ties with the last entry kept stay."""
     if 0 < top_k < probs.shape[-1]:
@@ -103,13 +104,13 @@ def truncate(probs: Any, top_k: int, top_p: float, min_p: float) -> Any:
     return probs
 
 
-def _last_with_mass(mass: Any) -> Any:
+def _last_with_mass(mass: Tensor) -> Tensor:
     """[R] index of each row's last entry with mass > 0 (0 for a row without any)."""
     width = mass.shape[-1]
     return width - 1 - (mass.flip(-1) > 0).to(torch.uint8).argmax(-1)
 
 
-def inverse_cdf(probs: Any, u: Any, block: int = 1024) -> Any:
+def inverse_cdf(probs: Tensor, u: Tensor, block: int = 1024) -> Tensor:
     """[R] index of the first entry whose cumulative mass (float64) exceeds `u` times the row's
     total, so an entry of probability 0 is never drawn: its cumulative mass equals its
     predecessor's. Two levels, so the cumulative sum never runs over the whole vocabulary (one

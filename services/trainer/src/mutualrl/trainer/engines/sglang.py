@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
 from mutualrl.trainer.engines.base import (
     Sample,
     check_truncation,
     completion_offsets,
     encode_prompt,
-    sync_tensors,
 )
+from mutualrl.trainer.model.lora import sync_tensors
 
 
 class SGLangEngine:
@@ -27,7 +29,8 @@ class SGLangEngine:
     teacher-forced pass before trusting them.
     """
 
-    def __init__(self, model_path: str, tokenizer: Any, mem_fraction_static: float = 0.5,
+    def __init__(self, model_path: str, tokenizer: PreTrainedTokenizerFast,
+                 mem_fraction_static: float = 0.5,
                  release_memory: bool = True, **engine_kwargs: Any) -> None:
         try:
             import sglang
@@ -58,7 +61,7 @@ class SGLangEngine:
             self.engine.release_memory_occupation(tags=["weights", "kv_cache"])
             self.released = True
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: PreTrainedModel) -> None:
         """Push every parameter of `model` into the running engine (and flush its KV cache);
         a LoRA policy's adapters are merged into the base weights first. A released engine
         gets its weights' memory back first and its KV cache only after the copy, so the two

@@ -34,9 +34,10 @@ the next lever and is not taken here.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,22 +153,22 @@ def pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def cache_kwarg(model: Any) -> str:
+def _forward_params(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The parameters of the model's forward; a peft model's forward passes **kwargs through,
+    so the wrapped model's count."""
+    base = getattr(model, "get_base_model", None)
+    inner = base() if callable(base) else model
+    return inspect.signature(inner.forward).parameters
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; accept either version."""
-    import inspect
-
-    # A peft model's forward passes **kwargs through: the wrapped model's name counts.
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
-def _last_logits_kwarg(model: Any) -> dict[str, int]:
+def _last_logits_kwarg(model: torch.nn.Module) -> dict[str, int]:
     """`logits_to_keep=1` where the model's forward takes it (transformers causal LMs)."""
-    import inspect
-
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(inner.forward).parameters
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
 
 
 def cache_of(out: Any) -> Any:

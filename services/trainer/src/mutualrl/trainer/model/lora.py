@@ -11,31 +11,36 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from transformers import PreTrainedModel
 
-if TYPE_CHECKING:
-    from mutualrl.trainer.config.run import LoraSettings
+from mutualrl.trainer.config.run import LoraSettings
+
+if TYPE_CHECKING:  # peft is imported when a policy has adapters (it takes seconds)
+    from peft import PeftModel
 
 
-def is_lora(model: Any) -> bool:
+def is_lora(model: torch.nn.Module) -> bool:
     """Whether `model` is a peft model (only its adapters are trained and saved)."""
     return hasattr(model, "peft_config")
 
 
-def wrap(model: Any, settings: LoraSettings) -> Any:
+def wrap(model: PreTrainedModel, settings: LoraSettings) -> PreTrainedModel:
     """`model` with fresh LoRA adapters (B = 0, so it computes exactly what `model` did);
-    every base parameter frozen."""
+    every base parameter frozen. The result is a peft model, which answers to the wrapped
+    model's interface (forward, config, save_pretrained)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, r=settings.rank, lora_alpha=settings.alpha,
                      lora_dropout=settings.dropout, target_modules=settings.target_modules)
-    return get_peft_model(model, cfg)
+    # A PeftModel forwards every attribute to the model it wraps.
+    return cast(PreTrainedModel, get_peft_model(model, cfg))
 
 
 @contextmanager
-def base_mode(policy: Any) -> Iterator[None]:
+def base_mode(policy: PeftModel) -> Iterator[None]:
     """The peft `policy` computes its base: adapters disabled, eval mode (mode restored)."""
     was_training = policy.training
     policy.eval()
@@ -49,10 +54,10 @@ def base_mode(policy: Any) -> Iterator[None]:
 class _InBaseMode(torch.nn.Module):
     """`inner` (a part of `policy`) called with the policy in base mode; owns no parameters."""
 
-    policy: Any
-    inner: Any
+    policy: PeftModel
+    inner: torch.nn.Module
 
-    def __init__(self, policy: Any, inner: Any) -> None:
+    def __init__(self, policy: PeftModel, inner: torch.nn.Module) -> None:
         super().__init__()
         object.__setattr__(self, "policy", policy)
         object.__setattr__(self, "inner", inner)
@@ -72,10 +77,10 @@ class BaseReference(_InBaseMode):
     peft layer that callers do not split off (they run the whole reference instead).
     """
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model, model)
+    def __init__(self, model: PreTrainedModel) -> None:  # a model `wrap` gave adapters
+        super().__init__(cast("PeftModel", model), model)
 
-    def get_decoder(self) -> Any:
+    def get_decoder(self) -> torch.nn.Module:
         return _InBaseMode(self.policy, self.policy.get_decoder())
 
     def __getattr__(self, name: str) -> Any:
@@ -85,7 +90,7 @@ class BaseReference(_InBaseMode):
             return getattr(self.__dict__["policy"], name)
 
 
-def merged_named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
+def merged_named_tensors(model: PeftModel) -> list[tuple[str, torch.Tensor]]:
     """The base model's parameters under its own names, each LoRA-adapted weight replaced by
     W + scale * B @ A of the active adapter (what `merge_and_unload` would hold), computed
     without touching the trained module."""
@@ -109,3 +114,10 @@ def merged_named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
             else:
                 out.append((name, p.detach()))
     return out
+
+
+def sync_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of what an engine serving the base model's architecture must load."""
+    if is_lora(model):
+        return merged_named_tensors(cast("PeftModel", model))
+    return [(name, p.detach()) for name, p in model.named_parameters()]

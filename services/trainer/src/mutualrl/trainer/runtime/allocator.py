@@ -10,7 +10,11 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+import torch
+
+from mutualrl.client.mwra import MwraClient
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +35,6 @@ def apply_allocation(alloc: AllocationLike) -> int:
     the budget is 0, meaning "skip this round"). torch is imported here, not at module import.
     """
     if alloc.threads >= 1:
-        import torch
-
         torch.set_num_threads(int(alloc.threads))
     return int(alloc.rollout_budget) if alloc.active else 0
 
@@ -73,10 +75,9 @@ class AllocatorClient:
         """Seconds spent waiting for a time-share turn or for peers to register so far (not
         part of a step's cost)."""
         self.warned_empty_pool = False
-        self.client: Any = None
+        self.client: MwraClient | None = None
         if address is None:
             return
-        from mutualrl.client.mwra import MwraClient
 
         budget = {} if outage_budget is None else {"outage_budget": outage_budget}
         self.client = MwraClient(address, token=token, timeout=timeout, **budget)
@@ -133,13 +134,14 @@ class AllocatorClient:
         Launchers that register the run's policies beforehand (`declare_policies`) pass at once.
         Past the bound the round is planned without the missing peers, as before."""
         missing = set(self.peers)
-        if not missing or self.peers_wait_s <= 0:
+        client = self.client
+        if client is None or not missing or self.peers_wait_s <= 0:
             return
         start = time.monotonic()
         # a bound past MWRA's policy lease must not expire this policy while it waits
-        with self.client.policy_keepalive(self.run_id, self.policy, 10.0):
+        with client.policy_keepalive(self.run_id, self.policy, 10.0):
             while True:
-                listed = self.client.list_allocations(self.run_id).policies
+                listed = client.list_allocations(self.run_id).policies
                 missing -= {p.policy_id for p in listed}
                 if not missing:
                     break

@@ -22,7 +22,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from safetensors.torch import load_file
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mutualrl.trainer.model.lora import is_lora
 
@@ -41,8 +45,6 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
-        import numpy as np
-
         kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
         # numpy's key array would need an unpickling allow-list; a tensor loads plainly.
         state["numpy"] = [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos),
@@ -59,8 +61,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
-        import numpy as np
-
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
@@ -68,7 +68,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
 
-def check_plain(obj: Any, where: str = "state") -> None:
+def check_plain(obj: object, where: str = "state") -> None:
     """Raise TypeError naming the entry of `obj` that is not a tensor or a plain container.
 
     `torch.load(weights_only=True)` refuses anything else; failing at save time names the
@@ -90,7 +90,7 @@ def check_plain(obj: Any, where: str = "state") -> None:
                     "numbers, strings and lists/tuples/dicts of them")
 
 
-def resume_state(round_k: int, optimizer: torch.optim.Optimizer, scheduler: Any,
+def resume_state(round_k: int, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
                  extra: dict[str, Any]) -> dict[str, Any]:
     """The resume state of round `round_k`: optimizer, scheduler, RNGs and `extra`."""
     state = {"round": round_k, "optimizer": optimizer.state_dict(),
@@ -102,10 +102,10 @@ def resume_state(round_k: int, optimizer: torch.optim.Optimizer, scheduler: Any,
 def save(
     ckpt_dir: Path,
     round_k: int,
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: LRScheduler,
     extra: dict[str, Any],
     keep: int = 2,
     base: Path | None = None,
@@ -166,8 +166,6 @@ def load_weights(model: torch.nn.Module, weights_dir: Path) -> None:
     Tensors `save_pretrained` leaves out are the tied ones; each must share storage with a
     loaded tensor, anything else missing or unexpected is an error.
     """
-    from safetensors.torch import load_file
-
     files = sorted(weights_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{weights_dir}: no *.safetensors file")
@@ -189,9 +187,9 @@ def load_weights(model: torch.nn.Module, weights_dir: Path) -> None:
 
 def load(
     path: Path,
-    model: Any,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: LRScheduler,
 ) -> dict[str, Any]:
     """Restore model (or its adapters) / optimizer / scheduler / RNGs in place; returns the
     resume state (round, probe state, SEE position, ...)."""
@@ -203,7 +201,6 @@ def load(
                                        weights_only=True)
     if is_lora(model):
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         adapter = path / ADAPTER_DIR
         if not adapter.is_dir():

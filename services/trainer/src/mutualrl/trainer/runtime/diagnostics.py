@@ -18,11 +18,11 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
 from mutualrl.trainer.model.batch import Batch, completion_logprobs, pack
+from mutualrl.trainer.runtime.session import Session
 from mutualrl.trainer.sharing.probes.base import (
     Demos,
     LossInputs,
@@ -60,7 +60,7 @@ def demos_logp(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], demo
     return (float((logp * mask).sum() / n) if n else 0.0), n
 
 
-def support(s: Any, data: RoundData, plan: LossInputs, prompt_ids: Sequence[Sequence[int]]
+def support(s: Session, data: RoundData, plan: LossInputs, prompt_ids: Sequence[Sequence[int]]
             ) -> dict[str, float]:
     """Support metrics of the round: `support_logp` (mean per-token log-prob of peer successes
     on failed prompts), `support_tokens`, `support_prompts`. Uses the texts the probe read when
@@ -125,7 +125,7 @@ def kl_to_start(model: torch.nn.Module, start: torch.nn.Module,
     return {"kl_warm": float((kl * mask).sum() / mask.sum().clamp(min=1.0))}
 
 
-def measure(s: Any, k: int, data: RoundData, plan: LossInputs,
+def measure(s: Session, k: int, data: RoundData, plan: LossInputs,
             prompt_ids: Sequence[Sequence[int]]) -> dict[str, float]:
     """The diagnostics due at round `k` (`trainer.diagnostics`), before the round's step."""
     d = s.cfg.diagnostics

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedTokenizerBase
 
 from mutualrl.trainer.runtime import checkpoint
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, full_state_dict
@@ -35,8 +38,8 @@ def is_dcp(path: Path) -> bool:
 
 
 def save(
-    ckpt_dir: Path, round_k: int, model: torch.nn.Module, tokenizer: Any,
-    optimizer: torch.optim.Optimizer, scheduler: Any, extra: dict[str, Any], keep: int,
+    ckpt_dir: Path, round_k: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer, scheduler: LRScheduler, extra: dict[str, Any], keep: int,
     dist: Dist = SINGLE, base: Path | None = None,
 ) -> Path:
     """Write `round-<k>` from every rank (collective); rank 0 renames it into place and prunes
@@ -71,7 +74,8 @@ def save(
     return final
 
 
-def _save_pretrained(model: torch.nn.Module, tokenizer: Any, state: dict[str, Any],
+def _save_pretrained(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                     state: dict[str, Any],
                      out: Path) -> None:
     """The gathered weights as a plain `save_pretrained` directory (the model object itself is
     sharded, so its own tensors are not written). A tied tensor (the LM head sharing the
@@ -86,7 +90,7 @@ def _save_pretrained(model: torch.nn.Module, tokenizer: Any, state: dict[str, An
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler: Any) -> dict[str, Any]:
+         scheduler: LRScheduler) -> dict[str, Any]:
     """Restore a DCP checkpoint into this process's (sharded or plain) model and optimizer,
     whatever N wrote it; returns the resume state (round, probe, SEE position, ...)."""
     import torch.distributed.checkpoint as dcp
@@ -102,8 +106,11 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return state
 
 
-def plain_optimizer_state(path: Path, model: torch.nn.Module, make_optimizer: Any,
-                          make_scheduler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def plain_optimizer_state(
+    path: Path, model: torch.nn.Module,
+    make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer],
+    make_scheduler: Callable[[torch.optim.Optimizer], LRScheduler],
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load a one-process checkpoint into the still unsharded `model`; returns (the optimizer
     state keyed by parameter name, the resume state) for `load_full_optimizer` after
     sharding."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from transformers import AutoModelForCausalLM
+
+from mutualrl.thl.tokenizers import load_tokenizer
 from mutualrl.trainer.runtime import checkpoint
 
 
@@ -69,9 +72,6 @@ def export(ckpt: Path, out: Path, overwrite: bool = False) -> Path:
 def merge_adapter(base: Path, adapter: Path, out: Path) -> None:
     """base + adapter (peft), merged into plain weights, saved with the adapter's tokenizer."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from mutualrl.thl.tokenizers import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
     merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()

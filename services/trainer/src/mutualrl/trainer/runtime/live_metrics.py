@@ -13,7 +13,9 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any
+
+from mutualrl.client.see import SeeClient, metric_row
+from mutualrl.common.channel import ClientOptions
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +23,7 @@ log = logging.getLogger(__name__)
 class SeeMetricsReporter:
     def __init__(self, address: str, run_id: str, policy: str, token: str | None = None,
                  timeout: float = 10.0, max_pending: int = 100_000, retry_s: float = 2.0,
-                 client: Any = None) -> None:
-        from mutualrl.client.see import SeeClient
-        from mutualrl.common.channel import ClientOptions
-
+                 client: SeeClient | None = None) -> None:
         self.run_id, self.policy = run_id, policy
         # No outage budget: the sender thread retries on its own schedule, rows kept queued.
         self.client = client or SeeClient(ClientOptions(address=address, token=token,
@@ -51,8 +50,6 @@ class SeeMetricsReporter:
             self._cond.notify()
 
     def _run(self) -> None:
-        from mutualrl.client.see import metric_row
-
         while True:
             with self._cond:
                 while not self._pending and not self._closing:

@@ -103,7 +103,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     return {
         "reward_mean": float(rewards.mean()),
         "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
-        "lr": s.scheduler.get_last_lr()[0],
+        "lr": float(s.scheduler.get_last_lr()[0]),
         "step_s": step_s,
         "wait_s": wait_s,
         "cost_s": step_s - wait_s,

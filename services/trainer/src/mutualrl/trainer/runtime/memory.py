@@ -47,12 +47,16 @@ AdamW keeps two moments in the parameter (master) dtype.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from mutualrl.trainer.config.run import LoraSettings, PolicySettings, TrainerConfig
 from mutualrl.trainer.engines.static_decode import LENGTH_QUANTUM, pow2
+from mutualrl.trainer.model.lora import wrap
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -378,20 +382,15 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     return "\n".join(out)
 
 
-def model_shape(path: str | Path, lora: Any = None) -> ModelShape:
+def model_shape(path: str | Path, lora: LoraSettings | None = None) -> ModelShape:
     """The shape of the model saved at `path`, from its config: parameters are counted on the
     meta device (nothing is allocated or read), LoRA adapters added as `lora` would add them."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     cfg = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     params = sum(p.numel() for p in model.parameters())
     trainable = params
     if lora is not None:
-        from mutualrl.trainer.model.lora import wrap
-
         peft_model = wrap(model, lora)
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -500,8 +499,6 @@ def device_bytes(policy: PolicySettings, device_memory_gb: float | None,
         return int(device_memory_gb * GIB)
     dev = device or policy.device
     if dev.startswith("cuda"):
-        import torch
-
         if not torch.cuda.is_available():
             raise ValueError(f"policy {policy.name} runs on {dev} and no CUDA device "
                              "is visible here: give --device-memory-gb")
@@ -519,7 +516,7 @@ ALLOCATOR_SETTINGS = "expandable_segments:True"
 round's shapes free is reused by the next shapes instead of staying reserved."""
 
 
-def set_allocator(environ: Any = None) -> None:
+def set_allocator(environ: MutableMapping[str, str] | None = None) -> None:
     """Give this process `ALLOCATOR_SETTINGS` unless the environment sets the allocator
     already (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF); before CUDA is first used."""
     env = os.environ if environ is None else environ

@@ -13,11 +13,20 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from rich.console import Console
 
 from mutualrl.trainer.config.run import MetricsSettings
+from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
+from mutualrl.trainer.runtime.wandb_log import WandbSink
+
+if TYPE_CHECKING:  # tensorboard loads only when metrics.tensorboard is on
+    from torch.utils.tensorboard import SummaryWriter
 
 _PROM_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -26,35 +35,31 @@ class MetricsSink:
     """Writes one policy's round metrics to every configured sink."""
 
     def __init__(self, out_dir: Path, policy: str, settings: MetricsSettings,
-                 reporter: Any = None, run_id: str = "",
+                 reporter: SeeMetricsReporter | None = None, run_id: str = "",
                  run_config: dict[str, Any] | None = None) -> None:
-        """`reporter`: a `live_metrics.SeeMetricsReporter` (or anything with `report(round,
-        values)` and `close()`); `run_id` and `run_config` name and describe W&B runs."""
+        """`reporter` streams the rows to SEE's dashboard; `run_id` and `run_config` name and
+        describe W&B runs."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.policy = policy
         self.settings = settings
         self._reporter = reporter
-        self._wandb: Any = None
+        self._wandb: WandbSink | None = None
         if settings.wandb is not None:
-            from mutualrl.trainer.runtime.wandb_log import WandbSink
-
             self._wandb = WandbSink(settings.wandb, out_dir, run_id or policy, policy, run_config)
         self.jsonl_path = out_dir / "metrics.jsonl"
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
-        self._tb: Any = None
+        self._tb: SummaryWriter | None = None
         if settings.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(out_dir / "tb"))
-        self._registry: Any = None
-        self._gauges: dict[str, Any] = {}
+        self._registry: CollectorRegistry | None = None
+        self._gauges: dict[str, Gauge] = {}
         self.prometheus_port: int | None = None
         if settings.prometheus_port is not None:
             self._start_prometheus(settings.prometheus_port)
-        self._console: Any = None
+        self._console: Console | None = None
         if settings.progress:
-            from rich.console import Console
-
             self._console = Console(stderr=True)
 
     def truncate_from(self, round_k: int) -> None:
@@ -70,17 +75,13 @@ class MetricsSink:
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
 
     def _start_prometheus(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
         # A private registry: several trainers (tests) in one process must not collide.
         self._registry = CollectorRegistry()
         server, _ = start_http_server(port, addr="127.0.0.1", registry=self._registry)
         self._prom_server = server
         self.prometheus_port = server.server_port
 
-    def _gauge(self, name: str) -> Any:
-        from prometheus_client import Gauge
-
+    def _gauge(self, name: str) -> Gauge:
         key = "mutualrl_trainer_" + _PROM_NAME.sub("_", name)
         if key not in self._gauges:
             self._gauges[key] = Gauge(key, f"trainer metric {name}", ["policy"],
@@ -119,8 +120,6 @@ class MetricsSink:
 
 def peak_rss_mib() -> float:
     """The process's peak resident memory so far in MiB (what `--dry-run` plans on a CPU)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 

@@ -22,13 +22,16 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from mutualrl.thl.tokenizers import load_tokenizer
 from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
 from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import ContextLengthError, PromptRenderer, renderer_for
 from mutualrl.trainer.data.dataset_task import DatasetTask
-from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.data.evaluation import benchmark_task
+from mutualrl.trainer.data.task_factory import make_task
+from mutualrl.trainer.data.tasks import Prompt, SyntheticTask, Task
+from mutualrl.trainer.runtime.presets import ensure_preset
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,6 @@ def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
         return policy.sft_checkpoint
     if policy.model_path is not None:
         return policy.model_path
-    from mutualrl.trainer.runtime.presets import ensure_preset
-
     assert policy.preset is not None
     return ensure_preset(policy.preset, cache_dir, seed)
 
@@ -85,8 +86,6 @@ def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
     `max_prompt_tokens` dropped (every trainer drops the same ones: each renders with every
     policy's tokenizer), and its reward functions called once, so that a problem shows before
     round 0."""
-    from mutualrl.thl.tokenizers import load_tokenizer
-
     assert isinstance(cfg.task, DatasetTaskConfig)
     task = DatasetTask(cfg.task)
     task.check_rewards()
@@ -122,11 +121,9 @@ def model_context(model_dir: Path, policy: PolicySettings) -> tuple[int | None, 
     return context, source
 
 
-def problems_to_render(task: Any, benchmarks: Sequence[Any] = ()) -> list[Prompt]:
+def problems_to_render(task: Task, benchmarks: Sequence[DatasetTask] = ()) -> list[Prompt]:
     """The problems whose rendering a policy's rollouts can meet (see the module docstring)."""
-    from mutualrl.trainer.data.tasks import Task
-
-    if isinstance(task, Task):
+    if isinstance(task, SyntheticTask):
         out = task.prompts("heldout") + task.prompts("train", TRAIN_DRAWS)
     else:
         out = task.prompts("train") + task.prompts("heldout")
@@ -174,12 +171,8 @@ def check_inputs(cfg: TrainerConfig, names: Sequence[str] | None = None,
     """Check the run's task and each policy in `names` (default: all) as their trainers will
     (see the module docstring); returns each policy's longest rollout. A policy whose warm start
     is not made yet is checked with the model it starts from (the same tokenizer)."""
-    from mutualrl.thl.tokenizers import load_tokenizer
-    from mutualrl.trainer.data.evaluation import benchmark_task
-    from mutualrl.trainer.data.jsonl import make_task
-
     cache = cache_dir or cfg.output_dir / "presets"
-    task: Any = prepare_dataset_task(cfg, cache) if isinstance(cfg.task, DatasetTaskConfig) \
+    task = prepare_dataset_task(cfg, cache) if isinstance(cfg.task, DatasetTaskConfig) \
         else make_task(cfg.task)
     if isinstance(task, DatasetTask):  # a table too small for one round says so now
         task.round_prompts(0, cfg.grpo.prompts_per_round, cfg.seed)

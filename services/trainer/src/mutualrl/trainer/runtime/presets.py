@@ -33,6 +33,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from mutualrl.thl.tokenizers import load_tokenizer, train_tokenizer
+from mutualrl.trainer.config.task import SKILLS
+from mutualrl.trainer.data.tasks import SyntheticTask, corpus
+
 MARKER = "PRESET_READY"
 CORPUS_PER_SKILL = 150
 
@@ -94,18 +109,14 @@ def fingerprint(name: str) -> str:
 
 def preset_corpus(seed: int = 0) -> list[str]:
     """Texts the preset tokenizers learn from: every skill, short and worked completions."""
-    from mutualrl.trainer.config.task import SKILLS
-    from mutualrl.trainer.data.tasks import Task, corpus
-
     texts: list[str] = []
     for regime in ("short", "worked"):
-        texts += corpus(Task(regime=regime, skills=list(SKILLS)), CORPUS_PER_SKILL, seed=seed)
+        task = SyntheticTask(regime=regime, skills=list(SKILLS))
+        texts += corpus(task, CORPUS_PER_SKILL, seed=seed)
     return texts
 
 
-def _model_config(spec: PresetSpec, tok: Any) -> Any:
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
-
+def _model_config(spec: PresetSpec, tok: PreTrainedTokenizerFast) -> PretrainedConfig:
     ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id)
     if spec.family == "gpt2":
@@ -119,11 +130,6 @@ def _model_config(spec: PresetSpec, tok: Any) -> Any:
 
 def build_preset(name: str, out_dir: Path, seed: int = 0) -> None:
     """Train the tokenizer, initialise the model from `seed` and save both into `out_dir`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from mutualrl.thl.tokenizers import train_tokenizer
-
     spec = PRESETS[name]
     # The tokenizer depends only on the preset (fixed corpus seed), not on the init seed, so
     # every seed of a preset shares one vocabulary.
@@ -184,18 +190,14 @@ def ensure_preset(name: str, cache_dir: Path, seed: int = 0) -> Path:
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"
+                ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """(model, tokenizer) from a local directory, through `from_pretrained` for both.
 
     The tokenizer must be a fast one (TypeError otherwise): rollouts need exact character
     offsets, which only the Rust tokenizers give. It is set up for batched generation (left
     padding, a pad token).
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from mutualrl.thl.tokenizers import load_tokenizer
-
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
     path = Path(path)
@@ -213,6 +215,6 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
     return model, tok
 
 
-def n_params(model: Any) -> int:
+def n_params(model: torch.nn.Module) -> int:
     """Parameter count (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())

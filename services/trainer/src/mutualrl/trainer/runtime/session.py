@@ -7,27 +7,36 @@ schedule, rollout engine, task, probe, peer exchange, allocator, metrics, checkp
 from __future__ import annotations
 
 import logging
-import math
 import random
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, get_scheduler
 
-from mutualrl.trainer.config.run import BenchmarkSettings, PolicySettings, TrainerConfig
+from mutualrl.trainer.config.run import (
+    BenchmarkSettings,
+    GRPOSettings,
+    PolicySettings,
+    TrainerConfig,
+)
 from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import PromptRenderer, renderer_for
 from mutualrl.trainer.data.dataset_task import DatasetTask
 from mutualrl.trainer.data.evaluation import benchmark_task
-from mutualrl.trainer.data.jsonl import JsonlTask, make_task
-from mutualrl.trainer.data.tasks import Task
+from mutualrl.trainer.data.task_factory import make_task
+from mutualrl.trainer.data.tasks import Prompt, Task
+from mutualrl.trainer.engines.base import RolloutEngine
+from mutualrl.trainer.engines.factory import make_engine
 from mutualrl.trainer.model import lora
 from mutualrl.trainer.runtime import checkpoint, dist_checkpoint
 from mutualrl.trainer.runtime.allocator import AllocatorClient
 from mutualrl.trainer.runtime.determinism import fix_kernels
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
+from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
 from mutualrl.trainer.runtime.memory import (
     GIB,
     RolloutMemoryError,
@@ -43,6 +52,7 @@ from mutualrl.trainer.runtime.preflight import (
     problems_to_render,
     prompt_budget,
 )
+from mutualrl.trainer.runtime.presets import load_policy
 from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes import Probe, make_probe
@@ -99,31 +109,31 @@ def hf_engine_kwargs(cfg: TrainerConfig, policy: PolicySettings, path: Path, dev
             if x.hf_fast else None}
 
 
-def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    """Multiplier of the peak lr at optimizer step s (warm-up, then constant/linear/cosine)."""
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+"""`grpo.lr_schedule` -> the name transformers' `get_scheduler` gives it."""
 
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        frac = min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
-        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
 
-    return f
+def make_scheduler(optimizer: torch.optim.Optimizer, g: GRPOSettings) -> LRScheduler:
+    """The lr schedule over the run's rounds (one step a round): transformers' `get_scheduler`,
+    a linear warm-up from 0 over `warmup_rounds`, then constant, linear to 0 or cosine to 0 at
+    `rounds`."""
+    return get_scheduler(SCHEDULES[g.lr_schedule], optimizer,
+                         num_warmup_steps=g.warmup_rounds, num_training_steps=g.rounds)
 
 
 @dataclass
 class Session:
     cfg: TrainerConfig
     policy: PolicySettings
-    model: Any
-    tokenizer: Any
-    ref_model: Any
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerFast
+    ref_model: torch.nn.Module | None
+    """The frozen start (a second copy, or a LoRA policy's base) when beta or the KL
+    diagnostic needs it."""
     optimizer: torch.optim.Optimizer
-    scheduler: Any
-    engine: Any
-    task: Task | JsonlTask | DatasetTask
+    scheduler: LRScheduler
+    engine: RolloutEngine
+    task: Task
     probe: Probe
     exchange: PeerExchange | None
     allocator: AllocatorClient
@@ -131,10 +141,10 @@ class Session:
     run_dir: Path
     tokenizer_id: str
     max_new_tokens: int
+    renderer: PromptRenderer
+    """The policy's rendering of problems (its chat template, or plain text)."""
     base_dir: Path | None = None
     """The directory the policy's weights started from (a LoRA adapter's base)."""
-    renderer: PromptRenderer | None = None
-    """The policy's rendering of problems (its chat template, or plain text)."""
     benchmarks: list[tuple[BenchmarkSettings, DatasetTask]] = field(default_factory=list)
     """(settings, problems) of each of `eval.benchmarks`."""
     start_round: int = 0
@@ -144,9 +154,8 @@ class Session:
     """The dtype forward passes autocast to (mixed precision in one process); None: the
     parameters' own (also under FSDP2, whose MixedPrecisionPolicy casts instead)."""
 
-    def render(self, prompts: list[Any]) -> list[list[int]]:
+    def render(self, prompts: Sequence[Prompt]) -> list[list[int]]:
         """The prompts in this policy's own rendering (token ids)."""
-        assert self.renderer is not None
         return self.renderer.many(prompts)
 
     def step_settings(self) -> StepSettings:
@@ -155,9 +164,9 @@ class Session:
         return StepSettings.of(self.cfg.grpo, self.cfg.probe, self.tokenizer.pad_token_id,
                                self.max_new_tokens, self.dist, self.compute)
 
-    def shown(self, prompts: list[Any]) -> list[str | None] | None:
+    def shown(self, prompts: Sequence[Prompt]) -> list[str | None] | None:
         """The chat renderings of the prompts as text, for people (None: plain text)."""
-        if self.renderer is None or not self.renderer.chat:
+        if not self.renderer.chat:
             return None
         return [self.renderer.text(p) for p in prompts]
 
@@ -204,7 +213,6 @@ def _metrics_sink(cfg: TrainerConfig, policy: str, run_dir: Path) -> MetricsSink
     reporter = None
     svc = cfg.services
     if cfg.metrics.see and not svc.local:  # the run exists by now (PeerExchange.join made it)
-        from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
 
         reporter = SeeMetricsReporter(svc.see, cfg.run_id, policy, svc.token, svc.timeout)
     try:
@@ -223,9 +231,6 @@ def build_session(
     """The session of one policy; with `dist` active, of this rank: the model is sharded over
     the ranks, and only rank 0 talks to SEE/THL/MWRA and writes metrics. `device` replaces
     the policy's (a rank's own GPU)."""
-    from mutualrl.trainer.engines.factory import make_engine
-    from mutualrl.trainer.runtime.presets import load_policy
-
     cfg = cfg.for_policy(policy_name)  # the policy's own grpo / probe overrides applied
     policy = cfg.policy(policy_name)
     torch.manual_seed(cfg.seed)
@@ -250,7 +255,7 @@ def build_session(
     model.train()
     if cfg.grpo.activation_checkpointing:
         enable_activation_checkpointing(model)
-    ref_model: Any = None
+    ref_model: torch.nn.Module | None = None
     # The frozen reference is the starting point, also after --resume; the KL-to-warm-start
     # diagnostic measures against the same copy. A LoRA policy's base is that point already.
     if cfg.grpo.beta > 0 or cfg.diagnostics.kl_every > 0:
@@ -265,20 +270,16 @@ def build_session(
         return torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=g.lr,
                                  betas=g.adam_betas, weight_decay=g.weight_decay)
 
-    def make_scheduler(opt: torch.optim.Optimizer) -> Any:
-        return torch.optim.lr_scheduler.LambdaLR(
-            opt, lr_lambda(g.lr_schedule, g.warmup_rounds, g.rounds))
-
     last = checkpoint.latest(run_dir / "checkpoints") if resume else None
     plain_resume: tuple[dict[str, Any], dict[str, Any]] | None = None
     if dist.active:
         if last is not None and not dist_checkpoint.is_dcp(last):
             # A one-process checkpoint: load it whole, then shard it with the model.
             plain_resume = dist_checkpoint.plain_optimizer_state(
-                last, model, make_optimizer, make_scheduler)
+                last, model, make_optimizer, lambda opt: make_scheduler(opt, g))
         shard(model, compute_dtype(policy))
     optimizer = make_optimizer(model)
-    scheduler = make_scheduler(optimizer)
+    scheduler = make_scheduler(optimizer, g)
     renderer = renderer_for(tok, policy)
     task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
         prepare_dataset_task(cfg, cache)

@@ -20,18 +20,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
 from mutualrl.trainer.config.sft import SFTConfig
 from mutualrl.trainer.config.task import TaskConfig
 from mutualrl.trainer.data.chat import PromptRenderer
-from mutualrl.trainer.data.tasks import Prompt, Task
+from mutualrl.trainer.data.tasks import Prompt, SyntheticTask
+from mutualrl.trainer.engines.hf import HFEngine
+from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 
 EVAL_FILE = "sft_eval.json"
 
 
-def _pack(tok: Any, pairs: list[tuple[list[int], list[int]]], device: Any) -> dict[str, Any]:
+def _pack(tok: PreTrainedTokenizerBase, pairs: list[tuple[list[int], list[int]]],
+          device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded batch; the loss covers completion tokens only."""
-    import torch
-
     width = max(len(p) + len(c) for p, c in pairs)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(pairs), width), pad, dtype=torch.long)
@@ -46,7 +51,7 @@ def _pack(tok: Any, pairs: list[tuple[list[int], list[int]]], device: Any) -> di
             "labels": labels.to(device)}
 
 
-def completion_ids(tok: Any, target: str, append_eos: bool) -> list[int]:
+def completion_ids(tok: PreTrainedTokenizerBase, target: str, append_eos: bool) -> list[int]:
     """A target completion's tokens, encoded on its own (never merged with the prompt)."""
     ids = list(tok(target, add_special_tokens=False)["input_ids"])
     if append_eos and tok.eos_token_id is not None:
@@ -54,17 +59,16 @@ def completion_ids(tok: Any, target: str, append_eos: bool) -> list[int]:
     return ids
 
 
-def renderer(cfg: SFTConfig, tok: Any) -> PromptRenderer:
+def renderer(cfg: SFTConfig, tok: PreTrainedTokenizerBase) -> PromptRenderer:
     """The prompts' rendering: the same code, and the same settings, as the RL policy's."""
     return PromptRenderer(tok, "sft", cfg.prompt_format, cfg.chat_template,
                           cfg.chat_template_kwargs)
 
 
-def evaluate(model: Any, tok: Any, task: Task, per_skill: int,
+def evaluate(model: PreTrainedModel, tok: PreTrainedTokenizerFast, task: SyntheticTask,
+             per_skill: int,
              render: PromptRenderer | None = None) -> dict[str, float]:
     """Per-skill held-out accuracy with greedy decoding through HFEngine (+ "mean")."""
-    from mutualrl.trainer.engines.hf import HFEngine
-
     prompts = task.prompts("heldout", per_skill * len(task.skills))
     render = render or PromptRenderer(tok, "sft")
     engine = HFEngine(model, tok)
@@ -83,17 +87,18 @@ def evaluate(model: Any, tok: Any, task: Task, per_skill: int,
 class _Data:
     """Seeded stream of (prompt ids, completion ids): strong skills fresh, weak from a pool."""
 
-    def __init__(self, cfg: SFTConfig, tok: Any) -> None:
+    def __init__(self, cfg: SFTConfig, tok: PreTrainedTokenizerBase) -> None:
         self.cfg, self.tok = cfg, tok
         self.render = renderer(cfg, tok)
         self.rng = random.Random(f"sft:{cfg.seed}")
         base = cfg.task.model_dump()
-        self.strong = Task(TaskConfig.model_validate({**base, "skills": cfg.strong_skills}))
+        self.strong = SyntheticTask(
+            TaskConfig.model_validate({**base, "skills": cfg.strong_skills}))
         self.append_eos = not self.strong.stop
         self.pool: list[tuple[list[int], list[int]]] = []
         self.pool_texts: list[tuple[str, str]] = []
         if cfg.weak_skills and cfg.weak_pool > 0:
-            weak = Task(TaskConfig.model_validate({**base, "skills": cfg.weak_skills}))
+            weak = SyntheticTask(TaskConfig.model_validate({**base, "skills": cfg.weak_skills}))
             pool_rng = random.Random(f"sft-pool:{cfg.seed}")
             for p in weak.prompts("train", cfg.weak_pool, seed=cfg.seed + 7919):
                 target = weak.sft_target(p, pool_rng)
@@ -118,7 +123,8 @@ class _Data:
         return out
 
 
-def _save_atomic(model: Any, tok: Any, out: Path, extra: dict[str, Any]) -> None:
+def _save_atomic(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out: Path,
+                 extra: dict[str, Any]) -> None:
     """save_pretrained into a temporary sibling, then swap it in (readers never see half)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
@@ -133,10 +139,6 @@ def _save_atomic(model: Any, tok: Any, out: Path, extra: dict[str, Any]) -> None
 
 def run_sft(cfg: SFTConfig) -> Path:
     """Train, evaluate per skill on held-out problems, save; returns the checkpoint directory."""
-    import torch
-
-    from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
-
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     src = ensure_preset(cfg.preset, cfg.cache_dir, cfg.seed) if cfg.preset else cfg.model_path
@@ -145,7 +147,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     model, tok = load_policy(src, cfg.dtype, cfg.device)
     model.train()
     data = _Data(cfg, tok)
-    eval_task = Task(cfg.task)
+    eval_task = SyntheticTask(cfg.task)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) if cfg.warmup else 1.0)
@@ -205,7 +207,6 @@ class _progress:
                     print(f"sft step {step}/{self.total} loss {loss:.4f}", flush=True)
 
             return line
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/"
                            "{task.total}"), TextColumn("loss {task.fields[loss]:.4f}"),

@@ -24,10 +24,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import grpc
+from transformers import PreTrainedTokenizerFast
+
+from mutualrl.client.see import SeeClient
+from mutualrl.client.thl import ThlClient
 from mutualrl.common import token_arrays as ta
-from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
+from mutualrl.common.alignment_types import TraceItem
+from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET, ClientOptions
+from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
+from mutualrl.trainer.sharing.record_ids import rollout_id, stats_id, success_id
+from mutualrl.v1 import experience_pb2 as pb
 
 log = logging.getLogger(__name__)
 _MARGIN_S = 0.05  # leave the client this much to receive the answer of a server-side wait
@@ -96,16 +105,13 @@ class PeerExchange:
         tokenizer_id: str,
         see_address: str,
         thl_address: str | None,
-        local_tokenizer: Any,
+        local_tokenizer: PreTrainedTokenizerFast,
         token: str | None = None,
         timeout: float = 30.0,
         tau: float = 1.0,
         outage_budget: float = DEFAULT_OUTAGE_BUDGET,
         reads_within_deadline: bool = True,
     ) -> None:
-        from mutualrl.client.see import SeeClient
-        from mutualrl.common.channel import ClientOptions
-
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
         self.reads_within_deadline = reads_within_deadline
@@ -119,14 +125,10 @@ class PeerExchange:
         # THL that restarts is retried past it, within the outage budget.
         self.client = SeeClient(opts)
         # THL over gRPC, or the same engine in-process (identical interface) without an address.
-        self.thl: Any
+        self.thl: ThlClient | AlignmentEngine
         if thl_address is not None:
-            from mutualrl.client.thl import ThlClient
-
             self.thl = ThlClient(opts, address=thl_address)
         else:
-            from mutualrl.thl.engine import AlignmentEngine
-
             self.thl = AlignmentEngine()
         self.publish_failures = 0
         self.waited_s = 0.0
@@ -149,8 +151,6 @@ class PeerExchange:
         exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
         create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
         `run_wait_s` seconds."""
-        import grpc
-
         try:
             self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
         except grpc.RpcError as err:
@@ -163,8 +163,6 @@ class PeerExchange:
     def _check_run_exists(self, wait_s: float) -> None:
         """Wait up to `wait_s` for the run to appear (a deployment's run-init job may still be
         creating it), then check it lists this policy."""
-        import grpc
-
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -195,8 +193,6 @@ class PeerExchange:
         """Publish a round's records (idempotent per record id). A failure (after the client's
         retries) is logged and counted, not raised: peers miss one round of this policy's
         data, which is what their deadline is for, and training goes on."""
-        import grpc
-
         try:
             self.client.publish(self.run_id, records)
             return True
@@ -232,8 +228,6 @@ class PeerExchange:
         REWARD_STATS of `round_k` for `prompt_ids` (a round's stats are its last records), or
         raise PeerTimeout after `timeout_s`. SEE being unreachable counts against the same
         bound: the wait retries. Returns the seconds waited."""
-        import grpc
-
         t0 = time.monotonic()
         give_up = t0 + timeout_s
         missing: list[str] = []
@@ -328,8 +322,6 @@ class PeerExchange:
         """Peers' verified successes for these prompts (SEE never returns own ones), of rounds
         min_round .. max_round (None: any later one too). SEE orders them by round, policy and
         record id before it caps them, so the bound on later rounds keeps the same set."""
-        from mutualrl.v1 import experience_pb2 as pb
-
         if not prompt_ids:
             return []
         by_prompt = self.client.successes(
@@ -350,31 +342,36 @@ class PeerExchange:
         self, round_k: int, max_lag: int, max_records: int, deadline: float
     ) -> list[PeerRollout]:
         """Unread peer ROLLOUTs of rounds >= round_k - max_lag (acknowledged on read: a record
-        is offered once; the consumer group position lives in SEE)."""
-        from mutualrl.v1 import experience_pb2 as pb
-
-        resp = self.client.fetch_rollouts(
-            self.run_id, self.policy, self.consumer, max_records=max_records, block_ms=0,
-            current_round=round_k, max_round_lag=max_lag, timeout=remaining(deadline),
-            outage_budget=self._outage_budget(deadline))
-        out = [
-            PeerRollout(
-                delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
-                prompt_id=d.record.prompt_id, text=d.record.text,
-                tokenizer_id=d.record.tokenizer_id, token_ids=ta.token_ids(d.record).tolist(),
-                offsets=list(zip(ta.offset_starts(d.record).tolist(),
-                                 ta.offset_ends(d.record).tolist(), strict=True)),
-                logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
-                stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
-                record_id=d.record.record_id,
-                truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
-            for d in resp.deliveries
-        ]
-        if out:
-            ids = [r.delivery_id for r in out]
-            self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
-                            outage_budget=self._outage_budget(deadline))
-            self.last_delivery_id = ids[-1]
+        is offered once; the consumer group position lives in SEE), up to `max_records` over as
+        many pages as SEE's byte budget makes of them."""
+        out: list[PeerRollout] = []
+        while len(out) < max_records:
+            resp = self.client.fetch_rollouts(
+                self.run_id, self.policy, self.consumer, max_records=max_records - len(out),
+                block_ms=0, current_round=round_k, max_round_lag=max_lag,
+                timeout=remaining(deadline), outage_budget=self._outage_budget(deadline))
+            page = [
+                PeerRollout(
+                    delivery_id=d.delivery_id, policy=d.record.policy_id, round=d.record.round,
+                    prompt_id=d.record.prompt_id, text=d.record.text,
+                    tokenizer_id=d.record.tokenizer_id,
+                    token_ids=ta.token_ids(d.record).tolist(),
+                    offsets=list(zip(ta.offset_starts(d.record).tolist(),
+                                     ta.offset_ends(d.record).tolist(), strict=True)),
+                    logprobs=ta.logprobs(d.record).tolist(), reward=d.record.reward,
+                    stopped_by_eos=d.record.finish_reason == pb.FINISH_REASON_EOS,
+                    record_id=d.record.record_id,
+                    truncated=d.record.finish_reason == pb.FINISH_REASON_LENGTH)
+                for d in resp.deliveries
+            ]
+            if page:
+                ids = [r.delivery_id for r in page]
+                self.client.ack(self.run_id, self.policy, ids, timeout=remaining(deadline),
+                                outage_budget=self._outage_budget(deadline))
+                self.last_delivery_id = ids[-1]
+            out += page
+            if not resp.more or not page:
+                return out
         return out
 
     # ---- tokens (THL) -----------------------------------------------------------------------
@@ -405,8 +402,6 @@ class PeerExchange:
         sequence is then a chunk of its own: this policy's EOS against the sender's log p(EOS).
         Both sides' sums then cover the same text and the same stop (without an EOS of this
         policy, neither side counts one)."""
-        from mutualrl.common.alignment_types import TraceItem
-
         slots: list[AlignedPeer | None] = [None] * len(rollouts)
         by_source: dict[str, list[int]] = {}
         for i, r in enumerate(rollouts):
@@ -475,13 +470,10 @@ def round_records(
     VERIFIED_SUCCESS record and the stats' `max` (SGT's gate) carry; default the rewards.
     `renderings`: the sender's own rendering of each prompt, for people (the dashboard's
     record view): receivers never read it, they render the problem their own way."""
-    from mutualrl.v1 import experience_pb2 as pb
-
     out: list[Any] = []
     gates = rewards if success is None else success
     for p_i, (prompt, row, rs, ok, gate) in enumerate(zip(prompts, samples, rewards, correct,
                                                           gates, strict=True)):
-        base = f"{policy}/{round_k}/{p_i}"
         common = dict(run_id=run_id, policy_id=policy, policy_version=version, round=round_k,
                       prompt_id=prompt.id, prompt_text=prompt.text, tokenizer_id=tokenizer_id,
                       meta={"skill": prompt.skill})
@@ -496,17 +488,17 @@ def round_records(
             starts = [a for a, _ in s.offsets]
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
-                record_id=f"{base}/{k}/r", kind=pb.ROLLOUT, text=s.text, reward=r,
-                verified=good, finish_reason=finish, **rollout),
+                record_id=rollout_id(policy, round_k, p_i, k), kind=pb.ROLLOUT, text=s.text,
+                reward=r, verified=good, finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
             if good and g >= tau and s.finish_reason != "length":
                 out.append(pb.ExperienceRecord(
-                    record_id=f"{base}/{k}/s", kind=pb.VERIFIED_SUCCESS, text=s.text,
-                    reward=g, verified=True, finish_reason=finish, **common))
+                    record_id=success_id(policy, round_k, p_i, k), kind=pb.VERIFIED_SUCCESS,
+                    text=s.text, reward=g, verified=True, finish_reason=finish, **common))
         stats = pb.RewardStats(count=len(rs), sum=float(sum(rs)),
                                sum_sq=float(sum(r * r for r in rs)), max=float(max(gate)))
-        out.append(pb.ExperienceRecord(record_id=f"{base}/stats", kind=pb.REWARD_STATS,
-                                       stats=stats, **common))
+        out.append(pb.ExperienceRecord(record_id=stats_id(policy, round_k, p_i),
+                                       kind=pb.REWARD_STATS, stats=stats, **common))
     return out
 
 

@@ -54,4 +54,16 @@ export async function session(tok) {
   return res.json();
 }
 
+// Every page of a paged route: asks again with `cursor` set to the answer's `next_cursor` until
+// it is null (at most `max` pages); each page goes to `each`.
+export async function getPages(path, params, each, max = 100) {
+  let cursor = null;
+  for (let i = 0; i < max; i++) {
+    const r = await get(path, { ...params, cursor });
+    each(r);
+    if (!r.next_cursor) return;
+    cursor = r.next_cursor;
+  }
+}
+
 export const enc = encodeURIComponent;

@@ -4,10 +4,9 @@ and `oracle`, and the published collaborative methods `hacpo` (with its ablation
 
 from __future__ import annotations
 
-from typing import Any
-
 from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.config.run import ExchangeSettings, ProbeSettings
+from mutualrl.trainer.data.tasks import Task
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes.base import Demos, LossInputs, PeerRows, Probe, RoundData
 from mutualrl.trainer.sharing.probes.ftis import FTISProbe
@@ -25,7 +24,7 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def make_probe(settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-               task: Any = None, scale: ScaleRewards = "group",
+               task: Task | None = None, scale: ScaleRewards = "group",
                sharing: ExchangeSettings | None = None) -> Probe:
     """The probe of `settings.kind`; `task` gives reference answers (the `oracle` control),
     `scale` what advantages are divided by (`grpo.scale_rewards`), `sharing` how rounds read

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import grpc
 import torch
 from torch import Tensor
 
@@ -29,7 +30,7 @@ from mutualrl.trainer.algos.loss import group_advantages
 from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.config.run import ExchangeSettings, ProbeSettings
-from mutualrl.trainer.data.tasks import Prompt
+from mutualrl.trainer.data.tasks import Prompt, Task
 from mutualrl.trainer.sharing.exchange import PeerExchange
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class Probe:
 
     def __init__(
         self, settings: ProbeSettings, policy: str, exchange: PeerExchange | None,
-        task: Any = None, scale: ScaleRewards = "group",
+        task: Task | None = None, scale: ScaleRewards = "group",
         sharing: ExchangeSettings | None = None,
     ) -> None:
         self.settings = settings
@@ -173,7 +174,7 @@ class Probe:
         try:
             plan = self.gather(data, self.exchange, deadline)
         except Exception as err:  # grpc.RpcError (deadline, unavailable) and THL refusals
-            if not _is_transient(err):
+            if not is_transient(err):
                 raise
             log.warning("round %d: %s probe fell back to GRPO: %s", data.round, self.kind, err)
             plan = grpo_inputs(data, self.scale, fallback=1.0)
@@ -264,18 +265,10 @@ def on_prompts(demos: Demos | None, prompts: list[list[int]]) -> Demos | None:
     return replace(demos, prompt_token_ids=[prompts[i] for i in demos.prompt_index])
 
 
-def _is_transient(err: BaseException) -> bool:
-    """Errors a peer or a service can cause: everything gRPC reports, and timeouts."""
-    try:
-        import grpc
-    except ImportError:  # pragma: no cover - grpc is a core dependency
-        return isinstance(err, TimeoutError)
-    return isinstance(err, grpc.RpcError | TimeoutError | ConnectionError)
-
-
 def is_transient(err: BaseException) -> bool:
-    """Public name of the fall-back test (diagnostics read peers too)."""
-    return _is_transient(err)
+    """Errors a peer or a service can cause: everything gRPC reports, and timeouts (the
+    fall-back test; diagnostics read peers too)."""
+    return isinstance(err, grpc.RpcError | TimeoutError | ConnectionError)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from mutualrl.trainer.sharing.probes.base import (
     RoundData,
     index_of,
 )
+from mutualrl.trainer.sharing.record_ids import parse_record_id
 
 _BATCH = 4096  # peer rollouts one fetch takes
 
@@ -141,13 +142,9 @@ def flatten(per_prompt: dict[int, list[PeerRollout]]) -> tuple[list[PeerRollout]
 
 def record_order(r: PeerRollout) -> tuple[int, str, int, int, str]:
     """A peer rollout's place in a fixed order: round, policy, then prompt and sample index
-    from its record id (`<policy>/<round>/<prompt>/<sample>/r`)."""
-    parts = r.record_id.split("/")
-    try:
-        prompt, sample = int(parts[-3]), int(parts[-2])
-    except (IndexError, ValueError):
-        prompt = sample = -1
-    return r.round, r.policy, prompt, sample, r.record_id
+    from its record id (`sharing.record_ids`; another form is a ValueError naming it)."""
+    rid = parse_record_id(r.record_id)
+    return r.round, r.policy, rid.prompt, rid.sample or 0, r.record_id
 
 
 def group_peer_rollouts(

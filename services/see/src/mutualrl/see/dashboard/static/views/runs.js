@@ -1,6 +1,6 @@
 // Every run on this SEE, newest first, with its policies and how much each has published.
 
-import { get, enc } from "../api.js";
+import { get, getPages, enc } from "../api.js";
 import { colorOf } from "../charts.js";
 import { ago, clear, fmt, h } from "../dom.js";
 
@@ -20,7 +20,8 @@ export function runsPage(app, crumbs) {
 
   async function load() {
     try {
-      const { runs } = await get("/v1/runs");
+      const runs = [];
+      await getPages("/v1/runs", { limit: 1000 }, (page) => runs.push(...page.runs));
       runs.sort((a, b) => b.created_unix_ms - a.created_unix_ms);
       const stats = await Promise.all(runs.slice(0, 50).map((r) =>
         get(`/v1/runs/${enc(r.run_id)}/policies`).catch(() => null)));

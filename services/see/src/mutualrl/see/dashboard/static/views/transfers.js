@@ -1,7 +1,7 @@
 // Transfer matrix: for each record kind, how many records each policy (row, taker) took from
 // each other policy (column, source), over a chosen window of rounds. Refreshes every 3 s.
 
-import { enc, get } from "../api.js";
+import { enc, getPages } from "../api.js";
 import { colorOf } from "../charts.js";
 import { RoundWindow } from "../controls.js";
 import { clear, fmt, h } from "../dom.js";
@@ -61,7 +61,13 @@ export function transfersView(root, { runId, policies, live }) {
     clearTimeout(timer);
     const [a, b] = win.get();
     try {
-      const r = await get(`/v1/runs/${enc(runId)}/transfers`, { round_min: a, round_max: b });
+      let r = null;
+      await getPages(`/v1/runs/${enc(runId)}/transfers`, { round_min: a, round_max: b }, (page) => {
+        if (r === null) { r = page; return; }
+        for (const [kind, takers] of Object.entries(page.matrix))
+          for (const [taker, sources] of Object.entries(takers))
+            Object.assign(((r.matrix[kind] ??= {})[taker] ??= {}), sources);
+      });
       if (stopped) return;
       error.hidden = true;
       const span = r.first_round === null ? "no record taken yet" : `records of rounds ${r.first_round}–${r.last_round} were taken so far`;

@@ -94,6 +94,37 @@ async def test_register_report_and_balanced_rebalance_between_rounds(server: Mwr
         assert table.workers[0].worker.labels["zone"] == "a"
 
 
+async def test_a_finished_policy_hands_its_threads_to_the_one_still_training(
+        server: MwraServer, run_id: str) -> None:
+    """A fast trainer runs all its rounds while a slow one is still in round 1, then
+    deregisters (the trainer's `leave` at its end): the slow one's next allocation, of a
+    round long behind the plan's, holds the whole pool, and so does the table."""
+    async with _client(server) as c:
+        await c.register_worker(run_id, "w", cpu_slots=4)
+        for pid in ("fast", "slow"):
+            await c.register_policy(run_id, pid, rollout_budget=16)
+        slow0 = await c.get_allocation(run_id, "slow", 0)
+        for r in range(6):
+            fast = await c.get_allocation(run_id, "fast", r)
+            assert (fast.round, fast.threads) == (r, 2)
+            await c.report_step_cost(run_id, "fast", r, 0.1, units=fast.units)
+        assert (slow0.threads, slow0.units) == (2, 2)
+        await c.report_step_cost(run_id, "slow", 0, 5.0, units=2)
+        # still training: the plan of round 5 keeps the slow policy at its share
+        held = await c.get_allocation(run_id, "slow", 1)
+        assert (held.round, held.threads) == (5, 2)
+        assert await c.deregister_policy(run_id, "fast")
+        slow1 = await c.get_allocation(run_id, "slow", 1)
+        assert (slow1.threads, slow1.units, slow1.pool_units) == (4, 4, 4)
+        assert slow1.epoch > held.epoch and slow1.round == 5 and slow1.active
+        table = await c.list_allocations(run_id)
+        assert {a.policy_id: a.units for a in table.allocations} == {"slow": 4}
+        assert table.workers[0].holder == "slow" and table.idle_units == 0
+        # the slow policy's later rounds keep the pool
+        for r in (2, 6):
+            assert (await c.get_allocation(run_id, "slow", r)).threads == 4
+
+
 async def test_worker_that_stops_heartbeating_is_reassigned_within_one_lease(
         redis_url: str, run_id: str) -> None:
     lease_s = 0.5

@@ -51,7 +51,9 @@ Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy ask
 time-share, to take into the current round a live policy the plan was made without (a trainer
 that registered late: it gets units at once instead of sitting the round out). A time-share
 round takes such a policy in with ``admit_late``: it gets turns after the planned ones, so it
-trains in the current round too, and the turns already under way are left as they are.
+trains in the current round too, and the turns already under way are left as they are. Outside
+time-share, a policy that left (its trainer finished and deregistered, or its lease lapsed) is
+taken out of the current round the same way, so its units go to the policies still training.
 
 Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespan``,
 ``apportion``); nothing steps through the units one by one, since N is a number clients send.

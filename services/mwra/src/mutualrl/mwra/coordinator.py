@@ -218,20 +218,27 @@ class Coordinator:
             return new
 
     def _left_out(self, state: RunState, now: int) -> list[str]:
-        """Live policies the current plan was made without (they registered after it, or came
-        back after their lease lapsed): `_admit` takes them into the round."""
+        """Policies whose place in the current plan is wrong: live ones it was made without
+        (they registered after it, or came back after their lease lapsed), and, outside
+        time-share, ones it holds units for that are gone (a trainer that finished its rounds
+        deregistered, or its lease lapsed). `_admit` re-plans the round for the live ones, so
+        a finished policy's units go to the policies still training at once, not only when
+        one of them asks for a round past the plan's (a slow policy behind a fast one that
+        finished never does)."""
         plan = state.plan
         if plan is None:
             return []
-        return sorted({p.policy_id for p in self._live_policies(state, now)}
-                      - set(plan.policies))
+        live = {p.policy_id for p in self._live_policies(state, now)}
+        gone = set() if plan.strategy == "time-share" else set(plan.policies) - live
+        return sorted((live - set(plan.policies)) | gone)
 
     async def _admit(self, run_id: str) -> PoolAssignment | None:
-        """Re-plan the current round with the live policies it left out (leader only; a new
-        epoch of the same round). A trainer that loads its model more slowly than its peers
-        registers after the first plan was made; without this it would sit that round out
-        and its peers would wait for its records until their deadlines. A time-share round
-        gives it turns after the planned ones (`admit_late`)."""
+        """Re-plan the current round for the live policies when it left some out or holds
+        units for some that are gone (`_left_out`; leader only; a new epoch of the same
+        round). A trainer that loads its model more slowly than its peers registers after the
+        first plan was made; without this it would sit that round out and its peers would
+        wait for its records until their deadlines. A time-share round gives it turns after
+        the planned ones (`admit_late`)."""
         async with self.lock(run_id):
             state = await self.store.load(run_id)
             plan, now = state.plan, now_ms()
@@ -246,10 +253,17 @@ class Coordinator:
                 fresh, _ = await self.store.load_plan(run_id)
                 return fresh
             REBALANCES.labels(run_id).inc()
-            log.info("run %s round %d epoch %d (%s): took in %s: %s", run_id, new.round,
-                     new.epoch, new.strategy, ", ".join(self._left_out(state, now)), new.units)
+            log.info("run %s round %d epoch %d (%s): re-planned for %s: %s", run_id,
+                     new.round, new.epoch, new.strategy, ", ".join(self._left_out(state, now)),
+                     new.units)
             self._export(run_id, new, state)
             return new
+
+    async def policy_left(self, run_id: str) -> None:
+        """A policy deregistered (its trainer finished): as the run's leader, hand its units to
+        the policies still training now; a follower leaves it to the leader's next tick."""
+        if self.is_leader(run_id):
+            await self._admit(run_id)
 
     async def next_turn(self, run_id: str) -> None:
         """time-share: hand the pool to the round's next turn once the active turn reported
@@ -287,9 +301,10 @@ class Coordinator:
                        round_: int) -> PoolAssignment | None:
         """The plan in force for a policy that asks for `round_`, rebalancing when it is new
         and taking the policy into the current round when the plan was made without it."""
-        plan, _ = await self.store.load_plan(run_id)
+        state = await self.store.load(run_id)
+        plan = state.plan
         if plan is not None and (plan.round > round_ or (plan.round == round_ and not plan.empty)):
-            if policy_id in plan.policies:
+            if policy_id in plan.policies and not self._left_out(state, now_ms()):
                 return plan
             if self.is_leader(run_id) or await self._lead(run_id):
                 return await self._admit(run_id)

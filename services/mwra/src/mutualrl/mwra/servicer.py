@@ -284,7 +284,11 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @redis_rpc
     async def DeregisterPolicy(self, request: pb.DeregisterPolicyRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterPolicyResponse:
-        removed = await self.store.delete_policy(*_policy_ids(request))
+        run, pid = _policy_ids(request)
+        removed = await self.store.delete_policy(run, pid)
+        if removed:
+            log.info("run %s: policy %s deregistered", run, pid)
+            await self.coordinator.policy_left(run)
         return pb.DeregisterPolicyResponse(removed=removed)
 
     @redis_rpc

@@ -259,7 +259,16 @@ class ExchangeSettings(Config):
     statistics and always waits for round r."""
     liveness_timeout_s: float = Field(600.0, gt=0)
     """deterministic: the longest a round waits for a peer's records before the run fails
-    with an error naming the peers and the round (never a silent fallback)."""
+    with an error naming the peers and the round (never a silent fallback). asynchronous: the
+    longest a round waits to keep within `max_lead_rounds`, then it reads what there is and
+    says so (`lead_timeout` in its metrics, a warning)."""
+    max_lead_rounds: int | None = Field(1, ge=0)
+    """asynchronous: the most rounds a policy runs ahead of its slowest peer. Round r reads
+    its peers only once every peer has published round r - `max_lead_rounds` (waiting up to
+    `liveness_timeout_s`), then waits up to `probe.deadline_seconds` for their round r. Without
+    a bound a policy several times faster than its peers trains all its rounds before they
+    publish one and shares nothing; 0 waits for the peers' round r itself (every round
+    shares, at the slowest policy's pace); None: no bound."""
 
 
 class DiagnosticsSettings(Config):

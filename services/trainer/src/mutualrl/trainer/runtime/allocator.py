@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import grpc
 import torch
 
 from mutualrl.client.mwra import MwraClient
@@ -160,6 +161,18 @@ class AllocatorClient:
             self.client.report_step_cost(self.run_id, self.policy, round_k, max(seconds, 1e-6),
                                          tokens=tokens, samples=samples,
                                          units=self.current.units)
+
+    def leave(self) -> None:
+        """This policy trained its last round: deregister it, so MWRA hands its threads to the
+        policies still training (a fast policy's finish would otherwise leave them idle while
+        a slow one trains on its old share)."""
+        if self.client is None:
+            return
+        try:
+            self.client.deregister_policy(self.run_id, self.policy)
+        except grpc.RpcError as err:  # the policy's lease lapses instead
+            log.warning("MWRA did not take %s's leave (%s): its threads return to the pool "
+                        "when its lease lapses", self.policy, err.code().name)
 
     def close(self) -> None:
         if self.client is not None:

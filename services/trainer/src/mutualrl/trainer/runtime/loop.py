@@ -163,8 +163,10 @@ def train(s: Session, rounds: int | None = None,
     total = rounds if rounds is not None else s.cfg.grpo.rounds
     ev, ck = s.cfg.eval.every, s.cfg.checkpoint.every
     metrics: dict[str, float] = {}
+    before = evaluate_before(s)  # the start of start -> final, logged with round 0
     for k in range(s.start_round, total):
-        metrics = run_round(s, k)
+        metrics = {**before, **run_round(s, k)}
+        before = {}
         done = k + 1
         if ev and (done % ev == 0 or done == total):
             metrics.update(evaluate(s))
@@ -176,4 +178,13 @@ def train(s: Session, rounds: int | None = None,
             break
     if s.exchange is not None:
         s.exchange.flush()
+    s.allocator.leave()  # MWRA hands this policy's threads to the peers still training
     return metrics
+
+
+def evaluate_before(s: Session) -> dict[str, float]:
+    """The evaluation before the first update, as `start/<metric>` (empty when evaluation is
+    off, and on a resumed run: round 0's row holds it already)."""
+    if s.start_round > 0 or not s.cfg.eval.every:
+        return {}
+    return {f"start/{k}": v for k, v in evaluate(s).items()}

@@ -31,7 +31,7 @@ from mutualrl.trainer.algos.modes import ScaleRewards
 from mutualrl.trainer.algos.sgt import rescue_set
 from mutualrl.trainer.config.run import ExchangeSettings, ProbeSettings
 from mutualrl.trainer.data.tasks import Prompt, Task
-from mutualrl.trainer.sharing.exchange import PeerExchange
+from mutualrl.trainer.sharing.exchange import PeerExchange, PeerTimeout
 
 log = logging.getLogger(__name__)
 _READ_S = 30.0  # the time the reads of a complete round get, as a gRPC deadline
@@ -162,6 +162,9 @@ class Probe:
         self.fallbacks = 0
         """Rounds that fell back to GRPO: a service error, or the deadline passed with no peer
         data at all."""
+        self.own_first: dict[int, str] = {}
+        """Asynchronous mode: round -> the id of its first prompt, for the last
+        `max_lead_rounds` rounds (`keep_pace` waits for the peers' records of it)."""
 
     def plan(self, data: RoundData) -> LossInputs:
         """The round's loss inputs; peers are read within `deadline_seconds`, else plain GRPO
@@ -170,6 +173,7 @@ class Probe:
             return grpo_inputs(data, self.scale, fallback=0.0)
         if self.deterministic:
             return self.plan_in_step(data, self.exchange)
+        pace = self.keep_pace(data, self.exchange)
         deadline = time.monotonic() + self.settings.deadline_seconds
         try:
             plan = self.gather(data, self.exchange, deadline)
@@ -181,7 +185,38 @@ class Probe:
         plan.stats.setdefault("fallback", 0.0)
         self.fallbacks += int(plan.stats["fallback"] > 0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
+        plan.stats["shared"] = 1.0 - plan.stats["fallback"]
+        plan.stats.update(pace)
         return plan
+
+    def keep_pace(self, data: RoundData, ex: PeerExchange) -> dict[str, float]:
+        """Asynchronous mode: wait until every peer has published round r - L, L =
+        `exchange.max_lead_rounds` (up to `liveness_timeout_s`), so that a policy much faster
+        than its peers does not run through its rounds before they publish any and share
+        nothing. A round is recognised by the first prompt of this policy's own round q
+        (the shared order gives every policy the same one), so the first L rounds after a
+        resume, whose prompts this process did not see, do not wait."""
+        lead = self.sharing.max_lead_rounds
+        self.own_first[data.round] = data.prompts[0].id
+        if lead is None:
+            return {}
+        q = data.round - lead
+        for old in [r for r in self.own_first if r < q]:
+            del self.own_first[old]
+        first = self.own_first.get(q)
+        if first is None:
+            return {}
+        t0 = time.monotonic()
+        try:
+            ex.await_round(q, [first], self.sharing.liveness_timeout_s, data.peers_now)
+            out = {"lead_timeout": 0.0}
+        except PeerTimeout as err:
+            log.warning("round %d: going on without the peers' round %d "
+                        "(exchange.max_lead_rounds=%d): %s", data.round, q, lead, err)
+            out = {"lead_timeout": 1.0}
+        out["lead_wait_s"] = time.monotonic() - t0
+        ex.waited_s += out["lead_wait_s"]  # a wait for peers: no part of MWRA's cost
+        return out
 
     def gather(self, data: RoundData, ex: PeerExchange, deadline: float) -> LossInputs:
         return grpo_inputs(data, self.scale)
@@ -227,6 +262,8 @@ class Probe:
             own_q = self.history.pop(q, None)
             plan = (grpo_inputs(data, self.scale) if earlier is None or own_q is None
                     else delayed(data, earlier, own_q, self.scale))
+            plan.stats["shared"] = float(earlier is not None and own_q is not None)
+        plan.stats.setdefault("shared", 1.0)
         plan.stats.setdefault("fallback", 0.0)
         plan.stats["fallbacks_total"] = float(self.fallbacks)
         return plan

@@ -64,7 +64,8 @@ def test_barrier_round_time_is_the_pace_of_the_slowest_policy() -> None:
 def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
     from mutualrl.launch.report import benchmarks, results_markdown, status_table
 
-    rows = [{"round": 0, "reward_mean": 0.1},
+    rows = [{"round": 0, "reward_mean": 0.1, "start/bench/gsm/avg@4": 0.125,
+             "start/bench/gsm/pass@4": 0.25, "start/heldout/add": 0.5, "shared": 0.0},
             {"round": 1, "bench/gsm/avg@4": 0.25, "bench/gsm/pass@4": 0.5,
              "bench/gsm/small/avg@4": 0.5, "bench/gsm/problems": 8.0},
             {"round": 3, "bench/gsm/avg@4": 0.5, "bench/gsm/pass@4": 0.75,
@@ -72,16 +73,31 @@ def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
     b = benchmarks(rows)["gsm"]
     assert b["final"] == {"avg@4": 0.5, "pass@4": 0.75, "problems": 8.0}
     assert b["skills"] == {"small": {"avg@4": 1.0}}
-    assert [c["round"] for c in b["curve"]] == [2, 4] and b["curve"][0]["pass@4"] == 0.5
+    assert b["start"] == {"avg@4": 0.125, "pass@4": 0.25}  # before round 0: 0 rounds done
+    assert [c["round"] for c in b["curve"]] == [0, 2, 4] and b["curve"][1]["pass@4"] == 0.5
+    assert b["curve"][0] == {"round": 0, "avg@4": 0.125, "pass@4": 0.25}
     plan = _plan(tmp_path)
     path = plan.metrics_files["b"]  # type: ignore[attr-defined]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = results(plan)  # type: ignore[arg-type]
     assert res["b"]["benchmarks"]["gsm"]["final"]["pass@4"] == 0.75
-    assert "| b | gsm | pass@4 | 0.750 |" in results_markdown(res)
+    assert res["b"]["start_label"] == "before round 0"
+    assert res["b"]["heldout_start"] == {}  # no held-out evaluation after round 0 to pair
+    # rounds 1 and 3 have no `shared` metric: only round 0's counts, and it read nothing
+    assert res["b"]["sharing"] == {"rounds": 1, "shared": 0.0, "fraction": 0.0,
+                                   "lead_wait_s": 0.0}
+    md = results_markdown(res)
+    assert "| b | gsm | pass@4 | 0.250 | 0.750 |" in md and "| b | 0 of 1 | 0.00 |" in md
     from rich.console import Console
 
+    from mutualrl.launch.report import benchmark_table, sharing_table
+
     console = Console(width=200, record=True)
+    for table in (benchmark_table(res), sharing_table(res)):
+        assert table is not None
+        console.print(table)
+    text = console.export_text()
+    assert "0.125→0.500" in text and "0.250→0.750" in text and "0/1" in text
     console.print(status_table(plan, set()))  # type: ignore[arg-type]
     line = next(x for x in console.export_text().splitlines() if " b " in x)
     assert "0.500" in line  # b's held-out column: the benchmark's avg@4 (its reward is 0)

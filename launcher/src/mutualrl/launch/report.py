@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from mutualrl.client.rest import follow_pages
@@ -82,8 +83,13 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
         final = evals[-1] if evals else {}
         skills = sorted(k.split("/", 1)[1] for k in final if k.startswith("heldout/"))
         warm = _warm_start_accuracy(plan, name)
+        before = _before(rows)
         if warm is not None:
             start, start_label = warm, "warm start"
+        elif any(k.startswith("heldout/") for k in before):
+            start = {k.split("/", 1)[1]: float(v) for k, v in before.items()
+                     if k.startswith("heldout/")}
+            start_label = "before round 0"
         else:
             first = evals[0] if evals else {}
             start = {s: float(first[f"heldout/{s}"]) for s in skills if f"heldout/{s}" in first}
@@ -97,20 +103,49 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
             "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
             "demos_by_donor": demos_by_donor(rows),
             "benchmarks": benchmarks(rows),
+            "sharing": sharing(rows),
         }
     return out
+
+
+def _before(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluation before the first update (`start/<metric>` of round 0's row), without
+    its prefix."""
+    for r in rows:
+        if r.get("round") == 0:
+            return {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith("start/")}
+    return {}
+
+
+def sharing(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Rounds whose probe read peer data (metric `shared`: not a fall-back to plain GRPO; in
+    the deterministic mode, not one of the first `staleness` rounds); None when the policy's
+    probe reads no peers."""
+    flags = [float(r["shared"]) for r in rows if "shared" in r]
+    if not flags:
+        return None
+    return {"rounds": len(flags), "shared": sum(flags), "fraction": sum(flags) / len(flags),
+            "lead_wait_s": sum(r.get("lead_wait_s", 0.0) for r in rows)}
 
 
 def benchmarks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per benchmark (`bench/<name>/...` metrics): its final figures (avg@n, pass@k, and per
     skill under `skills`) and its curve, one point per evaluation at rounds done."""
     out: dict[str, dict[str, Any]] = {}
+    for key, v in _before(rows).items():  # the evaluation before round 0: 0 rounds done
+        if key.startswith("bench/"):
+            _, name, rest = key.split("/", 2)
+            b = out.setdefault(name, {"final": {}, "skills": {}, "curve": [], "start": {}})
+            b.setdefault("start", {})[rest] = v
+            if not b["curve"]:
+                b["curve"].append({"round": 0})
+            b["curve"][0][rest] = v
     for r in rows:
         for key, v in r.items():
             if not key.startswith("bench/"):
                 continue
             _, name, rest = key.split("/", 2)
-            b = out.setdefault(name, {"final": {}, "skills": {}, "curve": []})
+            b = out.setdefault(name, {"final": {}, "skills": {}, "curve": [], "start": {}})
             if not b["curve"] or b["curve"][-1]["round"] != r["round"] + 1:
                 b["curve"].append({"round": r["round"] + 1})
             b["curve"][-1][rest] = v
@@ -182,13 +217,37 @@ def results_markdown(res: dict[str, Any]) -> str:
     for name, r in res.items():
         lines.append(f"| {name} | " + " | ".join(_cells(r, skills))
                      + f" | {r['rescued_prompts']:.0f} |")
-    bench = [(name, b, metric, v) for name, r in res.items()
-             for b, figs in r.get("benchmarks", {}).items()
+    bench = [(name, b, metric, figs.get("start", {}).get(metric), v)
+             for name, r in res.items() for b, figs in r.get("benchmarks", {}).items()
              for metric, v in figs["final"].items() if "@" in metric]
     if bench:
-        lines += ["", "| policy | benchmark | metric | final |", "|---|---|---|---|"]
-        lines += [f"| {n} | {b} | {m} | {v:.3f} |" for n, b, m, v in bench]
+        lines += ["", "| policy | benchmark | metric | start | final |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {b} | {m} | {_num(a)} | {v:.3f} |" for n, b, m, a, v in bench]
+    shared = [(name, r["sharing"]) for name, r in res.items() if r.get("sharing")]
+    if shared:
+        lines += ["", "| policy | rounds that read peer data | fraction |", "|---|---|---|"]
+        lines += [f"| {n} | {x['shared']:.0f} of {x['rounds']} | {x['fraction']:.2f} |"
+                  for n, x in shared]
     return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def sharing_table(res: dict[str, Any]) -> Table | None:
+    """Per policy: the rounds whose probe read peer data, of the rounds it trained, and the
+    seconds spent keeping within `exchange.max_lead_rounds` of the slowest peer."""
+    rows = [(name, r["sharing"]) for name, r in res.items() if r.get("sharing")]
+    if not rows:
+        return None
+    table = Table(title="sharing: rounds that read peer data (not a fall-back to GRPO)")
+    for col in ("policy", "shared", "fraction", "lead wait s"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, x in rows:
+        table.add_row(name, f"{x['shared']:.0f}/{x['rounds']}", f"{x['fraction']:.2f}",
+                      f"{x['lead_wait_s']:.1f}")
+    return table
 
 
 def benchmark_table(res: dict[str, Any]) -> Table | None:
@@ -199,17 +258,20 @@ def benchmark_table(res: dict[str, Any]) -> Table | None:
         return None
     metrics = sorted({m for _, _, f in rows for m in f if "@" in m},
                      key=lambda m: (m.split("@")[0] != "avg", int(m.split("@")[1])))
-    table = Table(title="benchmarks (final evaluation)")
+    table = Table(title="benchmarks: start → final (before round 0 → the last evaluation)")
     for col in ("policy", "benchmark", *metrics):
         table.add_column(col, justify="left" if col in ("policy", "benchmark") else "right")
     for name, b, f in rows:
-        table.add_row(name, b, *(f"{f[m]:.3f}" if m in f else "-" for m in metrics))
+        start = res[name]["benchmarks"][b].get("start", {})
+        table.add_row(name, b, *("-" if m not in f else f"{f[m]:.3f}" if m not in start
+                                 else f"{start[m]:.3f}→{f[m]:.3f}" for m in metrics))
     return table
 
 
 def plot_curves(plan: LaunchPlan, path: Path) -> None:
     """One panel per policy: held-out reward@1 per skill (markers) and train reward (faint),
-    against rounds done; round 0 is the warm start (its own evaluation) when there is one."""
+    against rounds done; round 0 is the warm start (its own evaluation) when there is one, else
+    the evaluation before the first update."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,8 +285,11 @@ def plot_curves(plan: LaunchPlan, path: Path) -> None:
                 color="grey", alpha=0.4, linewidth=1, label="train reward")
         evals = [{**r, "round": r["round"] + 1} for r in rows if "heldout/mean" in r]
         warm = _warm_start_accuracy(plan, name)
+        before = {k: v for k, v in _before(rows).items() if k.startswith("heldout/")}
         if warm is not None:
             evals.insert(0, {"round": 0, **{f"heldout/{k}": v for k, v in warm.items()}})
+        elif before:
+            evals.insert(0, {"round": 0, **before})
         keys = sorted({k for r in evals for k in r if k.startswith("heldout/")})
         for bench, figs in benchmarks(rows).items():  # the overall figures, dotted
             for metric in sorted(m for m in figs["final"] if "@" in m):
@@ -290,6 +355,13 @@ def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
     learned = learned_table(res)
     if learned is not None:
         console.print(learned)
+    shared = sharing_table(res)
+    if shared is not None:
+        console.print(shared)
+        for name, r in res.items():
+            if r.get("sharing") and not r["sharing"]["shared"]:
+                console.print(f"[red]{escape(name)} read no peer data in any round: every "
+                              "round fell back to plain GRPO (docs/determinism.md)[/]")
     stats = see_stats(plan)
     if stats is not None:
         console.print(transfer_table(stats))

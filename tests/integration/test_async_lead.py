@@ -170,3 +170,20 @@ def test_no_bound_never_waits(pair: tuple[Side, Side], task: Task) -> None:
         fast.publish(data)
         stats = probe.plan(data).stats
         assert "lead_wait_s" not in stats and stats["shared"] == 0.0
+
+
+def test_a_peer_past_its_last_round_is_not_waited_for(pair: tuple[Side, Side],
+                                                      task: Task) -> None:
+    """The slow peer trains one round (its own `grpo.rounds`): the fast policy's later
+    rounds do not wait for rounds it will never publish."""
+    fast, slow = pair
+    probe = _probe(fast, task, lead=0, liveness=30.0)
+    probe.peer_rounds = {"fast": 3, "slow": 1}
+    slow.publish(slow.round(task, 0))
+    t0 = time.monotonic()
+    for k in range(3):
+        data = fast.round(task, k)
+        fast.publish(data)
+        stats = probe.plan(data).stats
+        assert stats.get("lead_timeout", 0.0) == 0.0
+    assert time.monotonic() - t0 < 10.0

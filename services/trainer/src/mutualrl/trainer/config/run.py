@@ -262,13 +262,16 @@ class ExchangeSettings(Config):
     with an error naming the peers and the round (never a silent fallback). asynchronous: the
     longest a round waits to keep within `max_lead_rounds`, then it reads what there is and
     says so (`lead_timeout` in its metrics, a warning)."""
-    max_lead_rounds: int | None = Field(1, ge=0)
+    max_lead_rounds: int | None = Field(0, ge=0)
     """asynchronous: the most rounds a policy runs ahead of its slowest peer. Round r reads
-    its peers only once every peer has published round r - `max_lead_rounds` (waiting up to
-    `liveness_timeout_s`), then waits up to `probe.deadline_seconds` for their round r. Without
-    a bound a policy several times faster than its peers trains all its rounds before they
-    publish one and shares nothing; 0 waits for the peers' round r itself (every round
-    shares, at the slowest policy's pace); None: no bound."""
+    its peers only once every peer still training has published round r - `max_lead_rounds`
+    (waiting up to `liveness_timeout_s`), then waits up to `probe.deadline_seconds` for their
+    round r. 0 (the default) waits for the peers' round r itself, so every round of every
+    policy reads its peers, at the pace of the slowest (MWRA gives it the threads the others
+    wait with); L >= 1 lets a fast policy run L rounds ahead, and its round reads peers only
+    when their round r comes within the deadline; None: no bound, and a policy much faster
+    than its peers may train all its rounds before they publish one and share nothing
+    (docs/determinism.md measures it)."""
 
 
 class DiagnosticsSettings(Config):

@@ -231,6 +231,8 @@ def build_session(
     """The session of one policy; with `dist` active, of this rank: the model is sharded over
     the ranks, and only rank 0 talks to SEE/THL/MWRA and writes metrics. `device` replaces
     the policy's (a rank's own GPU)."""
+    # every policy's own rounds: a peer that trained its last round is not waited for
+    peer_rounds = {p.name: cfg.for_policy(p.name).grpo.rounds for p in cfg.policies}
     cfg = cfg.for_policy(policy_name)  # the policy's own grpo / probe overrides applied
     policy = cfg.policy(policy_name)
     torch.manual_seed(cfg.seed)
@@ -337,6 +339,7 @@ def build_session(
         base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
         renderer=renderer, benchmarks=benchmarks, dist=dist,
         compute=None if dist.active else compute_dtype(policy))
+    session.probe.peer_rounds = peer_rounds
     if last is not None:
         if plain_resume is not None:
             named, state = plain_resume

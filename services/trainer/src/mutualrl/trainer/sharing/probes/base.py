@@ -162,6 +162,9 @@ class Probe:
         self.fallbacks = 0
         """Rounds that fell back to GRPO: a service error, or the deadline passed with no peer
         data at all."""
+        self.peer_rounds: dict[str, int] | None = None
+        """Policy -> the rounds it trains (its own `grpo.rounds`): `keep_pace` does not wait
+        for a peer's round q past its last. None: every policy trains round q."""
         self.own_first: dict[int, str] = {}
         """Asynchronous mode: round -> the id of its first prompt, for the last
         `max_lead_rounds` rounds (`keep_pace` waits for the peers' records of it)."""
@@ -204,11 +207,15 @@ class Probe:
         for old in [r for r in self.own_first if r < q]:
             del self.own_first[old]
         first = self.own_first.get(q)
-        if first is None:
+        expect = data.peers_now
+        if self.peer_rounds is not None:
+            expect = [p for p in expect or self.peer_rounds
+                      if p != self.policy and self.peer_rounds.get(p, q + 1) > q]
+        if first is None or expect == []:
             return {}
         t0 = time.monotonic()
         try:
-            ex.await_round(q, [first], self.sharing.liveness_timeout_s, data.peers_now)
+            ex.await_round(q, [first], self.sharing.liveness_timeout_s, expect)
             out = {"lead_timeout": 0.0}
         except PeerTimeout as err:
             log.warning("round %d: going on without the peers' round %d "

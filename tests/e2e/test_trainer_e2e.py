@@ -332,7 +332,7 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     import time
 
     from mutualrl.trainer.algos.loss import group_advantages
-    from mutualrl.trainer.config.run import ProbeSettings
+    from mutualrl.trainer.config.run import ExchangeSettings, ProbeSettings
     from mutualrl.trainer.data.tasks import Prompt
     from mutualrl.trainer.sharing.exchange import PeerExchange
     from mutualrl.trainer.sharing.probes import RoundData, make_probe
@@ -347,7 +347,9 @@ def test_dead_or_silent_peers_fall_back_to_grpo(services: _Services) -> None:
     dead = PeerExchange(run_id, "A", "tok-A", "127.0.0.1:1", None, None, timeout=2.0)
     for ex in (live, dead):
         for kind in ("xgrpo", "sgt", "prp", "sgt-self", "oracle"):
-            probe = make_probe(ProbeSettings(kind=kind, deadline_seconds=0.5), "A", ex)
+            # no lead bound: the round waits for the peer up to the deadline only
+            probe = make_probe(ProbeSettings(kind=kind, deadline_seconds=0.5), "A", ex,
+                               sharing=ExchangeSettings(max_lead_rounds=None))
             t0 = time.monotonic()
             plan = probe.plan(data)
             assert time.monotonic() - t0 < 3.0, kind

@@ -55,6 +55,7 @@ def test_reported_cost_excludes_the_wait_for_a_silent_peer(services: dict[str, s
         "run_id": run_id, "output_dir": str(tmp_path),
         "grpo": {"group_size": 2, "prompts_per_round": 2, "rounds": 1, "max_new_tokens": 4},
         "probe": {"kind": "xgrpo", "deadline_seconds": DEADLINE_S},
+        "exchange": {"max_lead_rounds": None},  # B never comes: wait up to the deadline
         "eval": {"every": 0}, "checkpoint": {"every": 0},
         "metrics": {"tensorboard": False, "progress": False, "see": False},
         # B is declared but never trains: A waits for it until the deadline, every round (and

@@ -46,7 +46,11 @@ _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 
 class PeerTimeout(RuntimeError):
-    """Deterministic mode: peers did not publish a round within the liveness bound."""
+    """Peers did not publish a round within the liveness bound (`missing`: which)."""
+
+    def __init__(self, message: str, missing: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
 
 
 @dataclass
@@ -254,7 +258,7 @@ class PeerExchange:
                     f"round {round_k}: {who} did not publish their records of round "
                     f"{round_k} within exchange.liveness_timeout_s={timeout_s:g} s "
                     f"(exchange.mode deterministic waits for every peer; a dead peer "
-                    f"fails the run: restart it with --resume){error}")
+                    f"fails the run: restart it with --resume){error}", missing)
 
     # ---- reads for the probes -------------------------------------------------------------
     def _outage_budget(self, deadline: float) -> float | None:

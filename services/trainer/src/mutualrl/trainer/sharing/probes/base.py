@@ -165,6 +165,8 @@ class Probe:
         self.peer_rounds: dict[str, int] | None = None
         """Policy -> the rounds it trains (its own `grpo.rounds`): `keep_pace` does not wait
         for a peer's round q past its last. None: every policy trains round q."""
+        self.absent: set[str] = set()
+        """Peers `keep_pace` waited for in vain once: it does not wait for them again."""
         self.own_first: dict[int, str] = {}
         """Asynchronous mode: round -> the id of its first prompt, for the last
         `max_lead_rounds` rounds (`keep_pace` waits for the peers' records of it)."""
@@ -210,16 +212,21 @@ class Probe:
         expect = data.peers_now
         if self.peer_rounds is not None:
             expect = [p for p in expect or self.peer_rounds
-                      if p != self.policy and self.peer_rounds.get(p, q + 1) > q]
-        if first is None or expect == []:
+                      if p != self.policy and p not in self.absent
+                      and self.peer_rounds.get(p, q + 1) > q]
+        if first is None or expect == [] or (expect is None and self.absent):
             return {}
         t0 = time.monotonic()
         try:
             ex.await_round(q, [first], self.sharing.liveness_timeout_s, expect)
             out = {"lead_timeout": 0.0}
         except PeerTimeout as err:
-            log.warning("round %d: going on without the peers' round %d "
-                        "(exchange.max_lead_rounds=%d): %s", data.round, q, lead, err)
+            # A peer that missed the bound once (dead, or never started) is not waited for
+            # again: a round costs the bound once, not every round.
+            self.absent.update(err.missing or ["?"])
+            log.warning("round %d: going on without the peers' round %d, and without "
+                        "waiting for %s again (exchange.max_lead_rounds=%d): %s", data.round,
+                        q, ", ".join(err.missing) or "them", lead, err)
             out = {"lead_timeout": 1.0}
         out["lead_wait_s"] = time.monotonic() - t0
         ex.waited_s += out["lead_wait_s"]  # a wait for peers: no part of MWRA's cost

@@ -47,6 +47,9 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
         assert final["problems"] == 6.0
         assert 0.0 <= final["avg@4"] <= final["pass@4"] <= 1.0, (name, final)
         assert final["pass@1"] == pytest.approx(final["avg@4"])
+        start = res["benchmarks"]["additions"]["start"]  # evaluated before the first update
+        assert start["problems"] == 6.0 and 0.0 <= start["avg@4"] <= start["pass@4"] <= 1.0
+        assert res["benchmarks"]["additions"]["curve"][0]["round"] == 0
         skills = res["benchmarks"]["additions"]["skills"]
         assert set(skills) == {"small", "large"}  # 6+0 .. 6+5: sums below 10 and from 10
         assert all(s["pass@4"] >= s["avg@4"] for s in skills.values())
@@ -59,4 +62,5 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
             assert r["reward_errors/math_verify"] == 0.0 and r["reward_errors/concise"] == 0.0
             assert r["data/dropped_overlong"] == 0.0
         assert "rescued_prompts" in rows[-1]  # SGT ran
-    assert "avg@4" in (run_dir / "results.md").read_text()
+    assert "| start | final |" in (run_dir / "results.md").read_text()
+    assert "start → final" in proc.stdout

@@ -510,6 +510,7 @@ class PeerExchange:
 
 _FINISH = {"stop": "FINISH_REASON_STOP", "length": "FINISH_REASON_LENGTH",
            "eos": "FINISH_REASON_EOS"}  # the engines' names -> experience.proto FinishReason
+_VERIFIABLE = frozenset(pb.FinishReason.Name(f) for f in rules.VERIFIABLE_FINISH)
 
 
 def round_records(
@@ -530,9 +531,11 @@ def round_records(
     """SEE records of one round: a ROLLOUT per sample, REWARD_STATS per prompt and a
     VERIFIED_SUCCESS per verified sample (its success reward >= tau, not truncated). A sample
     that stopped with `eos_token_id` as its last token finishes with EOS (receivers append their
-    own). `success`: each sample's success reward (the task's `success_reward`), which a
-    VERIFIED_SUCCESS record and the stats' `success_max` (SGT's gate) carry; default the
-    rewards (the stats' `max` then gates). The stats' sums and `max` are over the rewards.
+    own). A verified sample that SEE could not take as a success (blank text, cut by its token
+    budget) is published as a rollout only (cut: not verified). `success`: each sample's
+    success reward (the task's `success_reward`), which a VERIFIED_SUCCESS record and the
+    stats' `success_max` (SGT's gate) carry; default the rewards (the stats' `max` then
+    gates). The stats' sums and `max` are over the rewards.
     `renderings`: the sender's own rendering of each prompt, for people (the dashboard's
     record view): receivers never read it, they render the problem their own way."""
     out: list[Any] = []
@@ -554,9 +557,11 @@ def round_records(
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
                 record_id=rollout_id(policy, round_k, p_i, k), kind=pb.ROLLOUT, text=s.text,
-                reward=r, verified=good, finish_reason=finish, **rollout),
+                reward=r, verified=good and finish != "FINISH_REASON_LENGTH",
+                finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
-            if good and g >= tau and s.finish_reason != "length":
+            # SEE's rules of a success: verified, reaching tau, stopped (not cut), with text.
+            if (good and g >= tau and finish in _VERIFIABLE and s.text.strip()):
                 out.append(pb.ExperienceRecord(
                     record_id=success_id(policy, round_k, p_i, k), kind=pb.VERIFIED_SUCCESS,
                     text=s.text, reward=g, verified=True, finish_reason=finish, **common))

@@ -32,6 +32,7 @@ from mutualrl.client.thl import ThlClient
 from mutualrl.common import records as rules
 from mutualrl.common import token_arrays as ta
 from mutualrl.common.alignment_types import TraceItem
+from mutualrl.common.auth import claimed_policy
 from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET, ClientOptions
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.thl.engine import AlignmentEngine
@@ -130,6 +131,8 @@ class PeerExchange:
     ) -> None:
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
+        self.scoped = claimed_policy(token) is not None
+        """This trainer holds a policy token: it may not create the run, only find it."""
         self.reads_within_deadline = reads_within_deadline
         """The asynchronous mode: a probe's read ends by the round's deadline, a SEE outage
         included (the round falls back to GRPO). Otherwise (the deterministic mode, which
@@ -170,17 +173,20 @@ class PeerExchange:
         with the in-process engine (which knows only what this process registers). They are
         registered for this run: THL's DeleteRun of the run releases them.
 
-        Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
-        exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
-        create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
-        `run_wait_s` seconds."""
+        Creating takes the run's secret; with a policy token (which is not even tried: a
+        trainer calls nothing its token may not) the run must exist already, made by whoever
+        holds the secret (`mutualrl up` and `mutualrl create-run` do), and list this policy
+        (`mutualrl.see.grpc.access`); it is waited for up to `run_wait_s` seconds."""
         self.run_config = pb.RunConfig(run_id=self.run_id, policies=list(policies), tau=self.tau)
-        try:
-            self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.PERMISSION_DENIED:
-                raise
+        if self.scoped:
             self._check_run_exists(run_wait_s)
+        else:
+            try:
+                self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.PERMISSION_DENIED:
+                    raise
+                self._check_run_exists(run_wait_s)
         for tid, path in tokenizers.items():
             self.thl.register(tid, path, overwrite=True, run_id=self.run_id)
 

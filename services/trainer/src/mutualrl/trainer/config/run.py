@@ -272,6 +272,11 @@ class ExchangeSettings(Config):
     when their round r comes within the deadline; None: no bound, and a policy much faster
     than its peers may train all its rounds before they publish one and share nothing
     (docs/determinism.md measures it)."""
+    max_failed_publishes: int = Field(3, ge=1)
+    """Rounds in a row whose publish may fail (after the client's retries over
+    `services.outage_budget_s`) before the trainer stops with an error: a run asked to share
+    that publishes nothing failed. asynchronous: peers miss the failed rounds meanwhile;
+    deterministic: peers wait for every round's records, so the first failure stops it."""
 
 
 class DiagnosticsSettings(Config):

@@ -37,7 +37,8 @@ EXPECTED = {
     "mutualrl.v1.ExperienceExchange": {"GetRun", "Publish", "GetRoundStats",
                                        "GetVerifiedSuccesses", "FetchRollouts", "Ack"},
     "mutualrl.v1.Alignment": {"RegisterTokenizer", "Retokenize", "AlignTrace"},
-    "mutualrl.v1.Allocator": {"RegisterPolicy", "GetAllocation", "ReportStepCost"},
+    "mutualrl.v1.Allocator": {"RegisterPolicy", "GetAllocation", "ReportStepCost",
+                              "DeregisterPolicy"},
     "mutualrl.v1.RunMetrics": {"ReportMetrics"},
 }
 
@@ -108,6 +109,10 @@ def _walk(see: str, thl: str, mwra: str, run_id: str, tokenizer: str) -> dict[st
             live.report(0, {"reward_mean": 0.5})
             live.close()
             got[p]["metric_rows"] = live.sent
+        alloc["A"].leave()  # its last round done: A deregisters, as its own policy
+        assert alloc["B"].client is not None
+        table = alloc["B"].client.list_allocations(run_id)
+        got["B"]["mwra_after_A_left"] = sorted(x.policy_id for x in table.policies)
     finally:
         for p in POLICIES:
             ex[p].close()
@@ -156,3 +161,4 @@ async def test_every_rpc_of_a_trainer_is_allowed_with_its_policy_token(
         assert g["per_policy"] == [peer] and g["successes"] == 2, g
         assert g["rollouts"] == 4 and g["aligned"] == 4 and g["demos"] == 2, g
         assert g["published"] == 2 * 2 + 2 + 2 and g["metric_rows"] == 1, g
+    assert got["B"]["mwra_after_A_left"] == ["B"]  # A's leave was taken

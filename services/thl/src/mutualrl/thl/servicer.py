@@ -21,9 +21,10 @@ import collections
 import contextlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import overload
+from typing import TypeVar, overload
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.alignment_types import (
@@ -33,10 +34,13 @@ from mutualrl.common.alignment_types import (
     aggregate_residual,
 )
 from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
+from mutualrl.common.request_parsing import UnparsableRequest
 from mutualrl.thl import memory, metrics
 from mutualrl.thl.engine import AlignmentEngine, working_bytes
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import runs_pb2 as runs_pb
+
+M = TypeVar("M", bound=Message)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
@@ -63,6 +67,8 @@ class RequestBudget:
 
     @contextlib.contextmanager
     def hold(self, size: int, field: str) -> Iterator[None]:
+        """Hold `size` bytes while the call is worked on, or RESOURCE_EXHAUSTED naming
+        `field` when they do not fit beside the calls held already."""
         if self.limit is not None and self.in_use and self.in_use + size > self.limit:
             raise ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
                                     f"requests (at most {self.limit} B at once, "
@@ -142,6 +148,12 @@ class _RequestItems(Sequence[TraceItem]):
         """Every item's source token count, without converting its arrays."""
         return [len(it.source_token_ids) for it in self._items]
 
+    def lengths(self) -> list[tuple[int, int, int, int]]:
+        """Every item's (source ids, values, offset starts, offset ends) counts, without
+        converting its arrays."""
+        return [(len(it.source_token_ids), len(it.values), len(it.source_offset_starts),
+                 len(it.source_offset_ends)) for it in self._items]
+
     @overload
     def __getitem__(self, index: int) -> TraceItem: ...
 
@@ -195,20 +207,23 @@ class AlignmentServicer:
         return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
 
     @grpc_errors
-    async def Retokenize(self, request: pb.RetokenizeRequest,
-                         context: grpc.aio.ServicerContext) -> bytes:
-        """Answers the serialized RetokenizeResponse (registered with a pass-through
-        serializer: the answer is written to the wire text by text)."""
-        # A call over the limits is refused before it waits for (or is refused by) the budget.
-        texts = list(request.texts)
-        self.engine.check_texts(texts, "texts")
-        with self.budget.hold(request.ByteSize(), "texts"):
+    async def Retokenize(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Takes the request as bytes (registered without a deserializer: its size is held
+        against the request budget before it is parsed) and answers the serialized
+        RetokenizeResponse (registered with a pass-through serializer: the answer is written
+        to the wire text by text)."""
+        with self.budget.hold(len(data), "texts"):
+            request = _parse(pb.RetokenizeRequest, data)
+            # A call over the limits is refused before it waits for the work budget.
+            texts = list(request.texts)
+            self.engine.check_texts(texts, "texts")
             await self._admitted(context, working_bytes(texts))
             return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._retokenize, request, texts)
+                self._work, self._retokenize, request, texts, len(data))
 
-    def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str]) -> bytes:
-        with _trimmed(request.ByteSize()):
+    def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str], size: int
+                    ) -> bytes:
+        with _trimmed(size):
             target = request.tokenizer_id
             out: list[bytes] = []
             tokens = 0
@@ -225,22 +240,27 @@ class AlignmentServicer:
             return wire.retokenize_response_bytes(out)
 
     @grpc_errors
-    async def AlignTrace(self, request: pb.AlignTraceRequest,
-                         context: grpc.aio.ServicerContext) -> bytes:
-        """Answers the serialized AlignTraceResponse (as Retokenize)."""
-        if request.mode not in wire.MODE_FROM_PB:
-            raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
-        if request.placement not in wire.PLACEMENT_FROM_PB:
-            raise InvalidArgument("placement", f"unknown Placement {request.placement}")
-        if len(request.items) > self.engine.limits.max_batch:  # before converting them all
-            raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
-                                  f"{self.engine.limits.max_batch} per call")
-        texts = [it.text for it in request.items]
-        self.engine.check_texts(texts, "items")
-        with self.budget.hold(request.ByteSize(), "items"):
+    async def AlignTrace(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Takes the request as bytes and answers the serialized AlignTraceResponse (as
+        Retokenize)."""
+        with self.budget.hold(len(data), "items"):
+            request = _parse(pb.AlignTraceRequest, data)
+            if request.mode not in wire.MODE_FROM_PB:
+                raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
+            if request.placement not in wire.PLACEMENT_FROM_PB:
+                raise InvalidArgument("placement", f"unknown Placement {request.placement}")
+            if len(request.items) > self.engine.limits.max_batch:  # before reading them all
+                raise InvalidArgument("items", f"{len(request.items)} entries, over the limit "
+                                      f"of {self.engine.limits.max_batch} per call")
+            items = _RequestItems(request.items)
+            texts = items.texts()
+            self.engine.check_texts(texts, "items")
+            # Counts, values and the answer's size from the request's own lengths, before the
+            # call waits for the work budget: a call refused for them is refused at once.
+            self.engine.check_item_sizes(items)
             await self._admitted(context, working_bytes(texts))
             return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._align_trace, request)
+                self._work, self._align_trace, request, len(data))
 
     async def _admitted(self, context: grpc.aio.ServicerContext, need: int) -> None:
         """Wait until the call's working memory fits; it is held until the call is done."""
@@ -252,26 +272,27 @@ class AlignmentServicer:
         """Stop the work threads (calls still queued are cancelled)."""
         self._work.shutdown(wait=False, cancel_futures=True)
 
-    def _align_trace(self, request: pb.AlignTraceRequest) -> bytes:
+    def _align_trace(self, request: pb.AlignTraceRequest, size: int) -> bytes:
         """The serialized AlignTraceResponse, written item by item."""
-        with _trimmed(request.ByteSize()):
+        with _trimmed(size):
             # The answer's size first, from the request's own counts: a call refused for it is
             # refused before its arrays are converted.
             items = _RequestItems(request.items)
+            counts = items.source_counts()
             self.engine.check_align_answer(
                 self.engine.registry.get(request.target_tokenizer_id, "target_tokenizer_id"),
-                items.texts(), items.source_counts())
+                items.texts(), counts)
             target = request.target_tokenizer_id
             out: list[bytes] = []
             residuals: list[Residual] = []
-            counts: list[int] = []
-            for a, it in zip(self.engine.iter_align(
+            targets: list[int] = []
+            for a, n_source in zip(self.engine.iter_align(
                     request.source_tokenizer_id, target, items,
                     wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement],
-                    answer_checked=True), items, strict=False):
+                    answer_checked=True), counts, strict=False):
                 metrics.observe_text("AlignTrace", target, a.residual)
                 metrics.SHARE.labels(target).observe(a.residual.multi_token_chunk_share)
-                metrics.SOURCE_TOKENS.labels(target).inc(len(it.source_token_ids))
+                metrics.SOURCE_TOKENS.labels(target).inc(n_source)
                 metrics.CHUNKS.labels(target).inc(len(a.chunks))
                 nt = a.chunks.target_end - a.chunks.target_start
                 metrics.MULTI_TOKEN_TARGET_TOKENS.labels(target).inc(
@@ -279,14 +300,23 @@ class AlignmentServicer:
                 if a.mass_error != 0.0:
                     metrics.MASS_ERROR.labels(target).inc()
                 residuals.append(a.residual)
-                counts.append(len(a.target_token_ids))
+                targets.append(len(a.target_token_ids))
                 out.append(wire.aligned_bytes(a))
-                n = len(a.target_token_ids)
-                del a, it
-                memory.trim_after(n)
+                del a, nt  # gone before the next item is worked on
+                memory.trim_after(targets[-1])
             metrics.ITEMS.labels("AlignTrace", target).inc(len(out))
-            metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(sum(counts))
-            return wire.align_response_bytes(out, aggregate_residual(residuals, counts))
+            metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(sum(targets))
+            return wire.align_response_bytes(out, aggregate_residual(residuals, targets))
+
+
+def _parse(message: type[M], data: bytes) -> M:
+    """`data` parsed as `message`, or INVALID_ARGUMENT naming the request (as the shared
+    parsing layer answers for methods registered with a deserializer)."""
+    try:
+        return message.FromString(data)
+    except DecodeError as err:
+        refused = UnparsableRequest(message.DESCRIPTOR.full_name, str(err) or "DecodeError")
+        raise InvalidArgument("request", refused.message.removeprefix("request: ")) from None
 
 
 def _as_is(answer: bytes) -> bytes:
@@ -296,8 +326,8 @@ def _as_is(answer: bytes) -> bytes:
 _METHODS = (
     ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo.SerializeToString),
     ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse.SerializeToString),
-    ("Retokenize", pb.RetokenizeRequest, _as_is),  # written by `_retokenize`
-    ("AlignTrace", pb.AlignTraceRequest, _as_is),  # written by `_align_trace`
+    ("Retokenize", None, _as_is),  # parsed and written by `Retokenize`
+    ("AlignTrace", None, _as_is),  # parsed and written by `AlignTrace`
     ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse.SerializeToString),
 )
 
@@ -306,7 +336,8 @@ def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
     """Register the servicer (the shared server answers unparsable bodies)."""
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name), request_deserializer=req.FromString,
+            getattr(servicer, name),
+            request_deserializer=req.FromString if req is not None else None,
             response_serializer=serialize)
         for name, req, serialize in _METHODS
     }

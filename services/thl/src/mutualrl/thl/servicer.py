@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, overload
 
@@ -59,27 +59,35 @@ def _trimmed(request_bytes: int) -> Iterator[None]:
 
 class RequestBudget:
     """Request bytes worked on at once, at most `limit` (one call alone always runs): what
-    bounds THL's working memory across concurrent calls."""
+    bounds THL's working memory across concurrent calls. A call holds its bytes from when its
+    body is read until its answer has been sent."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.in_use = 0
 
-    @contextlib.contextmanager
-    def hold(self, size: int, field: str) -> Iterator[None]:
-        """Hold `size` bytes while the call is worked on, or RESOURCE_EXHAUSTED naming
+    def check_room(self, field: str) -> None:
+        """RESOURCE_EXHAUSTED naming `field` when the calls held take the whole budget: no
+        request can fit beside them, so one is refused before its body is read."""
+        if self.limit is not None and self.in_use >= self.limit:
+            raise self._full(field)
+
+    def take(self, size: int, field: str) -> None:
+        """Hold `size` bytes (`release` gives them back), or RESOURCE_EXHAUSTED naming
         `field` when they do not fit beside the calls held already."""
         if self.limit is not None and self.in_use and self.in_use + size > self.limit:
-            raise ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
-                                    f"requests (at most {self.limit} B at once, "
-                                    "thl.max_inflight_request_bytes); retry later")
+            raise self._full(field)
         self.in_use += size
         metrics.INFLIGHT_BYTES.set(self.in_use)
-        try:
-            yield
-        finally:
-            self.in_use -= size
-            metrics.INFLIGHT_BYTES.set(self.in_use)
+
+    def release(self, size: int) -> None:
+        self.in_use -= size
+        metrics.INFLIGHT_BYTES.set(self.in_use)
+
+    def _full(self, field: str) -> ResourceExhausted:
+        return ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
+                                 f"requests (at most {self.limit} B at once, "
+                                 "thl.max_inflight_request_bytes); retry later")
 
 
 class WorkBudget:
@@ -207,19 +215,19 @@ class AlignmentServicer:
         return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
 
     @grpc_errors
-    async def Retokenize(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Takes the request as bytes (registered without a deserializer: its size is held
-        against the request budget before it is parsed) and answers the serialized
+    async def Retokenize(self, requests: AsyncIterator[bytes],
+                         context: grpc.aio.ServicerContext) -> bytes:
+        """Reads its one request itself (`_received`) and answers the serialized
         RetokenizeResponse (registered with a pass-through serializer: the answer is written
         to the wire text by text)."""
-        with self.budget.hold(len(data), "texts"):
-            request = _parse(pb.RetokenizeRequest, data)
-            # A call over the limits is refused before it waits for the work budget.
-            texts = list(request.texts)
-            self.engine.check_texts(texts, "texts")
-            await self._admitted(context, working_bytes(texts))
-            return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._retokenize, request, texts, len(data))
+        data = await self._received(context, "texts")
+        request = _parse(pb.RetokenizeRequest, data)
+        # A call over the limits is refused before it waits for the work budget.
+        texts = list(request.texts)
+        self.engine.check_texts(texts, "texts")
+        await self._admitted(context, working_bytes(texts))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._work, self._retokenize, request, texts, len(data))
 
     def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str], size: int
                     ) -> bytes:
@@ -240,27 +248,44 @@ class AlignmentServicer:
             return wire.retokenize_response_bytes(out)
 
     @grpc_errors
-    async def AlignTrace(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Takes the request as bytes and answers the serialized AlignTraceResponse (as
+    async def AlignTrace(self, requests: AsyncIterator[bytes],
+                         context: grpc.aio.ServicerContext) -> bytes:
+        """Reads its one request itself and answers the serialized AlignTraceResponse (as
         Retokenize)."""
-        with self.budget.hold(len(data), "items"):
-            request = _parse(pb.AlignTraceRequest, data)
-            if request.mode not in wire.MODE_FROM_PB:
-                raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
-            if request.placement not in wire.PLACEMENT_FROM_PB:
-                raise InvalidArgument("placement", f"unknown Placement {request.placement}")
-            if len(request.items) > self.engine.limits.max_batch:  # before reading them all
-                raise InvalidArgument("items", f"{len(request.items)} entries, over the limit "
-                                      f"of {self.engine.limits.max_batch} per call")
-            items = _RequestItems(request.items)
-            texts = items.texts()
-            self.engine.check_texts(texts, "items")
-            # Counts, values and the answer's size from the request's own lengths, before the
-            # call waits for the work budget: a call refused for them is refused at once.
-            self.engine.check_item_sizes(items)
-            await self._admitted(context, working_bytes(texts))
-            return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._align_trace, request, len(data))
+        data = await self._received(context, "items")
+        request = _parse(pb.AlignTraceRequest, data)
+        if request.mode not in wire.MODE_FROM_PB:
+            raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
+        if request.placement not in wire.PLACEMENT_FROM_PB:
+            raise InvalidArgument("placement", f"unknown Placement {request.placement}")
+        if len(request.items) > self.engine.limits.max_batch:  # before reading them all
+            raise InvalidArgument("items", f"{len(request.items)} entries, over the limit "
+                                  f"of {self.engine.limits.max_batch} per call")
+        items = _RequestItems(request.items)
+        texts = items.texts()
+        self.engine.check_texts(texts, "items")
+        # Counts and values from the request's own lengths, before the call waits for the
+        # work budget: a call refused for them is refused at once.
+        self.engine.check_item_sizes(items)
+        await self._admitted(context, working_bytes(texts))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._work, self._align_trace, request, len(data))
+
+    async def _received(self, context: grpc.aio.ServicerContext, field: str) -> bytes:
+        """The call's request, as bytes, its size held against the request budget until the
+        call is done. Registered as reading a stream (unary on the wire, as the proto says), so
+        that a call is refused before its body is read when the budget is full: a client
+        retrying a large request costs nothing then, not the request's bytes twice over (gRPC's
+        buffer and Python's)."""
+        self.budget.check_room(field)
+        data = await context.read()
+        if not isinstance(data, bytes):  # the client half-closed without a message
+            raise InvalidArgument("request", "no request message")
+        self.budget.take(len(data), field)
+        loop, size = asyncio.get_running_loop(), len(data)
+        context.add_done_callback(
+            lambda _: loop.call_soon_threadsafe(self.budget.release, size))
+        return data
 
     async def _admitted(self, context: grpc.aio.ServicerContext, need: int) -> None:
         """Wait until the call's working memory fits; it is held until the call is done."""
@@ -333,13 +358,16 @@ _METHODS = (
 
 
 def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer (the shared server answers unparsable bodies)."""
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name),
-            request_deserializer=req.FromString if req is not None else None,
-            response_serializer=serialize)
-        for name, req, serialize in _METHODS
-    }
+    """Register the servicer (the shared server answers unparsable bodies); Retokenize and
+    AlignTrace read their request themselves (`AlignmentServicer._received`)."""
+    handlers = {}
+    for name, req, serialize in _METHODS:
+        if req is None:
+            handlers[name] = grpc.stream_unary_rpc_method_handler(
+                getattr(servicer, name), response_serializer=serialize)
+        else:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name), request_deserializer=req.FromString,
+                response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
                                                                           handlers),))

@@ -21,7 +21,7 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, overload
+from typing import TypeVar, cast, overload
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -137,30 +137,84 @@ class WorkBudget:
             turn.set_result(None)
 
 
-class _RequestItems(Sequence[TraceItem]):
-    """An AlignTrace request's items, each converted to numpy arrays when it is read and
-    dropped after: the engine reads them once to check them and once per block to align them,
-    so one item's (or one block's) arrays are alive at a time, not the whole request's."""
+_ITEMS_FIELD = pb.AlignTraceRequest.DESCRIPTOR.fields_by_name["items"].number
 
-    def __init__(self, items: Sequence[pb.TraceItem]) -> None:
-        self._items = items
+
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at `data[at:]` and where it ends."""
+    value = 0
+    for shift in range(0, 70, 7):
+        if at >= len(data):
+            break
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+    raise DecodeError("truncated or overlong varint")
+
+
+def _split_items(data: bytes) -> tuple[bytes, list[memoryview]]:
+    """An AlignTraceRequest's bytes as the request without its items and each item's bytes,
+    read from the top-level fields' tags and lengths alone (DecodeError when they do not
+    parse): the items are parsed one at a time when they are used."""
+    view = memoryview(data)
+    rest: list[memoryview] = []
+    items: list[memoryview] = []
+    at = 0
+    while at < len(data):
+        start = at
+        tag, at = _varint_at(data, at)
+        kind = tag & 7
+        if kind == 0:
+            _, at = _varint_at(data, at)
+        elif kind in (1, 5):
+            at += 8 if kind == 1 else 4
+        elif kind == 2:
+            size, at = _varint_at(data, at)
+            at += size
+            if tag >> 3 == _ITEMS_FIELD and at <= len(data):
+                items.append(view[at - size:at])
+                continue
+        else:
+            raise DecodeError(f"wire type {kind} at byte {start}")
+        if at > len(data):
+            raise DecodeError(f"field at byte {start} runs past the end")
+        rest.append(view[start:at])
+    return b"".join(rest), items
+
+
+class _RequestItems(Sequence[TraceItem]):
+    """An AlignTrace request's items, kept as their bytes and parsed when they are read: the
+    engine reads each once to check it and once in its block to align it, so one item's (or
+    one block's) parsed fields and arrays are alive at a time, not the whole request's. Each is
+    parsed once up front for its text and lengths (a malformed one is refused then)."""
+
+    def __init__(self, parts: Sequence[memoryview]) -> None:
+        self._parts = parts
+        self._texts: list[str] = []
+        self._lengths: list[tuple[int, int, int, int]] = []
+        for i, part in enumerate(parts):
+            it = _parse(pb.TraceItem, part, f"items[{i}]")
+            self._texts.append(it.text)
+            self._lengths.append((len(it.source_token_ids), len(it.values),
+                                  len(it.source_offset_starts), len(it.source_offset_ends)))
+            del it
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._parts)
 
     def texts(self) -> list[str]:
-        """Every item's text, without converting its arrays."""
-        return [it.text for it in self._items]
+        """Every item's text."""
+        return list(self._texts)
 
     def source_counts(self) -> list[int]:
-        """Every item's source token count, without converting its arrays."""
-        return [len(it.source_token_ids) for it in self._items]
+        """Every item's source token count."""
+        return [n for n, _, _, _ in self._lengths]
 
     def lengths(self) -> list[tuple[int, int, int, int]]:
-        """Every item's (source ids, values, offset starts, offset ends) counts, without
-        converting its arrays."""
-        return [(len(it.source_token_ids), len(it.values), len(it.source_offset_starts),
-                 len(it.source_offset_ends)) for it in self._items]
+        """Every item's (source ids, values, offset starts, offset ends) counts."""
+        return list(self._lengths)
 
     @overload
     def __getitem__(self, index: int) -> TraceItem: ...
@@ -171,7 +225,8 @@ class _RequestItems(Sequence[TraceItem]):
     def __getitem__(self, index: int | slice) -> TraceItem | Sequence[TraceItem]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return wire.item_from_pb(self._items[index], index)
+        return wire.item_from_pb(_parse(pb.TraceItem, self._parts[index], f"items[{index}]"),
+                                 index)
 
 
 class AlignmentServicer:
@@ -253,15 +308,19 @@ class AlignmentServicer:
         """Reads its one request itself and answers the serialized AlignTraceResponse (as
         Retokenize)."""
         data = await self._received(context, "items")
-        request = _parse(pb.AlignTraceRequest, data)
+        try:
+            rest, parts = _split_items(data)
+        except DecodeError as err:
+            raise _unparsable(pb.AlignTraceRequest, err, "request") from None
+        if len(parts) > self.engine.limits.max_batch:  # before parsing them
+            raise InvalidArgument("items", f"{len(parts)} entries, over the limit "
+                                  f"of {self.engine.limits.max_batch} per call")
+        request = _parse(pb.AlignTraceRequest, rest)
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
         if request.placement not in wire.PLACEMENT_FROM_PB:
             raise InvalidArgument("placement", f"unknown Placement {request.placement}")
-        if len(request.items) > self.engine.limits.max_batch:  # before reading them all
-            raise InvalidArgument("items", f"{len(request.items)} entries, over the limit "
-                                  f"of {self.engine.limits.max_batch} per call")
-        items = _RequestItems(request.items)
+        items = _RequestItems(parts)
         texts = items.texts()
         self.engine.check_texts(texts, "items")
         # Counts and values from the request's own lengths, before the call waits for the
@@ -269,7 +328,7 @@ class AlignmentServicer:
         self.engine.check_item_sizes(items)
         await self._admitted(context, working_bytes(texts))
         return await asyncio.get_running_loop().run_in_executor(
-            self._work, self._align_trace, request, len(data))
+            self._work, self._align_trace, request, items, len(data))
 
     async def _received(self, context: grpc.aio.ServicerContext, field: str) -> bytes:
         """The call's request, as bytes, its size held against the request budget until the
@@ -297,12 +356,13 @@ class AlignmentServicer:
         """Stop the work threads (calls still queued are cancelled)."""
         self._work.shutdown(wait=False, cancel_futures=True)
 
-    def _align_trace(self, request: pb.AlignTraceRequest, size: int) -> bytes:
-        """The serialized AlignTraceResponse, written item by item."""
+    def _align_trace(self, request: pb.AlignTraceRequest, items: _RequestItems, size: int
+                     ) -> bytes:
+        """The serialized AlignTraceResponse (`request` without its `items`), written item by
+        item."""
         with _trimmed(size):
             # The answer's size first, from the request's own counts: a call refused for it is
             # refused before its arrays are converted.
-            items = _RequestItems(request.items)
             counts = items.source_counts()
             self.engine.check_align_answer(
                 self.engine.registry.get(request.target_tokenizer_id, "target_tokenizer_id"),
@@ -334,14 +394,19 @@ class AlignmentServicer:
             return wire.align_response_bytes(out, aggregate_residual(residuals, targets))
 
 
-def _parse(message: type[M], data: bytes) -> M:
-    """`data` parsed as `message`, or INVALID_ARGUMENT naming the request (as the shared
-    parsing layer answers for methods registered with a deserializer)."""
+def _parse(message: type[M], data: bytes | memoryview, field: str = "request") -> M:
+    """`data` parsed as `message`, or INVALID_ARGUMENT naming `field` (as the shared parsing
+    layer answers for methods registered with a deserializer)."""
     try:
-        return message.FromString(data)
+        # Any buffer parses (an item is a view of the request's bytes); the stubs say bytes.
+        return message.FromString(cast(bytes, data))
     except DecodeError as err:
-        refused = UnparsableRequest(message.DESCRIPTOR.full_name, str(err) or "DecodeError")
-        raise InvalidArgument("request", refused.message.removeprefix("request: ")) from None
+        raise _unparsable(message, err, field) from None
+
+
+def _unparsable(message: type[Message], err: DecodeError, field: str) -> InvalidArgument:
+    refused = UnparsableRequest(message.DESCRIPTOR.full_name, str(err) or "DecodeError")
+    return InvalidArgument(field, refused.message.removeprefix("request: "))
 
 
 def _as_is(answer: bytes) -> bytes:

@@ -194,16 +194,18 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
 
 @pytest.mark.timeout(600)
 def test_thl_peak_on_4_mib_of_emoji_one_call_and_three_at_once() -> None:
-    """THL with its default limits on the largest Retokenize they let through, 4 MiB of emoji
-    in four 1 MiB texts (3.1 M tokens): one call and three at once peak under the bound
-    docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with AlignTrace
-    and repeats). Inputs beyond the limits are refused before any work."""
-    from mutualrl.bench.thl_memory import BOUND_MIB, run_memory
+    """THL with its default limits on the largest inputs they let through: Retokenize of 4 MiB
+    of emoji in four 1 MiB texts (3.1 M tokens), and AlignTrace of two such texts with their
+    full traces (a 20 MB request, a 42 MB answer), one call and three at once, peak under the
+    bound docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with
+    repeats). Inputs beyond the limits are refused before any work."""
+    from mutualrl.bench.thl_memory import BOUND_MIB, SCENARIOS, run_memory
 
-    out = run_memory(repeats=1, scenarios=(("retokenize", 1), ("retokenize", 3)))
+    out = run_memory(repeats=1, scenarios=SCENARIOS)
     print(json.dumps(out, indent=1))
     for name, figures in out["scenarios"].items():
-        assert figures["tokens_per_call"] == 3 * (1 << 20), name
+        tokens = 4 if name.startswith("retokenize") else 2
+        assert figures["tokens_per_call"] == tokens * 3 * (1 << 18), name
         assert figures["peak_mib"] < BOUND_MIB, (name, figures)
     assert {name: r["code"] for name, r in out["refusals"].items()} == {
         "texts over max_request_text_bytes (5 x 1 MiB)": "INVALID_ARGUMENT",

@@ -1,16 +1,20 @@
 """gRPC `mutualrl.v1.Alignment`: a thin shell over `AlignmentEngine` plus Prometheus metrics.
 
-A body that is not valid protobuf becomes INVALID_ARGUMENT in the shared server
-(`mutualrl.common.request_parsing`). Engine work (tokenization, alignment) runs in worker
-threads so the event loop keeps answering health checks and other calls.
+A body that is not valid protobuf becomes INVALID_ARGUMENT (in the shared server, or, for
+Retokenize and AlignTrace, which parse their own, here, naming the item that does not parse).
+Engine work (tokenization, alignment) runs in worker threads so the event loop keeps answering
+health checks and other calls.
 
-What bounds THL's memory whatever clients send, in the order a call meets it: the per-call
-limits (refused INVALID_ARGUMENT / RESOURCE_EXHAUSTED before anything is queued), the request
+What bounds THL's memory whatever clients send, in the order a call meets it: the request
 bytes held at once (`RequestBudget`, `thl.max_inflight_request_bytes`: RESOURCE_EXHAUSTED
-beyond), then the working memory calls may take at once (`WorkBudget`,
-`thl.max_working_bytes`): a call whose need (`engine.working_bytes`) does not fit waits its turn
-(one call alone always runs), on at most `thl.work_threads` threads. A call's answer is written
-to the wire item by item (`alignment_wire`), so what it holds is one block's work and its answer's
+beyond, before the body is even read when the calls held fill it, and held until the answer is
+sent); the per-call limits, from the request's lengths alone (INVALID_ARGUMENT /
+RESOURCE_EXHAUSTED before anything is queued or converted); then the working memory calls may
+take at once (`WorkBudget`, `thl.max_working_bytes`): a call whose need
+(`engine.working_bytes`) does not fit waits its turn (one call alone always runs), on at most
+`thl.work_threads` threads. An AlignTrace request is kept as its bytes and its items parsed
+one at a time (`_RequestItems`), and a call's answer is written to the wire item by item
+(`alignment_wire`), so what it holds is its request's bytes, one block's work and its answer's
 bytes. docs/reliability.md states the peak this gives and the test that measures it.
 """
 

@@ -315,8 +315,8 @@ def test_counter_uniforms_are_uniform_and_independent_across_rows_and_steps() ->
 
 def test_a_lora_policy_samples_from_its_merged_copy(cache: Path) -> None:
     from mutualrl.trainer.config.run import LoraSettings
-    from mutualrl.trainer.model.lora import sync_tensors
     from mutualrl.trainer.model import lora
+    from mutualrl.trainer.model.lora import sync_tensors
 
     model, tok = load_policy(ensure_preset("llama-char", cache))
     peft = lora.wrap(model, LoraSettings(rank=2, target_modules=["q_proj", "o_proj"]))

@@ -22,10 +22,10 @@ from mutualrl.common.errors import (
     InvalidArgument,
     quote,
 )
+from mutualrl.common.records import check_stats, validate_records
 from mutualrl.see.config import SeeLimits
 from mutualrl.see.store.paging import Budget, make_token, read_index, read_token, request_digest
 from mutualrl.see.store.roundstats import parse_stats, pool
-from mutualrl.see.validate import check_stats, validate_records
 from mutualrl.v1 import experience_pb2 as pb
 
 EXTREME_INTS = (0, 1, -1, 2**20, 2**20 + 1, 2**31 - 1, 2**31, 2**53, 2**63 - 1, -(2**63))

@@ -158,7 +158,8 @@ def test_verified_success_is_the_named_reward_not_the_sum(tmp_path: Path) -> Non
 def test_success_records_carry_the_success_reward() -> None:
     """A sample whose weighted sum is below tau but whose success reward reaches it is a
     VERIFIED_SUCCESS for SEE (its record carries the success reward, as SEE's tau check
-    reads it), and the stats' max (SGT's gate) is the success reward's."""
+    reads it); the stats' sums and max are the weighted sum's (SEE holds max >= mean), and
+    their `success_max` (SGT's gate) is the success reward's."""
     from mutualrl.trainer.data.tasks import Prompt
     from mutualrl.trainer.engines.base import Sample
     from mutualrl.trainer.sharing.exchange import round_records
@@ -175,6 +176,9 @@ def test_success_records_carry_the_success_reward() -> None:
     wins = [r for r in out if r.kind == pb.VERIFIED_SUCCESS]
     assert len(wins) == 1 and wins[0].reward == 1.0
     stats = next(r for r in out if r.kind == pb.REWARD_STATS).stats
-    assert (stats.max, stats.sum) == (1.0, pytest.approx(0.3))
+    assert (stats.max, stats.success_max, stats.sum) == (0.5, 1.0, pytest.approx(0.3))
     assert [r.reward for r in out if r.kind == pb.ROLLOUT] == [0.5, pytest.approx(-0.2)]
-    assert not [r for r in records(None) if r.kind == pb.VERIFIED_SUCCESS]  # the sum's 0.5
+    single = records(None)
+    assert not [r for r in single if r.kind == pb.VERIFIED_SUCCESS]  # the sum's 0.5
+    assert not next(r for r in single if r.kind == pb.REWARD_STATS).stats.HasField(
+        "success_max")

@@ -7,11 +7,12 @@ import pytest
 
 from mutualrl.bench.testing.see import stats_record
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.records import validate_record
 from mutualrl.see.config import SeeConfig, SeeLimits
 from mutualrl.see.keys import RunKeys
 from mutualrl.see.store.layout import Header
 from mutualrl.see.store.publish import publish_response
-from mutualrl.see.validate import normalise_text, text_digest, validate_record
+from mutualrl.see.validate import normalise_text, text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN = pb.RunConfig(run_id="r1", policies=["a", "b"], tau=1.0)

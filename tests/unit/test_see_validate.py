@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from mutualrl.bench.testing.see import rollout, stats_record, success_record
 from mutualrl.common import token_arrays as ta
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.records import _validate_scalars, validate_records
 from mutualrl.see.config import SeeLimits
-from mutualrl.see.validate import _validate_scalars, validate_records
 from mutualrl.v1 import experience_pb2 as pb
 
 RUN = pb.RunConfig(run_id="r1", policies=["a", "b"], tau=1.0)

@@ -72,10 +72,13 @@ def _warm_start_accuracy(plan: LaunchPlan, policy: str) -> dict[str, float] | No
     return None
 
 
-def results(plan: LaunchPlan) -> dict[str, Any]:
+def results(plan: LaunchPlan, stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per policy: held-out reward@1 per skill at the start (the warm start's SFT evaluation, or
-    the first RL evaluation) and at the end, rounds, rescues, mean step time."""
+    the first RL evaluation) and at the end, rounds, rescues, mean step time, and what crossed:
+    records published to SEE and records taken from peers (SEE's `stats`; None when SEE did not
+    answer), and the rounds whose publish failed."""
     out: dict[str, Any] = {}
+    shared = {p["policy_id"]: p for p in (stats or {}).get("policies", [])}
     for name in plan.policies:
         rows = read_rows(plan.metrics_files[name])
         evals = [r for r in rows if any(k.startswith("heldout/") for k in r)]
@@ -97,6 +100,9 @@ def results(plan: LaunchPlan) -> dict[str, Any]:
             "mean_step_s": sum(r.get("step_s", 0.0) for r in rows) / max(1, len(rows)),
             "demos_by_donor": demos_by_donor(rows),
             "benchmarks": benchmarks(rows),
+            "records_published": shared[name]["total"] if name in shared else None,
+            "records_taken": shared[name]["taken"] if name in shared else None,
+            "publish_failed_rounds": sum(int(r.get("publish_failed", 0.0) > 0) for r in rows),
         }
     return out
 
@@ -169,19 +175,29 @@ def results_table(res: dict[str, Any]) -> Table:
     table.add_column("policy")
     for s in [*skills, "mean"]:
         table.add_column(s, justify="right")
-    table.add_column("rescued", justify="right")
+    for col in ("rescued", "published", "taken", "failed publishes"):
+        table.add_column(col, justify="right")
     for name, r in res.items():
-        table.add_row(name, *_cells(r, skills), f"{r['rescued_prompts']:.0f}")
+        table.add_row(name, *_cells(r, skills), f"{r['rescued_prompts']:.0f}",
+                      *(_count(r.get(k)) for k in ("records_published", "records_taken",
+                                                   "publish_failed_rounds")))
     return table
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def results_markdown(res: dict[str, Any]) -> str:
     skills = _skills(res)
-    head = ["policy", *skills, "mean", "rescued prompts"]
+    head = ["policy", *skills, "mean", "rescued prompts", "records published",
+            "records taken", "failed publishes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in res.items():
+        shared = " | ".join(_count(r.get(k)) for k in ("records_published", "records_taken",
+                                                       "publish_failed_rounds"))
         lines.append(f"| {name} | " + " | ".join(_cells(r, skills))
-                     + f" | {r['rescued_prompts']:.0f} |")
+                     + f" | {r['rescued_prompts']:.0f} | {shared} |")
     bench = [(name, b, metric, v) for name, r in res.items()
              for b, figs in r.get("benchmarks", {}).items()
              for metric, v in figs["final"].items() if "@" in metric]
@@ -279,8 +295,11 @@ def transfer_table(stats: dict[str, Any]) -> Table:
     return table
 
 
-def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
-    res = results(plan)
+def final_report(plan: LaunchPlan, console: Any, failure: str | None = None) -> dict[str, Any]:
+    """The results (console, results.json, results.md, the plot); `failure`: what ended a run
+    that failed, reported with what it had done by then."""
+    stats = see_stats(plan)
+    res = results(plan, stats)
     console.print(results_table(res))
     bench = benchmark_table(res)
     if bench is not None:
@@ -290,10 +309,10 @@ def final_report(plan: LaunchPlan, console: Any) -> dict[str, Any]:
     learned = learned_table(res)
     if learned is not None:
         console.print(learned)
-    stats = see_stats(plan)
     if stats is not None:
         console.print(transfer_table(stats))
-    summary = {"run_id": plan.run_id, "results": res, "see_stats": stats, "plot": str(plot)}
+    summary = {"run_id": plan.run_id, "status": "failed" if failure else "finished",
+               "failure": failure, "results": res, "see_stats": stats, "plot": str(plot)}
     (plan.run_dir / "results.json").write_text(json.dumps(summary, indent=2))
     (plan.run_dir / "results.md").write_text(results_markdown(res) + "\n")
     console.print(f"plot: {plot}\nresults: {plan.run_dir / 'results.json'}")

@@ -431,15 +431,20 @@ def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
         sup.start(spec)
     _write_state(plan, sup)
     done: set[str] = set()
+    failures: list[str] = []
     # Transient: the table gives way to what ended the run (an error, the results), instead
     # of standing after it with stale states.
     with Live(status_table(plan, done), console=console, refresh_per_second=2,
               transient=True) as live:
-        code = _watch(plan, sup, signals, console, live, len(trainers), done)
+        code = _watch(plan, sup, signals, console, live, len(trainers), done, failures)
     if code == EXIT_INTERRUPTED:
         console.print(status_table(plan, done))
         console.print(f"[yellow]{signal.Signals(signals.received or 2).name}: stopping "
                       "(trainers checkpoint first)[/]")
+    if code == EXIT_FAILED and failures:  # what it did by then, and why it stopped
+        console.print(status_table(plan, done))
+        final_report(plan, console, failure=failures[-1])
+        console.print(f"[red]the run failed: {escape(failures[-1])}[/]")
     if code != EXIT_OK:
         return code
     console.print(status_table(plan, done))
@@ -452,10 +457,11 @@ def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
 
 
 def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any, live: Any,
-           trainers: int, done: set[str]) -> int:
+           trainers: int, done: set[str], failures: list[str]) -> int:
     """Refresh the status table until every trainer finished (EXIT_OK), a signal came
     (EXIT_INTERRUPTED), or a process failed past its restarts (EXIT_FAILED; a trainer that
-    exits 2 found its config wrong: EXIT_CONFIG, never restarted)."""
+    exits 2 found its config wrong: EXIT_CONFIG, never restarted). Each failure's cause (the
+    last error line of its log) is appended to `failures`."""
     while len(done) < trainers:
         if signals.received is not None:
             return EXIT_INTERRUPTED
@@ -472,6 +478,7 @@ def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
                 return EXIT_CONFIG
             console.print(f"[red]{escape(name)} exited with code {code}[/]; last log lines:")
             console.print(tail(child.spec.log_path), markup=False, highlight=False)
+            failures.append(f"{name} exited with code {code}: {_cause(child.spec.log_path)}")
             if child.spec.restart is Restart.ON_FAILURE and \
                     child.restarts < child.spec.max_restarts:
                 console.print(f"[yellow]restarting {escape(name)} "
@@ -484,6 +491,16 @@ def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
         live.update(status_table(plan, done))
         time.sleep(plan.up.status_every)
     return EXIT_OK
+
+
+def _cause(log_path: Path) -> str:
+    """The last line of a log that names an error (a traceback's last line), or its last line."""
+    lines = [x.strip() for x in tail(log_path, 80).splitlines() if x.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Timeout")) and " " not in head:
+            return line
+    return lines[-1] if lines else "no log lines"
 
 
 def _last_step(log_path: Path) -> str:

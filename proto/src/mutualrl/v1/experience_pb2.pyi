@@ -40,16 +40,18 @@ PUBLISH_STATUS_STORED: PublishStatus
 PUBLISH_STATUS_DUPLICATE: PublishStatus
 
 class RewardStats(_message.Message):
-    __slots__ = ("count", "sum", "sum_sq", "max")
+    __slots__ = ("count", "sum", "sum_sq", "max", "success_max")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     SUM_FIELD_NUMBER: _ClassVar[int]
     SUM_SQ_FIELD_NUMBER: _ClassVar[int]
     MAX_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_MAX_FIELD_NUMBER: _ClassVar[int]
     count: int
     sum: float
     sum_sq: float
     max: float
-    def __init__(self, count: _Optional[int] = ..., sum: _Optional[float] = ..., sum_sq: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+    success_max: float
+    def __init__(self, count: _Optional[int] = ..., sum: _Optional[float] = ..., sum_sq: _Optional[float] = ..., max: _Optional[float] = ..., success_max: _Optional[float] = ...) -> None: ...
 
 class ExperienceRecord(_message.Message):
     __slots__ = ("record_id", "run_id", "policy_id", "policy_version", "round", "prompt_id", "kind", "prompt_text", "text", "tokenizer_id", "token_ids_i32", "offset_starts_i32", "offset_ends_i32", "logprobs_f32", "reward", "verified", "finish_reason", "stats", "created_unix_ms", "meta")
@@ -247,7 +249,7 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
 class RoundStatsRequest(_message.Message):
-    __slots__ = ("run_id", "round", "prompt_ids", "policy_id", "expect_policies", "wait_ms", "page_token")
+    __slots__ = ("run_id", "round", "prompt_ids", "policy_id", "expect_policies", "wait_ms", "page_token", "wait_only")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +257,7 @@ class RoundStatsRequest(_message.Message):
     EXPECT_POLICIES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_ONLY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -262,7 +265,8 @@ class RoundStatsRequest(_message.Message):
     expect_policies: _containers.RepeatedScalarFieldContainer[str]
     wait_ms: int
     page_token: str
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., policy_id: _Optional[str] = ..., expect_policies: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    wait_only: bool
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., policy_id: _Optional[str] = ..., expect_policies: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ..., page_token: _Optional[str] = ..., wait_only: _Optional[bool] = ...) -> None: ...
 
 class PolicyStats(_message.Message):
     __slots__ = ("policy_id", "stats")

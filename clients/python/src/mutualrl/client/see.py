@@ -174,13 +174,15 @@ class AsyncSeeClient(AsyncClient):
     async def round_stats(self, run_id: str, round_: int, prompt_ids: Sequence[str], *,
                           policy_id: str = "", expect_policies: Sequence[str] = (),
                           wait_ms: int = 0, timeout: float | None = None,
-                          outage_budget: float | None = None) -> pb.RoundStatsResponse:
+                          outage_budget: float | None = None, wait_only: bool = False
+                          ) -> pb.RoundStatsResponse:
         """Pooled reward stats of `round_` for `prompt_ids` (every page, merged: `complete`
         when every page was, `missing_policies` of all pages). Each page waits up to what is
-        left of `wait_ms`."""
+        left of `wait_ms`. `wait_only`: only wait for the round (no stats come back, nothing
+        counts as taken by `policy_id`)."""
         req = pb.RoundStatsRequest(run_id=run_id, round=round_, prompt_ids=list(prompt_ids),
                                    policy_id=policy_id, expect_policies=list(expect_policies),
-                                   wait_ms=wait_ms)
+                                   wait_ms=wait_ms, wait_only=wait_only)
         start = time.monotonic()
         out = pb.RoundStatsResponse(complete=True)
         missing: set[str] = set()

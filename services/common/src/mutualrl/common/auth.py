@@ -94,6 +94,16 @@ def identify(header_value: str | None, secret: str) -> Principal | None:
     return None
 
 
+def claimed_policy(token: str | None) -> str | None:
+    """The policy a token says it acts for (`policy.<name>.<mac>`), None for any other token.
+    Not verified (the server does): a client reads it to leave out what its scope may not
+    call."""
+    if not token or not token.startswith("policy."):
+        return None
+    name, _, _ = token[len("policy."):].rpartition(".")
+    return name or None
+
+
 def token_matches(header_value: str | None, token: str) -> bool:
     """True when `header_value` is exactly 'Bearer <token>' (constant-time comparison)."""
     presented = _presented(header_value)

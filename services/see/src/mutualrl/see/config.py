@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from mutualrl.common.bounds import DEFAULT_MAX_ROUND_AHEAD, MAX_ROUND
 from mutualrl.common.config import Config, ServiceConfig
+from mutualrl.common.records import DEFAULT_LIMITS as _D
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -27,15 +28,15 @@ class SeeLimits(Config):
 
     max_batch_records: int = Field(default=4096, ge=1, le=65536)
     """Most records one Publish call may carry."""
-    max_record_bytes: int = Field(default=1024 * 1024, ge=256)
+    max_record_bytes: int = Field(default=_D.max_record_bytes, ge=256)
     """Largest serialized ExperienceRecord in bytes."""
-    max_text_chars: int = Field(default=262_144, ge=1)
+    max_text_chars: int = Field(default=_D.max_text_chars, ge=1)
     """Longest `text` / `prompt_text` in characters."""
-    max_tokens: int = Field(default=65_536, ge=1)
+    max_tokens: int = Field(default=_D.max_tokens, ge=1)
     """Longest token array (token_ids, offsets, logprobs)."""
-    max_meta_entries: int = Field(default=32, ge=0)
+    max_meta_entries: int = Field(default=_D.max_meta_entries, ge=0)
     """Most `meta` entries per record."""
-    max_meta_chars: int = Field(default=1024, ge=1)
+    max_meta_chars: int = Field(default=_D.max_meta_chars, ge=1)
     """Longest `meta` key or value in characters."""
     max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024)
     """Bytes one answer carries at most, over gRPC and REST: a page that would be larger ends

@@ -26,7 +26,7 @@ of run ids (`<prefix>:see:runs`) spans runs.
 | `rounds` | zset | rounds that have REWARD_STATS (score = round) |
 | `round` | zset | one member, "r", scored with the run's current round: the highest round its
   records and metric rows hold (ZADD GT; `mutualrl.common.bounds`' horizon counts from it) |
-| `rs:<round>` | hash | "<prompt>|<policy>" -> "count,sum,sum_sq,max" |
+| `rs:<round>` | hash | "<prompt>|<policy>" -> "count,sum,sum_sq,max[,success_max]" |
 | `succ:<prompt>` | hash | "<policy>|<text digest>" -> record id of a VERIFIED_SUCCESS |
 """
 
@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mutualrl.common import records
 from mutualrl.common.keys import KeySpace
 from mutualrl.v1 import experience_pb2 as pb
 
-KINDS: tuple[int, ...] = tuple(v for v in pb.RecordKind.values()
-                               if v != pb.RECORD_KIND_UNSPECIFIED)
+KINDS = records.KINDS
 """The record kinds, in enum order (one stream each)."""
 
 

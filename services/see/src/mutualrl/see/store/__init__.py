@@ -17,6 +17,7 @@ from typing import Any
 from redis import exceptions as rexc
 
 from mutualrl.common import bounds
+from mutualrl.common.records import validate_records
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.keys import KINDS, RunKeys
 from mutualrl.see.store.blocking import BlockingReads, ByteBudget
@@ -28,7 +29,7 @@ from mutualrl.see.store.rollouts import Rollouts
 from mutualrl.see.store.roundstats import RoundStats
 from mutualrl.see.store.runs import Retention, RunRegistry
 from mutualrl.see.store.successes import Successes
-from mutualrl.see.validate import validate_records, validate_run_config
+from mutualrl.see.validate import validate_run_config
 from mutualrl.v1 import experience_pb2 as pb
 
 __all__ = ["RecordPage", "Retention", "SeeStore"]

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mutualrl.v1 import experience_pb2 as pb
+
 HEADER_SEP = "\x1f"
 """Joins a stream entry's header fields, and a REWARD_STATS / VERIFIED_SUCCESS row's aux fields
 (ids never contain control characters: `mutualrl.common.ids.RECORD_KEY`)."""
@@ -131,12 +133,14 @@ def record_row(record_id: str, kind: int, size: int, header: Header, aux: str = 
                            aux))
 
 
-def stats_aux(key_index: int, prompt: str, policy: str, count: int, total: float,
-              total_sq: float, best: float, round_k: int) -> str:
-    """A REWARD_STATS row's aux: the round-stats hash (KEYS index), its field and value, the
-    round."""
-    return HEADER_SEP.join((str(key_index), f"{prompt}|{policy}",
-                            f"{count},{total!r},{total_sq!r},{best!r}", str(round_k)))
+def stats_aux(key_index: int, prompt: str, policy: str, stats: pb.RewardStats,
+              round_k: int) -> str:
+    """A REWARD_STATS row's aux: the round-stats hash (KEYS index), its field and value
+    ("count,sum,sum_sq,max" and ",success_max" when the stats carry one), the round."""
+    value = f"{stats.count},{stats.sum!r},{stats.sum_sq!r},{stats.max!r}"
+    if stats.HasField("success_max"):
+        value += f",{stats.success_max!r}"
+    return HEADER_SEP.join((str(key_index), f"{prompt}|{policy}", value, str(round_k)))
 
 
 def success_aux(key_index: int, policy: str, text_digest: str) -> str:

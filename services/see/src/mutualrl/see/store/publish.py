@@ -27,6 +27,7 @@ from typing import Any
 from redis import exceptions as rexc
 
 from mutualrl.common.errors import Unavailable
+from mutualrl.common.records import Batch
 from mutualrl.see import metrics as m
 from mutualrl.see.keys import KINDS, RunKeys, kind_name
 from mutualrl.see.store.durability import Mode
@@ -44,7 +45,7 @@ from mutualrl.see.store.layout import (
 )
 from mutualrl.see.store.lua import PUBLISH_LUA
 from mutualrl.see.store.runs import RunRegistry, queue_round
-from mutualrl.see.validate import Batch, text_digest
+from mutualrl.see.validate import text_digest
 from mutualrl.v1 import experience_pb2 as pb
 
 # How long a Publish waits for its batch to reach the disk under see.durability=fsync.
@@ -106,9 +107,7 @@ class Publisher:
                     keys.append(key)
                     idx = aux_keys[key] = len(keys)
                 if kind == pb.REWARD_STATS:
-                    st = rec.stats
-                    aux = stats_aux(idx, prompt, policy, st.count, st.sum, st.sum_sq, st.max,
-                                    round_)
+                    aux = stats_aux(idx, prompt, policy, rec.stats, round_)
                 else:
                     aux = success_aux(idx, policy, text_digest(batch.text[i]))
             rows.append(record_row(rid, kind, len(payload), header, aux))

@@ -17,12 +17,12 @@ import math
 import time
 
 from mutualrl.common.errors import InvalidArgument
+from mutualrl.common.records import check_stats
 from mutualrl.see import metrics as m
 from mutualrl.see.store.entries import redis_op
 from mutualrl.see.store.layout import as_str
 from mutualrl.see.store.paging import Budget, make_token, read_index, request_digest
 from mutualrl.see.store.part import StorePart
-from mutualrl.see.validate import check_stats
 from mutualrl.v1 import experience_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,24 +36,37 @@ _ENTRY_BYTES = 48
 
 
 def parse_stats(raw: bytes | str) -> pb.RewardStats | None:
-    """A stored "count,sum,sum_sq,max" entry, or None when it breaks the record rules."""
+    """A stored "count,sum,sum_sq,max[,success_max]" entry, or None when it breaks the record
+    rules."""
     try:
-        c, sm, ss, mx = as_str(raw).split(",")
+        c, sm, ss, mx, *rest = as_str(raw).split(",")
         count, total, sum_sq, top = int(c), float(sm), float(ss), float(mx)
-        check_stats(count, total, sum_sq, top, "stats")
+        if len(rest) > 1:
+            return None
+        success = float(rest[0]) if rest else None
+        check_stats(count, total, sum_sq, top, "stats", success)
     except (ValueError, InvalidArgument):
         return None
-    return pb.RewardStats(count=count, sum=total, sum_sq=sum_sq, max=top)
+    return pb.RewardStats(count=count, sum=total, sum_sq=sum_sq, max=top, success_max=success)
+
+
+def success_max(stats: pb.RewardStats) -> float:
+    """The largest success reward the stats vouch for: `success_max`, else `max`."""
+    return stats.success_max if stats.HasField("success_max") else stats.max
 
 
 def pool(entries: list[pb.RewardStats]) -> pb.RewardStats:
-    """The sum of `entries` (count, sum, sum_sq) and their max."""
+    """The sum of `entries` (count, sum, sum_sq), their max, and their success max when any
+    carries one (those without count their max)."""
     if not entries:
         return pb.RewardStats()
-    return pb.RewardStats(count=sum(e.count for e in entries),
-                          sum=math.fsum(e.sum for e in entries),
-                          sum_sq=math.fsum(e.sum_sq for e in entries),
-                          max=max(e.max for e in entries))
+    out = pb.RewardStats(count=sum(e.count for e in entries),
+                         sum=math.fsum(e.sum for e in entries),
+                         sum_sq=math.fsum(e.sum_sq for e in entries),
+                         max=max(e.max for e in entries))
+    if any(e.HasField("success_max") for e in entries):
+        out.success_max = max(map(success_max, entries))
+    return out
 
 
 class RoundStats(StorePart):
@@ -93,7 +106,7 @@ class RoundStats(StorePart):
         answered: list[str] = []
         for p in page:
             ps = pb.PromptStats(prompt_id=p)
-            for pol in policies:
+            for pol in () if req.wait_only else policies:  # a wait reads nothing
                 raw = have.get(f"{p}|{pol}")
                 if raw is None:
                     continue

@@ -260,6 +260,11 @@ class ExchangeSettings(Config):
     liveness_timeout_s: float = Field(600.0, gt=0)
     """deterministic: the longest a round waits for a peer's records before the run fails
     with an error naming the peers and the round (never a silent fallback)."""
+    max_failed_publishes: int = Field(3, ge=1)
+    """Rounds in a row whose publish may fail (after the client's retries over
+    `services.outage_budget_s`) before the trainer stops with an error: a run asked to share
+    that publishes nothing failed. asynchronous: peers miss the failed rounds meanwhile;
+    deterministic: peers wait for every round's records, so the first failure stops it."""
 
 
 class DiagnosticsSettings(Config):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.common.bounds import MAX_ABS_REWARD
 from mutualrl.trainer.config.task import RewardSpec
 from mutualrl.trainer.data.answers import after_hashes, answers_match, last_boxed, last_number
 
@@ -244,6 +245,10 @@ class RewardSet:
         out = []
         for v in values:
             f = 0.0 if v is None else float(v)
+            if abs(f) > MAX_ABS_REWARD and math.isfinite(f):
+                raise RewardError(f"task.rewards[{label}]: returned {f:g}, beyond the "
+                                  f"+-{MAX_ABS_REWARD:g} a shared reward may hold "
+                                  "(mutualrl.common.bounds): scale it down")
             out.append(f if math.isfinite(f) else 0.0)
         return out
 
@@ -276,4 +281,10 @@ class RewardSet:
         """(weighted sum per completion, each reward's values by name)."""
         per = {s.label: self.score_one(i, batch) for i, s in enumerate(self.specs)}
         total = [sum(s.weight * per[s.label][j] for s in self.specs) for j in range(len(batch))]
+        for t in total:
+            if not abs(t) <= MAX_ABS_REWARD:
+                terms = " + ".join(f"{s.weight:g} x {s.label}" for s in self.specs)
+                raise RewardError(f"task.rewards: the weighted total ({terms}) is {t:g}, beyond "
+                                  f"the +-{MAX_ABS_REWARD:g} a shared reward may hold "
+                                  "(mutualrl.common.bounds): lower the weights")
         return total, per

@@ -314,7 +314,8 @@ def build_session(
         exchange = PeerExchange(cfg.run_id, policy.name, tokenizer_id, svc.see, svc.thl, tok,
                                 svc.token, svc.timeout, cfg.probe.tau,
                                 outage_budget=svc.outage_budget_s,
-                                reads_within_deadline=not deterministic)
+                                reads_within_deadline=not deterministic,
+                                max_failed_publishes=cfg.exchange.max_failed_publishes)
         # A THL service learns each tokenizer from its own trainer; the in-process engine
         # knows only what this process registers, so it gets every policy's.
         tokenizers = {tokenizer_id: str(start)} if svc.thl is not None else {

@@ -29,9 +29,12 @@ from transformers import PreTrainedTokenizerFast
 
 from mutualrl.client.see import SeeClient
 from mutualrl.client.thl import ThlClient
+from mutualrl.common import records as rules
 from mutualrl.common import token_arrays as ta
 from mutualrl.common.alignment_types import TraceItem
+from mutualrl.common.auth import claimed_policy
 from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET, ClientOptions
+from mutualrl.common.errors import InvalidArgument
 from mutualrl.thl.engine import AlignmentEngine
 from mutualrl.trainer.algos.sgt import PeerSuccess
 from mutualrl.trainer.algos.xgrpo import RewardStats
@@ -47,6 +50,14 @@ _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 class PeerTimeout(RuntimeError):
     """Deterministic mode: peers did not publish a round within the liveness bound."""
+
+
+class RecordError(ValueError):
+    """A record this trainer built breaks SEE's record rules (`mutualrl.common.records`)."""
+
+
+class PublishError(RuntimeError):
+    """Publishes failed past `exchange.max_failed_publishes` in a row: the run shares nothing."""
 
 
 @dataclass
@@ -90,6 +101,11 @@ class AlignedPeer:
     """THL residual: share of receiver tokens inside multi-token chunks."""
 
 
+def _describe(err: grpc.RpcError) -> str:
+    code, details = getattr(err, "code", None), getattr(err, "details", None)
+    return f"{code().name}: {details()}" if code and details else str(err)
+
+
 def remaining(deadline: float) -> float:
     """Seconds left before `deadline` (never below 1 ms, so a call still gets a chance)."""
     return max(deadline - time.monotonic(), 0.001)
@@ -111,9 +127,12 @@ class PeerExchange:
         tau: float = 1.0,
         outage_budget: float = DEFAULT_OUTAGE_BUDGET,
         reads_within_deadline: bool = True,
+        max_failed_publishes: int = 3,
     ) -> None:
         self.run_id, self.policy, self.tokenizer_id = run_id, policy, tokenizer_id
         self.tau = tau
+        self.scoped = claimed_policy(token) is not None
+        """This trainer holds a policy token: it may not create the run, only find it."""
         self.reads_within_deadline = reads_within_deadline
         """The asynchronous mode: a probe's read ends by the round's deadline, a SEE outage
         included (the round falls back to GRPO). Otherwise (the deterministic mode, which
@@ -131,6 +150,13 @@ class PeerExchange:
         else:
             self.thl = AlignmentEngine()
         self.publish_failures = 0
+        """Publishes that failed in a row (reset by one that succeeds)."""
+        self.max_failed_publishes = max_failed_publishes
+        self.published = 0
+        """Records SEE acknowledged (stored or already there) from this trainer."""
+        self.run_config = pb.RunConfig(run_id=run_id, policies=[policy], tau=tau)
+        """What this trainer's records are checked against before they are sent (`join`
+        sets the run's policies)."""
         self.waited_s = 0.0
         """Seconds spent in bounded waits for peers to publish a round (up to a deadline)."""
         self._background: dict[str, ThreadPoolExecutor] = {}
@@ -147,16 +173,20 @@ class PeerExchange:
         with the in-process engine (which knows only what this process registers). They are
         registered for this run: THL's DeleteRun of the run releases them.
 
-        Creating takes the run's secret; with a policy token (PERMISSION_DENIED) the run must
-        exist already, made by whoever holds the secret (`mutualrl up` and `mutualrl
-        create-run` do), and list this policy (`mutualrl.see.grpc.access`); it is waited for up to
-        `run_wait_s` seconds."""
-        try:
-            self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.PERMISSION_DENIED:
-                raise
+        Creating takes the run's secret; with a policy token (which is not even tried: a
+        trainer calls nothing its token may not) the run must exist already, made by whoever
+        holds the secret (`mutualrl up` and `mutualrl create-run` do), and list this policy
+        (`mutualrl.see.grpc.access`); it is waited for up to `run_wait_s` seconds."""
+        self.run_config = pb.RunConfig(run_id=self.run_id, policies=list(policies), tau=self.tau)
+        if self.scoped:
             self._check_run_exists(run_wait_s)
+        else:
+            try:
+                self.client.create_run(self.run_id, list(policies), self.tau, exist_ok=True)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.PERMISSION_DENIED:
+                    raise
+                self._check_run_exists(run_wait_s)
         for tid, path in tokenizers.items():
             self.thl.register(tid, path, overwrite=True, run_id=self.run_id)
 
@@ -189,17 +219,45 @@ class PeerExchange:
             self.thl.close()
 
     # ---- publish --------------------------------------------------------------------------
-    def publish(self, records: list[Any]) -> bool:
-        """Publish a round's records (idempotent per record id). A failure (after the client's
-        retries) is logged and counted, not raised: peers miss one round of this policy's
-        data, which is what their deadline is for, and training goes on."""
+    def check(self, records: Sequence[Any]) -> None:
+        """Raise RecordError unless every record keeps SEE's rules, checked with SEE's own code
+        against SEE's default limits: a record SEE would refuse is this trainer's error, found
+        before it is sent."""
         try:
-            self.client.publish(self.run_id, records)
+            rules.validate_records(records, self.run_config, rules.DEFAULT_LIMITS)
+        except InvalidArgument as err:
+            raise RecordError(f"policy {self.policy!r} built a record SEE refuses: {err}"
+                              ) from None
+
+    def publish(self, records: list[Any]) -> bool:
+        """Publish a round's records (checked first; idempotent per record id). A failure
+        (after the client's retries) is logged and counted: peers miss one round of this
+        policy's data, which is what their deadline is for, and training goes on, until
+        `max_failed_publishes` rounds in a row failed: then PublishError ends the run, which
+        was asked to share and shares nothing."""
+        self.check(records)
+        try:
+            self._send(records)
             return True
         except grpc.RpcError as err:
-            self.publish_failures += 1
-            log.warning("publish of %d records failed: %s", len(records), err)
+            self._failed(len(records), err)
             return False
+
+    def _send(self, records: list[Any]) -> None:
+        self.client.publish(self.run_id, records)
+        self.published += len(records)
+        self.publish_failures = 0
+
+    def _failed(self, n: int, err: grpc.RpcError) -> None:
+        self.publish_failures += 1
+        what = _describe(err)
+        if self.publish_failures >= self.max_failed_publishes:
+            raise PublishError(
+                f"policy {self.policy!r}: {self.publish_failures} publishes in a row failed "
+                f"(exchange.max_failed_publishes={self.max_failed_publishes}); last: {what}"
+            ) from None
+        log.warning("publish of %d records failed (%d in a row): %s", n,
+                    self.publish_failures, what)
 
     # ---- the background (deterministic mode) ------------------------------------------------
     def submit(self, fn: Callable[[], T], lane: str = "read") -> Future[T]:
@@ -211,10 +269,20 @@ class PeerExchange:
         return self._background[lane].submit(fn)
 
     def publish_soon(self, records: list[Any]) -> None:
-        """Publish in the background, in order; a failure (after the client's retries) raises
-        from the next `flush`: peers wait for these records, so they must not be dropped."""
-        self._published.append(
-            self.submit(lambda: self.client.publish(self.run_id, records), lane="publish"))
+        """Publish in the background (checked first), in order; a failure (after the client's
+        retries) raises from the next `flush`: peers wait for these records, so they must not
+        be dropped."""
+        self.check(records)
+
+        def send() -> None:
+            try:
+                self._send(records)
+            except grpc.RpcError as err:
+                self.publish_failures += 1
+                raise PublishError(
+                    f"policy {self.policy!r}: a publish of {len(records)} records failed, and "
+                    f"the deterministic mode's peers wait for them: {_describe(err)}") from None
+        self._published.append(self.submit(send, lane="publish"))
 
     def flush(self) -> None:
         """Wait for the background publishes; raise the first that failed."""
@@ -236,9 +304,10 @@ class PeerExchange:
             left = give_up - time.monotonic()
             wait = max(min(left, _POLL_S), 0.0)
             try:
-                resp = self.client.round_stats(  # no policy_id: a poll takes nothing
-                    self.run_id, round_k, list(prompt_ids),
-                    wait_ms=int(max(wait - _MARGIN_S, 0.0) * 1000),
+                # As this policy (all its token may ask), a wait only: a poll takes nothing.
+                resp = self.client.round_stats(
+                    self.run_id, round_k, list(prompt_ids), policy_id=self.policy,
+                    wait_only=True, wait_ms=int(max(wait - _MARGIN_S, 0.0) * 1000),
                     expect_policies=list(expect or []), timeout=wait + 5.0)
                 if resp.complete:
                     return time.monotonic() - t0
@@ -279,7 +348,8 @@ class PeerExchange:
                 s = ps.stats
                 pooled[p.prompt_id] = pooled.get(p.prompt_id, RewardStats()).merge(
                     RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
-                best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(s.max))
+                top = s.success_max if s.HasField("success_max") else s.max
+                best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(top))
         return pooled, best, bool(resp.complete)
 
     def _round_stats(self, round_k: int, prompt_ids: Sequence[str], deadline: float,
@@ -446,6 +516,7 @@ class PeerExchange:
 
 _FINISH = {"stop": "FINISH_REASON_STOP", "length": "FINISH_REASON_LENGTH",
            "eos": "FINISH_REASON_EOS"}  # the engines' names -> experience.proto FinishReason
+_VERIFIABLE = frozenset(pb.FinishReason.Name(f) for f in rules.VERIFIABLE_FINISH)
 
 
 def round_records(
@@ -466,8 +537,11 @@ def round_records(
     """SEE records of one round: a ROLLOUT per sample, REWARD_STATS per prompt and a
     VERIFIED_SUCCESS per verified sample (its success reward >= tau, not truncated). A sample
     that stopped with `eos_token_id` as its last token finishes with EOS (receivers append their
-    own). `success`: each sample's success reward (the task's `success_reward`), which a
-    VERIFIED_SUCCESS record and the stats' `max` (SGT's gate) carry; default the rewards.
+    own). A verified sample that SEE could not take as a success (blank text, cut by its token
+    budget) is published as a rollout only (cut: not verified). `success`: each sample's
+    success reward (the task's `success_reward`), which a VERIFIED_SUCCESS record and the
+    stats' `success_max` (SGT's gate) carry; default the rewards (the stats' `max` then
+    gates). The stats' sums and `max` are over the rewards.
     `renderings`: the sender's own rendering of each prompt, for people (the dashboard's
     record view): receivers never read it, they render the problem their own way."""
     out: list[Any] = []
@@ -489,14 +563,17 @@ def round_records(
             ends = [b for _, b in s.offsets]
             out.append(ta.set_tokens(pb.ExperienceRecord(
                 record_id=rollout_id(policy, round_k, p_i, k), kind=pb.ROLLOUT, text=s.text,
-                reward=r, verified=good, finish_reason=finish, **rollout),
+                reward=r, verified=good and finish != "FINISH_REASON_LENGTH",
+                finish_reason=finish, **rollout),
                 s.token_ids, starts, ends, s.logprobs))
-            if good and g >= tau and s.finish_reason != "length":
+            # SEE's rules of a success: verified, reaching tau, stopped (not cut), with text.
+            if (good and g >= tau and finish in _VERIFIABLE and s.text.strip()):
                 out.append(pb.ExperienceRecord(
                     record_id=success_id(policy, round_k, p_i, k), kind=pb.VERIFIED_SUCCESS,
                     text=s.text, reward=g, verified=True, finish_reason=finish, **common))
         stats = pb.RewardStats(count=len(rs), sum=float(sum(rs)),
-                               sum_sq=float(sum(r * r for r in rs)), max=float(max(gate)))
+                               sum_sq=float(sum(r * r for r in rs)), max=float(max(rs)),
+                               success_max=None if success is None else float(max(gate)))
         out.append(pb.ExperienceRecord(record_id=stats_id(policy, round_k, p_i),
                                        kind=pb.REWARD_STATS, stats=stats, **common))
     return out

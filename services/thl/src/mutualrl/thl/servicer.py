@@ -158,6 +158,35 @@ def _varint_at(data: bytes, at: int) -> tuple[int, int]:
     raise DecodeError("truncated or overlong varint")
 
 
+_MAX_GROUP_DEPTH = 100  # as protobuf's own parser
+
+
+def _skip(data: bytes, at: int, tag: int, depth: int = 0) -> int:
+    """Where the field whose `tag` was read just before `at` ends (a group: after its end tag;
+    unknown fields may be groups, nested at most `_MAX_GROUP_DEPTH` deep)."""
+    kind = tag & 7
+    if kind == 0:
+        return _varint_at(data, at)[1]
+    if kind in (1, 5):
+        return at + (8 if kind == 1 else 4)
+    if kind == 2:
+        size, at = _varint_at(data, at)
+        return at + size
+    if kind == 3:
+        if depth >= _MAX_GROUP_DEPTH:
+            raise DecodeError(f"groups nested over {_MAX_GROUP_DEPTH} deep")
+        while True:
+            inner, at = _varint_at(data, at)
+            if inner & 7 == 4:
+                if inner >> 3 != tag >> 3:
+                    raise DecodeError(f"group {tag >> 3} ended by {inner >> 3}")
+                return at
+            at = _skip(data, at, inner, depth + 1)
+            if at > len(data):
+                raise DecodeError("group runs past the end")
+    raise DecodeError(f"wire type {kind}")
+
+
 def _split_items(data: bytes) -> tuple[bytes, list[memoryview]]:
     """An AlignTraceRequest's bytes as the request without its items and each item's bytes,
     read from the top-level fields' tags and lengths alone (DecodeError when they do not
@@ -169,22 +198,14 @@ def _split_items(data: bytes) -> tuple[bytes, list[memoryview]]:
     while at < len(data):
         start = at
         tag, at = _varint_at(data, at)
-        kind = tag & 7
-        if kind == 0:
-            _, at = _varint_at(data, at)
-        elif kind in (1, 5):
-            at += 8 if kind == 1 else 4
-        elif kind == 2:
-            size, at = _varint_at(data, at)
-            at += size
-            if tag >> 3 == _ITEMS_FIELD and at <= len(data):
-                items.append(view[at - size:at])
-                continue
-        else:
-            raise DecodeError(f"wire type {kind} at byte {start}")
+        body = at
+        at = _skip(data, at, tag)
         if at > len(data):
             raise DecodeError(f"field at byte {start} runs past the end")
-        rest.append(view[start:at])
+        if tag == _ITEMS_FIELD << 3 | 2:
+            items.append(view[_varint_at(data, body)[1]:at])  # after its length
+        else:
+            rest.append(view[start:at])
     return b"".join(rest), items
 
 

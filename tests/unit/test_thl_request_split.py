@@ -23,7 +23,7 @@ _requests = st.builds(pb.AlignTraceRequest, source_tokenizer_id=st.text(max_size
 
 
 def _piecewise(data: bytes) -> pb.AlignTraceRequest:
-    rest, parts = _split_items(data)
+    rest, parts = _split_items(data, 1024)
     out = pb.AlignTraceRequest.FromString(rest)
     out.items.extend(pb.TraceItem.FromString(part) for part in parts)
     return out
@@ -37,7 +37,7 @@ def test_a_request_split_into_its_items_reads_as_it_does_whole(
     # Fields in any order and repeated (the last scalar wins, items add up) read the same.
     data += pb.AlignTraceRequest(items=more, mode=1).SerializeToString()
     assert _piecewise(data) == pb.AlignTraceRequest.FromString(data)
-    assert len(_split_items(data)[1]) == len(request.items) + len(more)
+    assert len(_split_items(data, 1024)[1]) == len(request.items) + len(more)
 
 
 def _reads_as_whole(data: bytes) -> None:
@@ -66,5 +66,14 @@ def test_unknown_fields_and_groups_read_as_they_do_whole(data: bytes) -> None:
 
 
 def test_groups_nested_past_any_depth_are_refused_not_crashed() -> None:
-    with pytest.raises(DecodeError):
-        _split_items(b"\x33" * 100_000)
+    with pytest.raises(DecodeError, match="nested"):
+        _split_items(b"\x33" * 101 + b"\x34" * 101, 1024)
+
+
+def test_a_body_of_many_fields_is_read_only_as_far_as_the_limits() -> None:
+    many_items = b"\x1a\x00" * 100_000
+    assert len(_split_items(many_items, 1024)[1]) == 1025  # refused for them; no more read
+    with pytest.raises(DecodeError, match="too many fields"):
+        _split_items(b"\x20\x01" * 100_000, 1024)  # mode, 100,000 times
+    with pytest.raises(DecodeError, match="too many fields"):
+        _split_items(b"\x33" + b"\x08\x01" * 100_000 + b"\x34", 1024)  # inside a group

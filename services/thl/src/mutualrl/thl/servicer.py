@@ -144,66 +144,85 @@ class WorkBudget:
 _ITEMS_FIELD = pb.AlignTraceRequest.DESCRIPTOR.fields_by_name["items"].number
 
 
-def _varint_at(data: bytes, at: int) -> tuple[int, int]:
-    """The varint at `data[at:]` and where it ends."""
-    value = 0
-    for shift in range(0, 70, 7):
-        if at >= len(data):
-            break
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-    raise DecodeError("truncated or overlong varint")
-
-
 _MAX_GROUP_DEPTH = 100  # as protobuf's own parser
+_MAX_OTHER_FIELDS = 64
+"""Fields besides its items a request may hold (a real one has at most four)."""
 
 
-def _skip(data: bytes, at: int, tag: int, depth: int = 0) -> int:
-    """Where the field whose `tag` was read just before `at` ends (a group: after its end tag;
-    unknown fields may be groups, nested at most `_MAX_GROUP_DEPTH` deep)."""
-    kind = tag & 7
-    if kind == 0:
-        return _varint_at(data, at)[1]
-    if kind in (1, 5):
-        return at + (8 if kind == 1 else 4)
-    if kind == 2:
-        size, at = _varint_at(data, at)
-        return at + size
-    if kind == 3:
-        if depth >= _MAX_GROUP_DEPTH:
-            raise DecodeError(f"groups nested over {_MAX_GROUP_DEPTH} deep")
-        while True:
-            inner, at = _varint_at(data, at)
-            if inner & 7 == 4:
-                if inner >> 3 != tag >> 3:
-                    raise DecodeError(f"group {tag >> 3} ended by {inner >> 3}")
-                return at
-            at = _skip(data, at, inner, depth + 1)
-            if at > len(data):
-                raise DecodeError("group runs past the end")
-    raise DecodeError(f"wire type {kind}")
+class _Fields:
+    """Reads a message's top-level fields from its tags and lengths alone, at most `limit`
+    tags in all (nested ones included): a body of millions of tiny fields is refused after
+    `limit`, not read to its end by a Python loop."""
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        self.data = data
+        self.left = limit
+
+    def varint(self, at: int) -> tuple[int, int]:
+        """The varint at `at` and where it ends."""
+        data, value = self.data, 0
+        for shift in range(0, 70, 7):
+            if at >= len(data):
+                break
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, at
+        raise DecodeError("truncated or overlong varint")
+
+    def tag(self, at: int) -> tuple[int, int]:
+        """The tag at `at` and where it ends."""
+        self.left -= 1
+        if self.left < 0:
+            raise DecodeError("too many fields")
+        return self.varint(at)
+
+    def skip(self, at: int, tag: int, depth: int = 0) -> int:
+        """Where the field whose `tag` was read just before `at` ends (a group: after its end
+        tag; unknown fields may be groups)."""
+        kind = tag & 7
+        if kind == 0:
+            return self.varint(at)[1]
+        if kind in (1, 5):
+            return at + (8 if kind == 1 else 4)
+        if kind == 2:
+            size, at = self.varint(at)
+            return at + size
+        if kind == 3:
+            if depth >= _MAX_GROUP_DEPTH:
+                raise DecodeError(f"groups nested over {_MAX_GROUP_DEPTH} deep")
+            while True:
+                inner, at = self.tag(at)
+                if inner & 7 == 4:
+                    if inner >> 3 != tag >> 3:
+                        raise DecodeError(f"group {tag >> 3} ended by {inner >> 3}")
+                    return at
+                at = self.skip(at, inner, depth + 1)
+                if at > len(self.data):
+                    raise DecodeError("group runs past the end")
+        raise DecodeError(f"wire type {kind}")
 
 
-def _split_items(data: bytes) -> tuple[bytes, list[memoryview]]:
+def _split_items(data: bytes, max_items: int) -> tuple[bytes, list[memoryview]]:
     """An AlignTraceRequest's bytes as the request without its items and each item's bytes,
     read from the top-level fields' tags and lengths alone (DecodeError when they do not
-    parse): the items are parsed one at a time when they are used."""
+    parse): the items are parsed one at a time when they are used. Stops at `max_items` + 1
+    items (the request is refused for them; what it holds beyond is not read)."""
     view = memoryview(data)
+    fields = _Fields(data, max_items + 1 + _MAX_OTHER_FIELDS)
     rest: list[memoryview] = []
     items: list[memoryview] = []
     at = 0
-    while at < len(data):
+    while at < len(data) and len(items) <= max_items:
         start = at
-        tag, at = _varint_at(data, at)
+        tag, at = fields.tag(at)
         body = at
-        at = _skip(data, at, tag)
+        at = fields.skip(at, tag)
         if at > len(data):
             raise DecodeError(f"field at byte {start} runs past the end")
         if tag == _ITEMS_FIELD << 3 | 2:
-            items.append(view[_varint_at(data, body)[1]:at])  # after its length
+            items.append(view[fields.varint(body)[1]:at])  # after its length
         else:
             rest.append(view[start:at])
     return b"".join(rest), items
@@ -334,12 +353,13 @@ class AlignmentServicer:
         Retokenize)."""
         data = await self._received(context, "items")
         try:
-            rest, parts = _split_items(data)
+            rest, parts = _split_items(data, self.engine.limits.max_batch)
         except DecodeError as err:
             raise _unparsable(pb.AlignTraceRequest, err, "request") from None
         if len(parts) > self.engine.limits.max_batch:  # before parsing them
-            raise InvalidArgument("items", f"{len(parts)} entries, over the limit "
-                                  f"of {self.engine.limits.max_batch} per call")
+            limit = self.engine.limits.max_batch
+            raise InvalidArgument("items", f"more than {limit} entries, over the limit of "
+                                  f"{limit} per call")
         request = _parse(pb.AlignTraceRequest, rest)
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")

@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from mutualrl.bench.rounds import barrier_round_time
-from mutualrl.launch.report import demos_by_donor, learned_table, plot_curves, results
+from mutualrl.launch.report import (
+    demos_by_donor,
+    learned_table,
+    nothing_shared,
+    plot_curves,
+    results,
+)
 
 
 def _plan(tmp_path: Path) -> object:
@@ -101,3 +107,14 @@ def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
     console.print(status_table(plan, set()))  # type: ignore[arg-type]
     line = next(x for x in console.export_text().splitlines() if " b " in x)
     assert "0.500" in line  # b's held-out column: the benchmark's avg@4 (its reward is 0)
+
+
+def test_a_policy_that_read_no_peer_in_any_round_fails_a_shared_run() -> None:
+    read = {"sharing": {"rounds": 3, "shared": 2.0, "fraction": 0.67, "lead_wait_s": 0.0}}
+    none = {"sharing": {"rounds": 3, "shared": 0.0, "fraction": 0.0, "lead_wait_s": 0.0}}
+    grpo = {"sharing": None}  # probe `none`: nothing to read, nothing asked
+    assert nothing_shared({"a": read, "b": read}) is None
+    assert nothing_shared({"a": grpo, "b": grpo}) is None
+    assert nothing_shared({"a": none}) is None  # one policy alone has no peers
+    reason = nothing_shared({"a": read, "b": none, "c": none})
+    assert reason is not None and reason.startswith("b, c read no peer data in any round")

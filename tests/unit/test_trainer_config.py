@@ -240,3 +240,17 @@ def test_collaborative_probe_settings_out_of_range_are_refused_at_load(
         load_trainer_config(path)
     assert main(["train", "-c", str(path), "--policy", "A"]) == 2
     assert "probe." in capsys.readouterr().err
+
+
+def test_a_sharing_run_too_short_to_read_a_peer_is_refused_naming_the_field() -> None:
+    two = [{"name": "A", "preset": "gpt2-bpe"}, {"name": "B", "preset": "llama-char"}]
+    run = {"exchange": {"mode": "deterministic", "staleness": 2}, "probe": {"kind": "sgt"},
+           "policies": two}
+    with pytest.raises(ValidationError, match=r"grpo\.rounds: 2 rounds never read a peer"):
+        TrainerConfig.model_validate({**run, "grpo": {"rounds": 2}})
+    with pytest.raises(ValidationError, match=r"policies\[1\]\.grpo\.rounds: 1 rounds"):
+        TrainerConfig.model_validate({**run, "grpo": {"rounds": 3}, "policies": [
+            two[0], {**two[1], "grpo": {"rounds": 1}}]})
+    TrainerConfig.model_validate({**run, "grpo": {"rounds": 3}})  # round 2 reads round 0
+    TrainerConfig.model_validate({**run, "grpo": {"rounds": 1}, "probe": {"kind": "none"}})
+    TrainerConfig.model_validate({**run, "grpo": {"rounds": 1}, "policies": two[:1]})

@@ -9,7 +9,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from mutualrl.client.rest import follow_pages
@@ -251,6 +250,18 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def nothing_shared(res: dict[str, Any]) -> str | None:
+    """A run of two or more policies asked to share fails when a policy's probe read peer data
+    in none of its rounds (every round fell back to plain GRPO): the reason, else None."""
+    if len(res) < 2:
+        return None
+    alone = [name for name, r in res.items() if r.get("sharing") and not r["sharing"]["shared"]]
+    if not alone:
+        return None
+    return (f"{', '.join(alone)} read no peer data in any round: every round fell back to "
+            "plain GRPO, nothing was shared (docs/determinism.md)")
+
+
 def sharing_table(res: dict[str, Any]) -> Table | None:
     """Per policy: the rounds whose probe read peer data, of the rounds it trained, and the
     seconds spent keeping within `exchange.max_lead_rounds` of the slowest peer."""
@@ -377,10 +388,7 @@ def final_report(plan: LaunchPlan, console: Any, failure: str | None = None) -> 
     shared = sharing_table(res)
     if shared is not None:
         console.print(shared)
-        for name, r in res.items():
-            if r.get("sharing") and not r["sharing"]["shared"]:
-                console.print(f"[red]{escape(name)} read no peer data in any round: every "
-                              "round fell back to plain GRPO (docs/determinism.md)[/]")
+    failure = failure or nothing_shared(res)
     if stats is not None:
         console.print(transfer_table(stats))
     summary = {"run_id": plan.run_id, "status": "failed" if failure else "finished",

@@ -448,7 +448,10 @@ def _train(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
     if code != EXIT_OK:
         return code
     console.print(status_table(plan, done))
-    final_report(plan, console)
+    summary = final_report(plan, console)
+    if summary["failure"]:  # asked to share, shared nothing: a failed run, not a warning
+        console.print(f"[red]the run failed: {escape(summary['failure'])}[/]")
+        return EXIT_FAILED
     if plan.up.serve_after:
         console.print("trainers finished; services stay up until Ctrl-C")
         while signals.received is None:

@@ -680,6 +680,15 @@ class TrainerConfig(Config):
                 except ValidationError as err:
                     raise ValueError(f"policies[{i}] ({p.name}).{section}: {first_error(err)}"
                                      ) from None
+            rounds = int(p.grpo.get("rounds", self.grpo.rounds))
+            shares = p.probe.get("kind", self.probe.kind) != "none" and len(self.policies) > 1
+            if (shares and self.exchange.mode == "deterministic"
+                    and rounds <= self.exchange.staleness):
+                where = f"policies[{i}].grpo.rounds" if "rounds" in p.grpo else "grpo.rounds"
+                raise ValueError(
+                    f"policies[{i}] ({p.name}).{where}: {rounds} rounds never read a peer: "
+                    f"round r reads the peers' round r - exchange.staleness "
+                    f"({self.exchange.staleness}); give more rounds or a smaller staleness")
             lr = float(p.grpo.get("lr", self.grpo.lr))
             problem = master_weight_problem(p.dtype, lr)
             if problem:

@@ -374,6 +374,25 @@ async def test_verified_successes_dedup(client: AsyncSeeClient, run_id: str) -> 
                     ("b", "c", pb.VERIFIED_SUCCESS): 1}
 
 
+async def test_a_text_given_again_later_keeps_its_earlier_round(client: AsyncSeeClient,
+                                                                run_id: str) -> None:
+    """A policy gives the same text for a prompt in rounds 0 and 2 (the prompt came back in a
+    later epoch). A peer reading from round 0 (the deterministic mode reads round q while the
+    policy may have published q + 2 already) gets the round-0 record, which its window holds;
+    one reading from round 1 gets round 2's."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    for i, r in enumerate((0, 2, 2)):  # two samples of round 2 say it: the round counts once
+        await client.publish(run_id, [success_record("a", r, "p0", "7", sample=i)])
+    await client.publish(run_id, [success_record("a", 4, "p0", "7"),
+                                  success_record("a", 4, "p0", "8", sample=1)])
+    got = await client.successes(run_id, "b", ["p0"], min_round=0)
+    assert [(r.round, r.text) for r in got["p0"]] == [(0, "7"), (4, "8")]
+    got = await client.successes(run_id, "b", ["p0"], min_round=1)
+    assert [(r.round, r.text) for r in got["p0"]] == [(2, "7"), (4, "8")]
+    got = await client.successes(run_id, "b", ["p0"], min_round=3)
+    assert [(r.round, r.text) for r in got["p0"]] == [(4, "7"), (4, "8")]
+
+
 async def test_retention_trims_counts_and_bounds_memory(client: AsyncSeeClient, run_id: str,
                                                         rds: redis.Redis) -> None:
     cap = 200

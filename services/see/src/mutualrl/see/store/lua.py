@@ -135,7 +135,10 @@ for rid, kind_s, size, policy, header, aux_s in string.gmatch(rows .. RS, ROW) d
             if string.match(cur, '|([^|:]*):[^|]*$') ~= rnd then
               cur = cur .. '|' .. rnd .. ':' .. rid
               local _, n = string.gsub(cur, '|', '')
-              if n > PER_TEXT then cur = string.sub(cur, string.find(cur, '|', 2, true)) end
+              if n > PER_TEXT then
+                local second = string.find(cur, '|', 2, true)
+                cur = string.sub(cur, second)
+              end
               redis.call('HSET', key, aux[2], cur)
             end
           end

@@ -2,13 +2,14 @@
 
 Everything that decides the answer is read before any record is: a prompt's success index
 (`succ:<prompt>`, "<policy>|<text digest>" -> the record of each round that gave the text: the
-digest is what deduplication compares), each candidate's index entry (`idx`: its stream id and its length) and its stream
-header (its round). The candidates are ordered by (round, policy, record id), deduplicated by
-text digest and cut to `max_per_prompt`, and only then are payloads read, as many as fit the
-answer's byte budget. So a prompt with 100 successes of 1 MiB costs one record's bytes at
-`max_per_prompt=1`, and an answer that would pass the budget ends early with a token naming the
-last success given; the next page goes on after it. A page examines at most
-`MAX_PAGE_CANDIDATES` candidates (whole prompts; at least one).
+digest is what deduplication compares), each candidate's index entry (`idx`: its stream id and
+its length) and its stream header (its round). The candidates are ordered by (round, policy,
+record id), deduplicated by text digest (the earliest round from `min_round` on wins) and cut to
+`max_per_prompt`, and only then are payloads read, as many as fit the answer's byte budget. So a
+prompt with 100 successes of 1 MiB costs one record's bytes at `max_per_prompt=1`, and an answer
+that would pass the budget ends early with a token naming the last success given; the next page
+goes on after it. A page examines at most `MAX_PAGE_CANDIDATES` candidates (whole prompts; at
+least one).
 """
 
 from __future__ import annotations

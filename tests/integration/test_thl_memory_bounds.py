@@ -132,14 +132,19 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
         assert 0 < _metric(metrics_port, "mutualrl_thl_tokenizer_cache_bytes") <= budget
 
     codes: Counter[str] = Counter()
+    over: Counter[str] = Counter()  # what the calls over the per-call text limit got
 
-    async def call(coro: object, fields: tuple[str, ...]) -> object:
+    async def call(coro: object, fields: tuple[str, ...],
+                   tally: Counter[str] | None = None) -> object:
+        tallies = (codes,) if tally is None else (codes, tally)
         try:
             out = await coro  # type: ignore[misc]
-            codes["OK"] += 1
+            for t in tallies:
+                t["OK"] += 1
             return out
         except grpc.aio.AioRpcError as err:
-            codes[err.code().name] += 1
+            for t in tallies:
+                t[err.code().name] += 1
             assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED), err.details()
             assert (err.details() or "").split(":")[0].split("[")[0] in fields, err.details()
@@ -169,7 +174,9 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
             for round_ in range(2):
                 texts = _texts(rng, 250 * 1024, 8)  # just under the per-call limit
                 src = await call(c.retokenize("bpe", texts), ("texts",))
-                await call(c.retokenize("wp", [*texts, "x" * 30_000]), ("texts",))  # over it
+                # Over it: refused for its size, or before its body is read while the budget
+                # is full.
+                await call(c.retokenize("wp", [*texts, "x" * 30_000]), ("texts",), over)
                 if src is not None:
                     items = [TraceItem(t, r.token_ids, np.full(len(r.token_ids), -0.5),
                                        r.offsets)
@@ -185,7 +192,8 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
           f"refusals {dict(codes)}")
     assert peak < RSS_BOUND, (peak / MiB, baseline / MiB)
     assert peak - baseline < GROWTH_BOUND, (peak / MiB, baseline / MiB)
-    assert codes["INVALID_ARGUMENT"] == 4 * 2  # every call over the per-call text limit
+    assert over["OK"] == 0 and over.total() == 4 * 2, over  # every call over the limit
+    assert over["INVALID_ARGUMENT"] == codes["INVALID_ARGUMENT"]  # and only those
     assert codes["RESOURCE_EXHAUSTED"] >= 6 + 1  # the registrations beyond the cap, the budget
     assert codes["OK"] >= 24 + 4
     check_cache()
@@ -194,16 +202,18 @@ async def test_thl_memory_stays_bounded_under_large_and_varied_requests(
 
 @pytest.mark.timeout(600)
 def test_thl_peak_on_4_mib_of_emoji_one_call_and_three_at_once() -> None:
-    """THL with its default limits on the largest Retokenize they let through, 4 MiB of emoji
-    in four 1 MiB texts (3.1 M tokens): one call and three at once peak under the bound
-    docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with AlignTrace
-    and repeats). Inputs beyond the limits are refused before any work."""
-    from mutualrl.bench.thl_memory import BOUND_MIB, run_memory
+    """THL with its default limits on the largest inputs they let through: Retokenize of 4 MiB
+    of emoji in four 1 MiB texts (3.1 M tokens), and AlignTrace of two such texts with their
+    full traces (a 20 MB request, a 42 MB answer), one call and three at once, peak under the
+    bound docs/reliability.md states (`mutualrl bench thl --memory` runs the same, with
+    repeats). Inputs beyond the limits are refused before any work."""
+    from mutualrl.bench.thl_memory import BOUND_MIB, SCENARIOS, run_memory
 
-    out = run_memory(repeats=1, scenarios=(("retokenize", 1), ("retokenize", 3)))
+    out = run_memory(repeats=1, scenarios=SCENARIOS)
     print(json.dumps(out, indent=1))
     for name, figures in out["scenarios"].items():
-        assert figures["tokens_per_call"] == 3 * (1 << 20), name
+        tokens = 4 if name.startswith("retokenize") else 2
+        assert figures["tokens_per_call"] == tokens * 3 * (1 << 18), name
         assert figures["peak_mib"] < BOUND_MIB, (name, figures)
     assert {name: r["code"] for name, r in out["refusals"].items()} == {
         "texts over max_request_text_bytes (5 x 1 MiB)": "INVALID_ARGUMENT",

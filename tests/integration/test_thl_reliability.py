@@ -7,6 +7,7 @@ BERT-family tokenizers whose tokenizer.json truncates and pads encoded whole."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -24,8 +25,10 @@ from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.channel import ClientOptions
 from mutualrl.common.errors import quote
+from mutualrl.thl import metrics
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.server import ThlServer, start_thl
+from mutualrl.v1 import alignment_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -324,3 +327,76 @@ async def test_a_dropped_tokenizer_leaves_no_metric_series(server: ThlServer, ro
         assert before > 20 and series("kept/p") == before
         assert await thl.delete_run("gone") == 1
         assert series("gone/p") == 0 and series("kept/p") == before
+
+
+ALIGN_TRACE = "/mutualrl.v1.Alignment/AlignTrace"
+
+
+async def test_large_align_trace_is_refused_from_its_lengths_naming_the_field(
+        server: ThlServer, root: Path) -> None:
+    """Over-long source traces, a value short and an item that does not parse are refused
+    from the request's lengths (INVALID_ARGUMENT naming the item's field), before any work."""
+    text = "\U0001f389" * 16384  # 64 kB of emoji
+    many = 1_000_000
+    async with _client(server) as thl:
+        await thl.register("bpe", str(root / "byte_bpe"))
+        src = (await thl.retokenize("bpe", [text]))[0]
+        n = len(src.token_ids)
+        cases = [
+            ([TraceItem(text, np.zeros(many, dtype=np.int64), np.zeros(many))],
+             "items[0].source_token_ids"),
+            ([TraceItem(text, src.token_ids, np.zeros(n)),
+              TraceItem(text, src.token_ids, np.zeros(n - 1), src.offsets)], "items[1].values"),
+            ([TraceItem(text, src.token_ids, np.zeros(n), src.offsets[:-1])],
+             "items[0].source_offsets"),
+        ]
+        loads = server.engine.registry.loads
+        for items, field in cases:
+            err = await _error(thl.align_trace("bpe", "bpe", items))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, err.details())
+            assert (err.details() or "").startswith(f"{field}:"), err.details()
+        assert server.engine.registry.loads == loads
+    good = pb.AlignTraceRequest(source_tokenizer_id="bpe", target_tokenizer_id="bpe",
+                                items=[pb.TraceItem(text="hi")]).SerializeToString()
+    bad_item = good + b"\x1a\x03\x0a\x05h"  # a second item whose text runs past its end
+    truncated = good + b"\x1a\x7f"  # an item longer than the body
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        call = channel.unary_unary(ALIGN_TRACE)
+        for body, field in ((bad_item, "items[1]"), (truncated, "request")):
+            err = await _error(call(body, timeout=10))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+            assert (err.details() or "").startswith(f"{field}:"), err.details()
+
+
+async def test_align_trace_is_refused_unread_while_the_request_budget_is_full(
+        redis_url: str, run_id: str, root: Path) -> None:
+    """While the calls being worked on hold the whole request budget, an AlignTrace is
+    RESOURCE_EXHAUSTED naming `items` before its body is read (a body that does not parse gets
+    the same answer), and the call holding it is answered."""
+    limit = 1 << 20
+    srv = await _start(redis_url, run_id, [root], max_inflight_request_bytes=limit,
+                       tokenizers={"bpe": str(root / "byte_bpe")})
+    try:
+        async with _client(srv) as thl:
+            text = "\U0001f389" * (1 << 17)  # 512 kB of emoji: a 5 MB request
+            src = (await thl.retokenize("bpe", [text]))[0]
+            item = TraceItem(text, src.token_ids, np.full(len(src.token_ids), -0.5),
+                             src.offsets)
+            busy = asyncio.ensure_future(thl.align_trace("bpe", "bpe", [item]))
+            while metrics.INFLIGHT_BYTES._value.get() < limit:
+                assert not busy.done()
+                await asyncio.sleep(0.001)
+            async with grpc.aio.insecure_channel(srv.address) as channel:
+                call = channel.unary_unary(ALIGN_TRACE)
+                for body in (b"\xff" * 1000, pb.AlignTraceRequest(
+                        source_tokenizer_id="bpe", target_tokenizer_id="bpe",
+                        items=[pb.TraceItem(text="hi")]).SerializeToString()):
+                    err = await _error(call(body, timeout=10))
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+                    assert (err.details() or "").startswith("items:"), err.details()
+                    assert "retry later" in (err.details() or "")
+            res = await busy
+            assert len(res.results[0].target_token_ids) == len(src.token_ids)
+        assert metrics.INFLIGHT_BYTES._value.get() == 0
+    finally:
+        await srv.stop(0)

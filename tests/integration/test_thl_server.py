@@ -138,7 +138,7 @@ async def test_bad_input_gets_clear_errors_and_server_keeps_serving(server: ThlS
          "4096-byte limit",
          pb.AlignTraceRequest(source_tokenizer_id="byte_bpe", target_tokenizer_id="wordpiece",
                               items=[pb.TraceItem(text="x" * 5000)])),
-        (grpc.StatusCode.INVALID_ARGUMENT, "items: 9 entries, over the limit of 8",
+        (grpc.StatusCode.INVALID_ARGUMENT, "items: more than 8 entries, over the limit of 8",
          pb.AlignTraceRequest(source_tokenizer_id="byte_bpe", target_tokenizer_id="wordpiece",
                               items=[pb.TraceItem()] * 9)),
         (grpc.StatusCode.INVALID_ARGUMENT, "mode: unknown AlignMode 7",

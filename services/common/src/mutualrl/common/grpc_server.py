@@ -97,7 +97,22 @@ class MetricsInterceptor(HandlerInterceptor):
                     GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
 
             return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
-        return handler  # client-streaming RPCs are not used by MutualRL
+        if handler.stream_unary:
+            # THL's Retokenize / AlignTrace: unary on the wire, read by the handler itself.
+            inner_reader = handler.stream_unary
+
+            async def reader(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                start, failed = time.perf_counter(), True
+                try:
+                    result = await inner_reader(requests, context)
+                    failed = False
+                    return result
+                finally:
+                    GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
+                    GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
+
+            return grpc.stream_unary_rpc_method_handler(reader, **kwargs)
+        return handler  # client-and-server-streaming RPCs are not used by MutualRL
 
 
 Hook = Callable[[], Awaitable[None]]

@@ -48,9 +48,11 @@ class ThlConfig(ServiceConfig):
     (over it: INVALID_ARGUMENT naming `texts` / `items`). A call's working memory grows with
     its text: up to ~100 bytes per text byte while it is tokenized and answered."""
     max_inflight_request_bytes: int = Field(default=16 << 20, ge=1)
-    """Request bytes of Retokenize / AlignTrace calls worked on at once; a call that would
-    exceed it is RESOURCE_EXHAUSTED (retry later), except that one call alone always runs.
-    With `max_request_text_bytes` it bounds THL's working memory whatever clients send."""
+    """Request bytes of Retokenize / AlignTrace calls worked on at once, each held from when
+    its body is read until its answer is sent; a call that would exceed it is
+    RESOURCE_EXHAUSTED (retry later), before its body is read when the calls held fill it,
+    except that one call alone always runs. With `max_request_text_bytes` it bounds THL's
+    working memory whatever clients send."""
     work_threads: int = Field(default=2, ge=1)
     """Retokenize / AlignTrace calls worked on at once (others wait their turn, their request
     bytes counted in `max_inflight_request_bytes`)."""

@@ -201,6 +201,24 @@ def source_counts(items: Sequence[TraceItem]) -> builtins.list[int]:
             else [int(np.asarray(it.source_token_ids).size) for it in items])
 
 
+def item_lengths(items: Sequence[TraceItem]) -> builtins.list[tuple[int, int, int, int]]:
+    """Each item's (source ids, values, offset starts, offset ends) counts
+    (`items.lengths()` when it has it, as `item_texts`)."""
+    lengths = getattr(items, "lengths", None)
+    if lengths is not None:
+        return list(lengths())
+    out = []
+    for it in items:
+        n = int(np.asarray(it.source_token_ids).size)
+        off = None if it.source_offsets is None else np.asarray(it.source_offsets)
+        k = 0 if off is None or off.size == 0 else (off.shape[0] if off.ndim == 2 else off.size)
+        out.append((n, int(np.asarray(it.values).size), k, k))
+    return out
+
+
+_EMPTY = (np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
+
+
 def _given(item: TraceItem) -> bool:
     """The item carries its source offsets (otherwise THL re-encodes its text)."""
     return item.source_offsets is not None and np.asarray(item.source_offsets).size > 0
@@ -306,6 +324,7 @@ class AlignmentEngine:
         tgt = self.registry.get(target_tokenizer_id, "target_tokenizer_id")
         texts, counts = item_texts(items), source_counts(items)
         self.check_texts(texts, "items")
+        self.check_item_sizes(items)
         self._check_items(src, items)
         if not answer_checked:
             self.check_align_answer(tgt, texts, counts)
@@ -313,24 +332,62 @@ class AlignmentEngine:
         blocks = encode_blocks(texts, max(1, self.limits.align_block_items))
         return self._aligned(src, tgt, items, blocks, mode, placement)
 
+    def check_item_sizes(self, items: Sequence[TraceItem]) -> None:
+        """The rules of the items that their lengths alone decide (how many source tokens a
+        text can have, one value and none or one offset pair per token), read without
+        converting any array: a request refused for them costs nothing more."""
+        texts = item_texts(items)
+        for i, (n, values, starts, ends) in enumerate(item_lengths(items)):
+            most = (MAX_SOURCE_TOKENS_PER_BYTE * len(texts[i].encode("utf-8"))
+                    + _SPECIAL_TOKENS_SLACK)
+            if n > most:
+                raise InvalidArgument(f"items[{i}].source_token_ids",
+                                      f"{n} tokens for a text of {len(texts[i])} characters; "
+                                      f"at most {most} can be its tokens")
+            if values != n:
+                raise InvalidArgument(f"items[{i}].values", f"{values} values for {n} source "
+                                      "tokens (need one per token)")
+            if starts != ends:
+                raise InvalidArgument(f"items[{i}].source_offset_ends",
+                                      f"{ends} ends for {starts} starts")
+            if starts and starts != n:
+                raise InvalidArgument(f"items[{i}].source_offsets", "need one (start, end) per "
+                                      f"source token ({n}), got shape ({starts}, 2)")
+
     def check_align_answer(self, tgt: LoadedTokenizer, texts: Sequence[str],
                            source_tokens: Sequence[int]) -> None:
         """RESOURCE_EXHAUSTED for items of `texts` with `source_tokens` tokens each whose
         answer could pass the message limit: bounded from the texts' sizes (one target token a
         byte at most) and, only when that bound is too loose, from the target's token counts
-        (counted without offsets, the fast way, before anything else is done)."""
+        (counted without offsets, the fast way, before anything else is done), largest text
+        first, until what is counted decides: the bound with the rest at one token a byte fits
+        (answered), or the counted items alone pass the limit (refused)."""
         limit = self.limits.max_response_bytes
         if limit is None:
             return
-        loose = [len(t.encode("utf-8")) + _SPECIAL_TOKENS_SLACK for t in texts]
-        if align_response_bound(texts, source_tokens, loose, tgt.info.vocab_size) <= limit:
+        vocab = tgt.info.vocab_size
+        counts = [len(t.encode("utf-8")) + _SPECIAL_TOKENS_SLACK for t in texts]
+        if align_response_bound(texts, source_tokens, counts, vocab) <= limit:
             return
         count = getattr(tgt.backend, "encode_batch_fast", tgt.backend.encode_batch)
-        counts: list[int] = []
-        for lo, hi in encode_blocks(texts, max(1, self.limits.align_block_items)):
-            counts += [len(e) for e in count(list(texts[lo:hi]), add_special_tokens=False)]
-        self._check_response("items", align_response_bound(texts, source_tokens, counts,
-                                                           tgt.info.vocab_size), texts)
+        order = sorted(range(len(texts)), key=lambda i: -counts[i])
+        done: builtins.list[int] = []
+        for lo, hi in encode_blocks([texts[i] for i in order],
+                                    max(1, self.limits.align_block_items)):
+            block = order[lo:hi]
+            for i, enc in zip(block, count([texts[i] for i in block], add_special_tokens=False),
+                              strict=True):
+                counts[i] = len(enc)
+            done += block
+            if align_response_bound(texts, source_tokens, counts, vocab) <= limit:
+                return
+            counted = align_response_bound([texts[i] for i in done],
+                                           [source_tokens[i] for i in done],
+                                           [counts[i] for i in done], vocab)
+            if counted > limit:
+                break
+        self._check_response("items", align_response_bound(texts, source_tokens, counts, vocab),
+                             texts)
 
     def _aligned(self, src: LoadedTokenizer, tgt: LoadedTokenizer, items: Sequence[TraceItem],
                  blocks: builtins.list[tuple[int, int]], mode: Mode, placement: Placement
@@ -339,17 +396,19 @@ class AlignmentEngine:
         now (the servicer's items convert from the request as they are read)."""
         texts = item_texts(items)
         for lo, hi in blocks:
-            block = [items[i] for i in range(lo, hi)]
             encs = encode_block(tgt.backend, texts[lo:hi])
             target = []
             for j in range(hi - lo):
                 ids, offsets, _ = token_arrays(encs[j])
                 encs[j] = None
                 target.append((ids, offsets))
-            del encs
+            del encs, ids, offsets
             memory.trim_after(sum(len(ids) for ids, _ in target))
+            # The block's items are converted only now, after the Encodings are gone.
+            block = [items[i] for i in range(lo, hi)]
             src_offsets = self._source_offsets(src, block, lo)
             s_st, s_en, s_b = core.concat_offsets(src_offsets)
+            del src_offsets
             t_st, t_en, t_b = core.concat_offsets([o for _, o in target])
             vals = (np.concatenate([np.asarray(it.values, dtype=np.float64).reshape(-1)
                                     for it in block]) if block else np.zeros(0))
@@ -357,17 +416,20 @@ class AlignmentEngine:
             lengths = np.array([len(t) for t in texts[lo:hi]], dtype=np.int64)
             batch = core.align_batch(lengths, s_st, s_en, s_b, t_st, t_en, t_b, vals,
                                      mode=mode, placement=placement)
-            del s_st, s_en, s_b, t_st, t_en, t_b, vals, src_offsets
+            del s_st, s_en, s_b, t_st, t_en, t_b, vals
             for j in range(hi - lo):
                 item = batch.item(j)
                 ids, offsets = target[j]
+                target[j] = _EMPTY
                 residual = self._residual(tgt, texts[lo + j], ids, offsets,
                                           np.zeros(len(ids), dtype=bool),
                                           item.multi_token_chunk_share)
-                target[j] = (np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
                 yield AlignedTrace(ids, offsets, item.target_values, item.chunks,
                                    item.sequence_value, item.mass_error, residual)
-            del batch
+                # Nothing of this item (its chunks are views of the block's) stays alive
+                # while the next block is encoded.
+                del item, ids, offsets, residual
+            del batch, target
 
     # -- helpers --------------------------------------------------------------------------
     def check_texts(self, texts: Sequence[str], field: str) -> None:

@@ -28,6 +28,23 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 _MALLOC_TRIM = _load_malloc_trim()
 
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20
+"""Allocations of at least this many bytes get their own pages (`settle`)."""
+
+
+def settle() -> None:
+    """Give every allocation of `MMAP_THRESHOLD` bytes or more its own pages, returned to the
+    OS when it is freed. glibc's default raises that threshold to the largest block freed so
+    far (up to 32 MiB), after which a request's bytes, an answer's and large arrays are carved
+    from the heaps of whichever threads touched them and stay resident after: a service that
+    receives and answers tens of MB at a time would keep each thread's high-water mark."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        return
+
 
 def trim() -> None:
     """Hand the heaps' free pages back to the OS."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
+from mutualrl.thl import memory
 from mutualrl.thl.access import ACCESS
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits
@@ -86,6 +87,7 @@ async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> Th
 
 async def serve(cfg: ThlConfig) -> None:
     """`mutualrl thl serve`: run until SIGINT/SIGTERM, then stop gracefully."""
+    memory.settle()
     server = await start_thl(cfg)
     await serve_until_signalled(server.grpc, cfg.grace_seconds,
                                 ready=f"THL listening on {cfg.host}:{server.port}")

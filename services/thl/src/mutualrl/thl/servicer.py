@@ -1,16 +1,20 @@
 """gRPC `mutualrl.v1.Alignment`: a thin shell over `AlignmentEngine` plus Prometheus metrics.
 
-A body that is not valid protobuf becomes INVALID_ARGUMENT in the shared server
-(`mutualrl.common.request_parsing`). Engine work (tokenization, alignment) runs in worker
-threads so the event loop keeps answering health checks and other calls.
+A body that is not valid protobuf becomes INVALID_ARGUMENT (in the shared server, or, for
+Retokenize and AlignTrace, which parse their own, here, naming the item that does not parse).
+Engine work (tokenization, alignment) runs in worker threads so the event loop keeps answering
+health checks and other calls.
 
-What bounds THL's memory whatever clients send, in the order a call meets it: the per-call
-limits (refused INVALID_ARGUMENT / RESOURCE_EXHAUSTED before anything is queued), the request
+What bounds THL's memory whatever clients send, in the order a call meets it: the request
 bytes held at once (`RequestBudget`, `thl.max_inflight_request_bytes`: RESOURCE_EXHAUSTED
-beyond), then the working memory calls may take at once (`WorkBudget`,
-`thl.max_working_bytes`): a call whose need (`engine.working_bytes`) does not fit waits its turn
-(one call alone always runs), on at most `thl.work_threads` threads. A call's answer is written
-to the wire item by item (`alignment_wire`), so what it holds is one block's work and its answer's
+beyond, before the body is even read when the calls held fill it, and held until the answer is
+sent); the per-call limits, from the request's lengths alone (INVALID_ARGUMENT /
+RESOURCE_EXHAUSTED before anything is queued or converted); then the working memory calls may
+take at once (`WorkBudget`, `thl.max_working_bytes`): a call whose need
+(`engine.working_bytes`) does not fit waits its turn (one call alone always runs), on at most
+`thl.work_threads` threads. An AlignTrace request is kept as its bytes and its items parsed
+one at a time (`_RequestItems`), and a call's answer is written to the wire item by item
+(`alignment_wire`), so what it holds is its request's bytes, one block's work and its answer's
 bytes. docs/reliability.md states the peak this gives and the test that measures it.
 """
 
@@ -19,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import overload
+from typing import TypeVar, cast, overload
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from mutualrl.common import alignment_wire as wire
 from mutualrl.common.alignment_types import (
@@ -33,10 +38,13 @@ from mutualrl.common.alignment_types import (
     aggregate_residual,
 )
 from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
+from mutualrl.common.request_parsing import UnparsableRequest
 from mutualrl.thl import memory, metrics
 from mutualrl.thl.engine import AlignmentEngine, working_bytes
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import runs_pb2 as runs_pb
+
+M = TypeVar("M", bound=Message)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
@@ -55,25 +63,35 @@ def _trimmed(request_bytes: int) -> Iterator[None]:
 
 class RequestBudget:
     """Request bytes worked on at once, at most `limit` (one call alone always runs): what
-    bounds THL's working memory across concurrent calls."""
+    bounds THL's working memory across concurrent calls. A call holds its bytes from when its
+    body is read until its answer has been sent."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.in_use = 0
 
-    @contextlib.contextmanager
-    def hold(self, size: int, field: str) -> Iterator[None]:
+    def check_room(self, field: str) -> None:
+        """RESOURCE_EXHAUSTED naming `field` when the calls held take the whole budget: no
+        request can fit beside them, so one is refused before its body is read."""
+        if self.limit is not None and self.in_use >= self.limit:
+            raise self._full(field)
+
+    def take(self, size: int, field: str) -> None:
+        """Hold `size` bytes (`release` gives them back), or RESOURCE_EXHAUSTED naming
+        `field` when they do not fit beside the calls held already."""
         if self.limit is not None and self.in_use and self.in_use + size > self.limit:
-            raise ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
-                                    f"requests (at most {self.limit} B at once, "
-                                    "thl.max_inflight_request_bytes); retry later")
+            raise self._full(field)
         self.in_use += size
         metrics.INFLIGHT_BYTES.set(self.in_use)
-        try:
-            yield
-        finally:
-            self.in_use -= size
-            metrics.INFLIGHT_BYTES.set(self.in_use)
+
+    def release(self, size: int) -> None:
+        self.in_use -= size
+        metrics.INFLIGHT_BYTES.set(self.in_use)
+
+    def _full(self, field: str) -> ResourceExhausted:
+        return ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
+                                 f"requests (at most {self.limit} B at once, "
+                                 "thl.max_inflight_request_bytes); retry later")
 
 
 class WorkBudget:
@@ -123,24 +141,124 @@ class WorkBudget:
             turn.set_result(None)
 
 
-class _RequestItems(Sequence[TraceItem]):
-    """An AlignTrace request's items, each converted to numpy arrays when it is read and
-    dropped after: the engine reads them once to check them and once per block to align them,
-    so one item's (or one block's) arrays are alive at a time, not the whole request's."""
+_ITEMS_FIELD = pb.AlignTraceRequest.DESCRIPTOR.fields_by_name["items"].number
 
-    def __init__(self, items: Sequence[pb.TraceItem]) -> None:
-        self._items = items
+
+_MAX_GROUP_DEPTH = 100  # as protobuf's own parser
+_MAX_OTHER_FIELDS = 64
+"""Fields besides its items a request may hold (a real one has at most four)."""
+
+
+class _Fields:
+    """Reads a message's top-level fields from its tags and lengths alone, at most `limit`
+    tags in all (nested ones included): a body of millions of tiny fields is refused after
+    `limit`, not read to its end by a Python loop."""
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        self.data = data
+        self.left = limit
+
+    def varint(self, at: int) -> tuple[int, int]:
+        """The varint at `at` and where it ends."""
+        data, value = self.data, 0
+        for shift in range(0, 70, 7):
+            if at >= len(data):
+                break
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, at
+        raise DecodeError("truncated or overlong varint")
+
+    def tag(self, at: int) -> tuple[int, int]:
+        """The tag at `at` and where it ends."""
+        self.left -= 1
+        if self.left < 0:
+            raise DecodeError("too many fields")
+        return self.varint(at)
+
+    def skip(self, at: int, tag: int, depth: int = 0) -> int:
+        """Where the field whose `tag` was read just before `at` ends (a group: after its end
+        tag; unknown fields may be groups)."""
+        kind = tag & 7
+        if kind == 0:
+            return self.varint(at)[1]
+        if kind in (1, 5):
+            return at + (8 if kind == 1 else 4)
+        if kind == 2:
+            size, at = self.varint(at)
+            return at + size
+        if kind == 3:
+            if depth >= _MAX_GROUP_DEPTH:
+                raise DecodeError(f"groups nested over {_MAX_GROUP_DEPTH} deep")
+            while True:
+                inner, at = self.tag(at)
+                if inner & 7 == 4:
+                    if inner >> 3 != tag >> 3:
+                        raise DecodeError(f"group {tag >> 3} ended by {inner >> 3}")
+                    return at
+                at = self.skip(at, inner, depth + 1)
+                if at > len(self.data):
+                    raise DecodeError("group runs past the end")
+        raise DecodeError(f"wire type {kind}")
+
+
+def _split_items(data: bytes, max_items: int) -> tuple[bytes, list[memoryview]]:
+    """An AlignTraceRequest's bytes as the request without its items and each item's bytes,
+    read from the top-level fields' tags and lengths alone (DecodeError when they do not
+    parse): the items are parsed one at a time when they are used. Stops at `max_items` + 1
+    items (the request is refused for them; what it holds beyond is not read)."""
+    view = memoryview(data)
+    fields = _Fields(data, max_items + 1 + _MAX_OTHER_FIELDS)
+    rest: list[memoryview] = []
+    items: list[memoryview] = []
+    at = 0
+    while at < len(data) and len(items) <= max_items:
+        start = at
+        tag, at = fields.tag(at)
+        body = at
+        at = fields.skip(at, tag)
+        if at > len(data):
+            raise DecodeError(f"field at byte {start} runs past the end")
+        if tag == _ITEMS_FIELD << 3 | 2:
+            items.append(view[fields.varint(body)[1]:at])  # after its length
+        else:
+            rest.append(view[start:at])
+    return b"".join(rest), items
+
+
+class _RequestItems(Sequence[TraceItem]):
+    """An AlignTrace request's items, kept as their bytes and parsed when they are read: the
+    engine reads each once to check it and once in its block to align it, so one item's (or
+    one block's) parsed fields and arrays are alive at a time, not the whole request's. Each is
+    parsed once up front for its text and lengths (a malformed one is refused then)."""
+
+    def __init__(self, parts: Sequence[memoryview]) -> None:
+        self._parts = parts
+        self._texts: list[str] = []
+        self._lengths: list[tuple[int, int, int, int]] = []
+        for i, part in enumerate(parts):
+            it = _parse(pb.TraceItem, part, f"items[{i}]")
+            self._texts.append(it.text)
+            self._lengths.append((len(it.source_token_ids), len(it.values),
+                                  len(it.source_offset_starts), len(it.source_offset_ends)))
+            del it
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._parts)
 
     def texts(self) -> list[str]:
-        """Every item's text, without converting its arrays."""
-        return [it.text for it in self._items]
+        """Every item's text."""
+        return list(self._texts)
 
     def source_counts(self) -> list[int]:
-        """Every item's source token count, without converting its arrays."""
-        return [len(it.source_token_ids) for it in self._items]
+        """Every item's source token count."""
+        return [n for n, _, _, _ in self._lengths]
+
+    def lengths(self) -> list[tuple[int, int, int, int]]:
+        """Every item's (source ids, values, offset starts, offset ends) counts."""
+        return list(self._lengths)
 
     @overload
     def __getitem__(self, index: int) -> TraceItem: ...
@@ -151,7 +269,8 @@ class _RequestItems(Sequence[TraceItem]):
     def __getitem__(self, index: int | slice) -> TraceItem | Sequence[TraceItem]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return wire.item_from_pb(self._items[index], index)
+        return wire.item_from_pb(_parse(pb.TraceItem, self._parts[index], f"items[{index}]"),
+                                 index)
 
 
 class AlignmentServicer:
@@ -195,20 +314,23 @@ class AlignmentServicer:
         return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
 
     @grpc_errors
-    async def Retokenize(self, request: pb.RetokenizeRequest,
+    async def Retokenize(self, requests: AsyncIterator[bytes],
                          context: grpc.aio.ServicerContext) -> bytes:
-        """Answers the serialized RetokenizeResponse (registered with a pass-through
-        serializer: the answer is written to the wire text by text)."""
-        # A call over the limits is refused before it waits for (or is refused by) the budget.
+        """Reads its one request itself (`_received`) and answers the serialized
+        RetokenizeResponse (registered with a pass-through serializer: the answer is written
+        to the wire text by text)."""
+        data = await self._received(context, "texts")
+        request = _parse(pb.RetokenizeRequest, data)
+        # A call over the limits is refused before it waits for the work budget.
         texts = list(request.texts)
         self.engine.check_texts(texts, "texts")
-        with self.budget.hold(request.ByteSize(), "texts"):
-            await self._admitted(context, working_bytes(texts))
-            return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._retokenize, request, texts)
+        await self._admitted(context, working_bytes(texts))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._work, self._retokenize, request, texts, len(data))
 
-    def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str]) -> bytes:
-        with _trimmed(request.ByteSize()):
+    def _retokenize(self, request: pb.RetokenizeRequest, texts: list[str], size: int
+                    ) -> bytes:
+        with _trimmed(size):
             target = request.tokenizer_id
             out: list[bytes] = []
             tokens = 0
@@ -225,22 +347,49 @@ class AlignmentServicer:
             return wire.retokenize_response_bytes(out)
 
     @grpc_errors
-    async def AlignTrace(self, request: pb.AlignTraceRequest,
+    async def AlignTrace(self, requests: AsyncIterator[bytes],
                          context: grpc.aio.ServicerContext) -> bytes:
-        """Answers the serialized AlignTraceResponse (as Retokenize)."""
+        """Reads its one request itself and answers the serialized AlignTraceResponse (as
+        Retokenize)."""
+        data = await self._received(context, "items")
+        try:
+            rest, parts = _split_items(data, self.engine.limits.max_batch)
+        except DecodeError as err:
+            raise _unparsable(pb.AlignTraceRequest, err, "request") from None
+        if len(parts) > self.engine.limits.max_batch:  # before parsing them
+            limit = self.engine.limits.max_batch
+            raise InvalidArgument("items", f"more than {limit} entries, over the limit of "
+                                  f"{limit} per call")
+        request = _parse(pb.AlignTraceRequest, rest)
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
         if request.placement not in wire.PLACEMENT_FROM_PB:
             raise InvalidArgument("placement", f"unknown Placement {request.placement}")
-        if len(request.items) > self.engine.limits.max_batch:  # before converting them all
-            raise InvalidArgument("items", f"{len(request.items)} entries, over the limit of "
-                                  f"{self.engine.limits.max_batch} per call")
-        texts = [it.text for it in request.items]
+        items = _RequestItems(parts)
+        texts = items.texts()
         self.engine.check_texts(texts, "items")
-        with self.budget.hold(request.ByteSize(), "items"):
-            await self._admitted(context, working_bytes(texts))
-            return await asyncio.get_running_loop().run_in_executor(
-                self._work, self._align_trace, request)
+        # Counts and values from the request's own lengths, before the call waits for the
+        # work budget: a call refused for them is refused at once.
+        self.engine.check_item_sizes(items)
+        await self._admitted(context, working_bytes(texts))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._work, self._align_trace, request, items, len(data))
+
+    async def _received(self, context: grpc.aio.ServicerContext, field: str) -> bytes:
+        """The call's request, as bytes, its size held against the request budget until the
+        call is done. Registered as reading a stream (unary on the wire, as the proto says), so
+        that a call is refused before its body is read when the budget is full: a client
+        retrying a large request costs nothing then, not the request's bytes twice over (gRPC's
+        buffer and Python's)."""
+        self.budget.check_room(field)
+        data = await context.read()
+        if not isinstance(data, bytes):  # the client half-closed without a message
+            raise InvalidArgument("request", "no request message")
+        self.budget.take(len(data), field)
+        loop, size = asyncio.get_running_loop(), len(data)
+        context.add_done_callback(
+            lambda _: loop.call_soon_threadsafe(self.budget.release, size))
+        return data
 
     async def _admitted(self, context: grpc.aio.ServicerContext, need: int) -> None:
         """Wait until the call's working memory fits; it is held until the call is done."""
@@ -252,26 +401,28 @@ class AlignmentServicer:
         """Stop the work threads (calls still queued are cancelled)."""
         self._work.shutdown(wait=False, cancel_futures=True)
 
-    def _align_trace(self, request: pb.AlignTraceRequest) -> bytes:
-        """The serialized AlignTraceResponse, written item by item."""
-        with _trimmed(request.ByteSize()):
+    def _align_trace(self, request: pb.AlignTraceRequest, items: _RequestItems, size: int
+                     ) -> bytes:
+        """The serialized AlignTraceResponse (`request` without its `items`), written item by
+        item."""
+        with _trimmed(size):
             # The answer's size first, from the request's own counts: a call refused for it is
             # refused before its arrays are converted.
-            items = _RequestItems(request.items)
+            counts = items.source_counts()
             self.engine.check_align_answer(
                 self.engine.registry.get(request.target_tokenizer_id, "target_tokenizer_id"),
-                items.texts(), items.source_counts())
+                items.texts(), counts)
             target = request.target_tokenizer_id
             out: list[bytes] = []
             residuals: list[Residual] = []
-            counts: list[int] = []
-            for a, it in zip(self.engine.iter_align(
+            targets: list[int] = []
+            for a, n_source in zip(self.engine.iter_align(
                     request.source_tokenizer_id, target, items,
                     wire.MODE_FROM_PB[request.mode], wire.PLACEMENT_FROM_PB[request.placement],
-                    answer_checked=True), items, strict=False):
+                    answer_checked=True), counts, strict=False):
                 metrics.observe_text("AlignTrace", target, a.residual)
                 metrics.SHARE.labels(target).observe(a.residual.multi_token_chunk_share)
-                metrics.SOURCE_TOKENS.labels(target).inc(len(it.source_token_ids))
+                metrics.SOURCE_TOKENS.labels(target).inc(n_source)
                 metrics.CHUNKS.labels(target).inc(len(a.chunks))
                 nt = a.chunks.target_end - a.chunks.target_start
                 metrics.MULTI_TOKEN_TARGET_TOKENS.labels(target).inc(
@@ -279,14 +430,28 @@ class AlignmentServicer:
                 if a.mass_error != 0.0:
                     metrics.MASS_ERROR.labels(target).inc()
                 residuals.append(a.residual)
-                counts.append(len(a.target_token_ids))
+                targets.append(len(a.target_token_ids))
                 out.append(wire.aligned_bytes(a))
-                n = len(a.target_token_ids)
-                del a, it
-                memory.trim_after(n)
+                del a, nt  # gone before the next item is worked on
+                memory.trim_after(targets[-1])
             metrics.ITEMS.labels("AlignTrace", target).inc(len(out))
-            metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(sum(counts))
-            return wire.align_response_bytes(out, aggregate_residual(residuals, counts))
+            metrics.TARGET_TOKENS.labels("AlignTrace", target).inc(sum(targets))
+            return wire.align_response_bytes(out, aggregate_residual(residuals, targets))
+
+
+def _parse(message: type[M], data: bytes | memoryview, field: str = "request") -> M:
+    """`data` parsed as `message`, or INVALID_ARGUMENT naming `field` (as the shared parsing
+    layer answers for methods registered with a deserializer)."""
+    try:
+        # Any buffer parses (an item is a view of the request's bytes); the stubs say bytes.
+        return message.FromString(cast(bytes, data))
+    except DecodeError as err:
+        raise _unparsable(message, err, field) from None
+
+
+def _unparsable(message: type[Message], err: DecodeError, field: str) -> InvalidArgument:
+    refused = UnparsableRequest(message.DESCRIPTOR.full_name, str(err) or "DecodeError")
+    return InvalidArgument(field, refused.message.removeprefix("request: "))
 
 
 def _as_is(answer: bytes) -> bytes:
@@ -296,19 +461,23 @@ def _as_is(answer: bytes) -> bytes:
 _METHODS = (
     ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo.SerializeToString),
     ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse.SerializeToString),
-    ("Retokenize", pb.RetokenizeRequest, _as_is),  # written by `_retokenize`
-    ("AlignTrace", pb.AlignTraceRequest, _as_is),  # written by `_align_trace`
+    ("Retokenize", None, _as_is),  # parsed and written by `Retokenize`
+    ("AlignTrace", None, _as_is),  # parsed and written by `AlignTrace`
     ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse.SerializeToString),
 )
 
 
 def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer (the shared server answers unparsable bodies)."""
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name), request_deserializer=req.FromString,
-            response_serializer=serialize)
-        for name, req, serialize in _METHODS
-    }
+    """Register the servicer (the shared server answers unparsable bodies); Retokenize and
+    AlignTrace read their request themselves (`AlignmentServicer._received`)."""
+    handlers = {}
+    for name, req, serialize in _METHODS:
+        if req is None:
+            handlers[name] = grpc.stream_unary_rpc_method_handler(
+                getattr(servicer, name), response_serializer=serialize)
+        else:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name), request_deserializer=req.FromString,
+                response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
                                                                           handlers),))

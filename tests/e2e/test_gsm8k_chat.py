@@ -40,8 +40,20 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     run_dir = tmp_path / "runs" / tr["run_id"]
-    results = json.loads((run_dir / "results.json").read_text())["results"]
+    summary = json.loads((run_dir / "results.json").read_text())
+    results = summary["results"]
     assert set(results) == {"gpt2-chatml", "llama-llama3"}
+    matrix = summary["see_stats"]["matrix"]
+    for name, peer in (("gpt2-chatml", "llama-llama3"), ("llama-llama3", "gpt2-chatml")):
+        res = results[name]
+        # every round published its records, and each policy took its peer's: SGT's reads of
+        # the reward statistics of the prompts it failed
+        assert res["publish_failed_rounds"] == 0, res
+        assert res["records_published"] >= 3 * 4 * (4 + 1), res
+        assert res["records_taken"] > 0, res
+        assert matrix["REWARD_STATS"][name][peer] > 0, matrix
+        print(f"{name}: records published {res['records_published']}, taken "
+              f"{res['records_taken']}, {matrix['REWARD_STATS'][name][peer]} from {peer}")
     for name, res in results.items():
         final = res["benchmarks"]["additions"]["final"]
         assert final["problems"] == 6.0
@@ -57,6 +69,7 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
                 .splitlines()]
         assert [r["round"] for r in rows] == [0, 1, 2]
         for r in rows:  # both reward functions scored every round, neither failed
+            assert r["publish_failed"] == 0.0
             assert 0.0 <= r["reward/math_verify"] <= 1.0
             assert 0.0 <= r["reward/concise"] <= 1.0
             assert r["reward_errors/math_verify"] == 0.0 and r["reward_errors/concise"] == 0.0

@@ -1,13 +1,18 @@
 """README's "Train your own checkpoints" example, as printed, through `mutualrl up` with the
 run's secret set and the deterministic exchange: two policies of two families with their own
 chat templates, a GSM8K-style parquet table, math-verify plus README's own reward function
-(weighted), SGT. Records cross both ways, every round publishes, and the results say so.
+(weighted), SGT. Records cross both ways, every round publishes, SGT rescues prompts both ways
+with the peer's verified successes, and the results say so.
 
 The test reads the YAML block and the Python block of README's section and changes only what
 a CPU test must (`MACHINE`, below, names every change): paths to the tables, the reward file
 and the tiny chat policies this test writes; devices and dtypes; sizes and rounds; the fields
 the done-when check adds (the deterministic mode, `up`'s supervision). Everything else runs as
-printed."""
+printed.
+
+The policies are complementary, as SGT needs: each is warm-started (on the prompts the run
+renders, README's system prompt in its own chat template) to answer its own half of the
+table's eight problems, and fails the other half, which its peer solves."""
 
 from __future__ import annotations
 
@@ -22,10 +27,17 @@ from typing import Any
 import pytest
 import yaml
 from chat_policies import CHATML, LLAMA3, chat_policy
+from warm_start import warm_on_table
 
-pytestmark = pytest.mark.slow
+# A first run warm-starts the two policies (~40 s on one free core; cached after)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "readme-secret-3a9"
+# The training table: eight problems with eight different sums (a policy that does not know a
+# problem cannot answer it with an answer it learned for another), half known to each policy.
+# Eight problems are rounds 0 and 1 of four prompts, the rounds SGT reads in three.
+ROWS = [(3, 4), (8, 5), (2, 9), (6, 6), (1, 4), (9, 7), (5, 3), (7, 8)]
+KNOWN = {"qwen": ROWS[:4], "llama": ROWS[4:]}
 
 
 def readme_blocks() -> tuple[str, str]:
@@ -44,30 +56,41 @@ def write_gsm8k(path: Path, rows: list[tuple[int, int]]) -> Path:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({
-        "question": [f"{a}+{b}?" for a, b in rows],
+        "question": [question(a, b) for a, b in rows],
         "answer": [f"{a} + {b} = {a + b}.\n#### {a + b}" for a, b in rows]}), path)
     return path
 
 
-def machine(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
+def question(a: int, b: int) -> str:
+    return f"{a}+{b}?"
+
+
+def machine(cfg: dict[str, Any], tmp: Path, warm_cache: Path) -> dict[str, Any]:
     """MACHINE: every change to README's example, and nothing else."""
+    from mutualrl.trainer.config.run import TrainerConfig
+
     tr = cfg["trainer"]
     rows = [(a, b) for a in range(1, 10) for b in range(1, 10)]
     reward_file = tmp / "my_rewards.py"
     reward_file.write_text(readme_blocks()[1])
     # paths: this test's tables, reward file and run directory
     tr["output_dir"] = str(tmp / "runs")
-    tr["task"]["dataset"]["path"] = str(write_gsm8k(tmp / "train.parquet", rows[:24]))
+    tr["task"]["dataset"]["path"] = str(write_gsm8k(tmp / "train.parquet", ROWS))
     tr["eval"]["benchmarks"][0]["path"] = str(write_gsm8k(tmp / "test.parquet", rows[-3:]))
     assert tr["task"]["rewards"][1]["fn"] == "my_rewards.py:concise"
     tr["task"]["rewards"][1]["fn"] = f"{reward_file}:concise"
     # models: tiny policies of two families with the chat templates of the named checkpoints,
-    # on the CPU in float32
+    # on the CPU in float32, each warm-started on its half of the table
     presets = tmp / "runs" / "presets"
     for policy, (preset, template) in zip(tr["policies"], (("qwen2-unigram", CHATML),
                                                            ("llama-char", LLAMA3)), strict=True):
         policy["model_path"] = str(chat_policy(preset, presets, tmp / policy["name"], template))
         policy["device"], policy["compute_dtype"] = "cpu", "float32"
+    warm = warm_on_table(warm_cache, TrainerConfig.model_validate(tr),
+                         {name: [question(a, b) for a, b in known]
+                          for name, known in KNOWN.items()})
+    for policy in tr["policies"]:
+        policy["model_path"] = str(warm[policy["name"]])
     # sizes and rounds: what two cores run in a minute (and the tiny models' 128 positions)
     tr["grpo"].update(group_size=4, prompts_per_round=4, rounds=3)
     tr["task"]["max_new_tokens"] = 6
@@ -79,10 +102,14 @@ def machine(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return cfg
 
 
-def test_readme_example_shares_both_ways_with_the_secret_set(tmp_path: Path) -> None:
+def test_readme_example_shares_both_ways_with_the_secret_set(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     printed = yaml.safe_load(readme_blocks()[0])
     assert set(printed) == {"trainer"}
-    cfg = machine(json.loads(json.dumps(printed)), tmp_path)
+    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    warm_cache = (Path(pytest_cache.mkdir("mutualrl-readme-warm")) if pytest_cache is not None
+                  else tmp_path / "warm")
+    cfg = machine(json.loads(json.dumps(printed)), tmp_path, warm_cache)
     tr = cfg["trainer"]
     # What the example is about stays as printed.
     assert len(tr["task"]["rewards"]) >= 2 and tr["task"]["rewards"][1]["weight"] == 0.1
@@ -109,16 +136,30 @@ def test_readme_example_shares_both_ways_with_the_secret_set(tmp_path: Path) -> 
         # every round published its records (a ROLLOUT per sample, REWARD_STATS per prompt)
         assert res["publish_failed_rounds"] == 0
         assert res["records_published"] >= 3 * 4 * (4 + 1), res
-        # and the peer's crossed: SGT's reads took the peer's reward statistics every round
         assert res["records_taken"] > 0, res
-        # (staleness 1: rounds 1 and 2 read the peer's rounds 0 and 1, 4 prompts each)
-        assert matrix["REWARD_STATS"][name][peer] >= 2 * 4, matrix
         rows = [json.loads(x) for x in (run_dir / name / "metrics.jsonl").read_text()
                 .splitlines()]
         assert [r["round"] for r in rows] == [0, 1, 2]
         for r in rows:  # both reward functions scored every round, and the publish went out
             assert r["publish_failed"] == 0.0
-            assert 0.0 <= r["reward/math_verify"] <= 1.0
+            # the warm start holds on the run's own rendering: its half of the problems
+            assert 0.0 < r["reward/math_verify"] <= 1.0, (name, r)
             assert r["reward_errors/math_verify"] == 0.0 and r["reward_errors/concise"] == 0.0
-            assert "rescued_prompts" in r or r["round"] == 0  # SGT read the peer's round
+        # staleness 1: rounds 1 and 2 read exactly the peer's rounds 0 and 1 (all eight
+        # problems) ...
+        for r in rows[1:]:
+            assert r["peer_round"] == r["round"] - 1 and r["peers_complete"] == 1.0, r
+        # ... and SGT rescued every problem the peer knows and this policy does not (the peer
+        # solves each in some of its samples, this policy in none), also those the peer solved
+        # again in round 2 before this policy read its round 0 or 1
+        rescued = sum(r.get("rescued_prompts", 0.0) for r in rows)
+        assert rescued == len(KNOWN[peer]), (name, rows)
+        assert sum(r.get(f"rescue_demos/all/{peer}", 0.0) for r in rows) >= rescued
+        assert res["rescued_prompts"] == rescued and set(res["demos_by_donor"]) == {peer}, res
+        # SEE's side: the receiver read the peer's statistics of every prompt it rescued, and
+        # took at least one of the peer's verified successes for each
+        assert matrix["REWARD_STATS"][name][peer] >= rescued, matrix
+        assert matrix["VERIFIED_SUCCESS"][name][peer] >= rescued, matrix
+        print(f"{name}: rescued {rescued:g} prompts with {peer}'s successes; records "
+              f"published {res['records_published']}, taken {res['records_taken']}")
     assert "records published" in (run_dir / "results.md").read_text()

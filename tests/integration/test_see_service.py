@@ -22,7 +22,7 @@ from mutualrl.bench.testing.see import (
 )
 from mutualrl.client.see import AsyncSeeClient, ClientOptions
 from mutualrl.see.keys import RunKeys
-from mutualrl.see.store.layout import HEADER_SEP
+from mutualrl.see.store.layout import HEADER_SEP, SUCCESS_ROUNDS_PER_TEXT
 from mutualrl.v1 import experience_pb2 as pb
 
 
@@ -372,6 +372,46 @@ async def test_verified_successes_dedup(client: AsyncSeeClient, run_id: str) -> 
     xfer = {(t.taker_policy, t.source_policy, t.kind): t.count for t in stats.transfers}
     assert xfer == {("a", "b", pb.VERIFIED_SUCCESS): 2, ("a", "c", pb.VERIFIED_SUCCESS): 1,
                     ("b", "c", pb.VERIFIED_SUCCESS): 1}
+
+
+async def test_a_text_given_again_later_keeps_its_earlier_round(client: AsyncSeeClient,
+                                                                run_id: str) -> None:
+    """A policy gives the same text for a prompt in rounds 0 and 2 (the prompt came back in a
+    later epoch). A peer reading from round 0 (the deterministic mode reads round q while the
+    policy may have published q + 2 already) gets the round-0 record, which its window holds;
+    one reading from round 1 gets round 2's."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    for i, r in enumerate((0, 2, 2)):  # two samples of round 2 say it: the round counts once
+        await client.publish(run_id, [success_record("a", r, "p0", "7", sample=i)])
+    await client.publish(run_id, [success_record("a", 4, "p0", "7"),
+                                  success_record("a", 4, "p0", "8", sample=1)])
+    got = await client.successes(run_id, "b", ["p0"], min_round=0)
+    assert [(r.round, r.text) for r in got["p0"]] == [(0, "7"), (4, "8")]
+    got = await client.successes(run_id, "b", ["p0"], min_round=1)
+    assert [(r.round, r.text) for r in got["p0"]] == [(2, "7"), (4, "8")]
+    got = await client.successes(run_id, "b", ["p0"], min_round=3)
+    assert [(r.round, r.text) for r in got["p0"]] == [(4, "7"), (4, "8")]
+    # The index remembers a text's latest SUCCESS_ROUNDS_PER_TEXT rounds.
+    await client.publish(run_id, [success_record("a", r, "p0", "7") for r in range(5, 30)])
+    got = await client.successes(run_id, "b", ["p0"], min_round=0)
+    assert [(r.round, r.text) for r in got["p0"]] == [
+        (4, "8"), (30 - SUCCESS_ROUNDS_PER_TEXT, "7")]
+
+
+async def test_a_success_index_of_the_layout_before_carries_on(
+        client: AsyncSeeClient, run_id: str, rds: redis.Redis) -> None:
+    """A run indexed before (one bare record id per text) is read, and extended, as it is."""
+    await client.create_run(run_id, ["a", "b"], tau=1.0)
+    await client.publish(run_id, [success_record("a", 0, "p0", "7")])
+    key = keys(run_id).successes("p0")
+    (field, value), = rds.hgetall(key).items()
+    assert value.decode().startswith("|0:")
+    rds.hset(key, field, "a/0/p0/ok0")
+    assert [r.round for r in (await client.successes(run_id, "b", ["p0"]))["p0"]] == [0]
+    await client.publish(run_id, [success_record("a", 2, "p0", "7", sample=1)])
+    assert rds.hget(key, field) == b"|?:a/0/p0/ok0|2:a/2/p0/ok1"
+    got = await client.successes(run_id, "b", ["p0"], min_round=1)
+    assert [r.round for r in got["p0"]] == [2]
 
 
 async def test_retention_trims_counts_and_bounds_memory(client: AsyncSeeClient, run_id: str,

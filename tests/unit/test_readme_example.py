@@ -28,3 +28,6 @@ def test_the_two_checkpoint_example_is_a_valid_run_file(page: str) -> None:
     assert len(cfg.policies) == 2
     assert all(p.model_path is not None and p.preset is None for p in cfg.policies)
     assert cfg.probe.kind == "sgt"
+    # YAML reads `\b` in a double-quoted string as a backspace: the prompt must say \boxed{}.
+    assert cfg.task.system is not None and r"\boxed{}" in cfg.task.system
+    assert not any(ord(ch) < 32 for ch in cfg.task.system), repr(cfg.task.system)

@@ -27,7 +27,8 @@ of run ids (`<prefix>:see:runs`) spans runs.
 | `round` | zset | one member, "r", scored with the run's current round: the highest round its
   records and metric rows hold (ZADD GT; `mutualrl.common.bounds`' horizon counts from it) |
 | `rs:<round>` | hash | "<prompt>|<policy>" -> "count,sum,sum_sq,max[,success_max]" |
-| `succ:<prompt>` | hash | "<policy>|<text digest>" -> record id of a VERIFIED_SUCCESS |
+| `succ:<prompt>` | hash | "<policy>|<text digest>" -> "|<round>:<record id>" per round that gave
+  the text (the latest `layout.SUCCESS_ROUNDS_PER_TEXT`) of its VERIFIED_SUCCESS records |
 """
 
 from __future__ import annotations

@@ -148,6 +148,22 @@ def success_aux(key_index: int, policy: str, text_digest: str) -> str:
     return HEADER_SEP.join((str(key_index), f"{policy}|{text_digest}"))
 
 
+SUCCESS_ROUNDS_PER_TEXT = 16
+"""Rounds a prompt's success index remembers per distinct text (the latest): a peer reading
+from round q needs the text's earliest record from q on, not its latest, which the deterministic
+mode's bounded reads (`max_round`) would drop when the policy has given the text again since."""
+
+
+def success_record_ids(value: bytes | str) -> list[str]:
+    """The record ids a success index value holds, oldest round first: "|<round>:<id>"
+    entries the publish script appends, or one bare id (the layout before, never starting with
+    '|': ids hold no '|')."""
+    text = as_str(value)
+    if not text.startswith("|"):
+        return [text]
+    return [entry.partition(":")[2] for entry in text[1:].split("|")]
+
+
 def batch_rows(rows: Sequence[str]) -> str:
     """The batch argument: every record's row."""
     return RECORD_SEP.join(rows)

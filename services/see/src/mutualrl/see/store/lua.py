@@ -34,7 +34,13 @@ through a script: Redis would copy each payload into Lua and back, about 12 µs 
 against 1 µs for GETRANGE.
 """
 
-from mutualrl.see.store.layout import ARGV_LUA, FIELD_SEP, HEADER_SEP, RECORD_SEP
+from mutualrl.see.store.layout import (
+    ARGV_LUA,
+    FIELD_SEP,
+    HEADER_SEP,
+    RECORD_SEP,
+    SUCCESS_ROUNDS_PER_TEXT,
+)
 
 # KEYS and ARGV: `layout.KEYS`, `layout.ARGV` (the prologue below names every ARGV slot). The
 # records travel as one argument (`layout.batch_rows`: a client packs each argument on its own,
@@ -58,6 +64,7 @@ local function split(s, sep)
   end
 end
 local NAMES = {'ROLLOUT', 'REWARD_STATS', 'VERIFIED_SUCCESS'}
+local PER_TEXT = """ + str(SUCCESS_ROUNDS_PER_TEXT) + r"""
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -114,9 +121,27 @@ for rid, kind_s, size, policy, header, aux_s in string.gmatch(rows .. RS, ROW) d
         redis.call('HSET', key, aux[2], aux[3])
         rounds[aux[4]] = true
       else
-        -- A new distinct text only while the prompt has room; a known one is refreshed.
-        if redis.call('HEXISTS', key, aux[2]) == 1 or redis.call('HLEN', key) < max_succ then
-          redis.call('HSET', key, aux[2], rid)
+        -- A new distinct text only while the prompt has room. A text keeps the first record
+        -- of each round that gave it ("|<round>:<record id>" entries, the last PER_TEXT): a
+        -- read from round q finds its earliest record from q on, whatever later rounds gave
+        -- the same text. A value of the layout before is one bare record id.
+        local cur = redis.call('HGET', key, aux[2])
+        if cur or redis.call('HLEN', key) < max_succ then
+          local rnd = split(header, HS)[4]
+          if not cur then
+            redis.call('HSET', key, aux[2], '|' .. rnd .. ':' .. rid)
+          else
+            if string.sub(cur, 1, 1) ~= '|' then cur = '|?:' .. cur end
+            if string.match(cur, '|([^|:]*):[^|]*$') ~= rnd then
+              cur = cur .. '|' .. rnd .. ':' .. rid
+              local _, n = string.gsub(cur, '|', '')
+              if n > PER_TEXT then
+                local second = string.find(cur, '|', 2, true)
+                cur = string.sub(cur, second)
+              end
+              redis.call('HSET', key, aux[2], cur)
+            end
+          end
         end
       end
     end

@@ -1,14 +1,15 @@
 """GetVerifiedSuccesses: peer successes per prompt, deduplicated by normalised text, in pages.
 
 Everything that decides the answer is read before any record is: a prompt's success index
-(`succ:<prompt>`, "<policy>|<text digest>" -> record id: the digest is what deduplication
-compares), each candidate's index entry (`idx`: its stream id and its length) and its stream
-header (its round). The candidates are ordered by (round, policy, record id), deduplicated by
-text digest and cut to `max_per_prompt`, and only then are payloads read, as many as fit the
-answer's byte budget. So a prompt with 100 successes of 1 MiB costs one record's bytes at
-`max_per_prompt=1`, and an answer that would pass the budget ends early with a token naming the
-last success given; the next page goes on after it. A page examines at most
-`MAX_PAGE_CANDIDATES` candidates (whole prompts; at least one).
+(`succ:<prompt>`, "<policy>|<text digest>" -> the record of each round that gave the text: the
+digest is what deduplication compares), each candidate's index entry (`idx`: its stream id and
+its length) and its stream header (its round). The candidates are ordered by (round, policy,
+record id), deduplicated by text digest (the earliest round from `min_round` on wins) and cut to
+`max_per_prompt`, and only then are payloads read, as many as fit the answer's byte budget. So a
+prompt with 100 successes of 1 MiB costs one record's bytes at `max_per_prompt=1`, and an answer
+that would pass the budget ends early with a token naming the last success given; the next page
+goes on after it. A page examines at most `MAX_PAGE_CANDIDATES` candidates (whole prompts; at
+least one).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, cast
 from mutualrl.common.errors import InvalidArgument
 from mutualrl.see import metrics as m
 from mutualrl.see.store.entries import Entry, redis_op
-from mutualrl.see.store.layout import Header, as_str, parse_index_entry
+from mutualrl.see.store.layout import Header, as_str, parse_index_entry, success_record_ids
 from mutualrl.see.store.paging import Budget, make_token, read_token, request_digest
 from mutualrl.see.store.part import StorePart
 from mutualrl.v1 import experience_pb2 as pb
@@ -124,10 +125,10 @@ class Successes(StorePart):
             hashes = await pipe.execute()
         found: list[tuple[int, str, str, str]] = []  # (prompt, policy, digest, record id)
         for k, h in enumerate(hashes):
-            for fld, rid in h.items():
+            for fld, value in h.items():
                 policy, _, text_digest = as_str(fld).partition("|")
                 if policy != me:
-                    found.append((k, policy, text_digest, as_str(rid)))
+                    found += [(k, policy, text_digest, rid) for rid in success_record_ids(value)]
         out: list[list[_Candidate]] = [[] for _ in prompts]
         if not found:
             return out

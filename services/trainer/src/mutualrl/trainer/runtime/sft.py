@@ -34,9 +34,10 @@ from mutualrl.trainer.runtime.presets import ensure_preset, load_policy
 EVAL_FILE = "sft_eval.json"
 
 
-def _pack(tok: PreTrainedTokenizerBase, pairs: list[tuple[list[int], list[int]]],
-          device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded batch; the loss covers completion tokens only."""
+def pack_batch(tok: PreTrainedTokenizerBase, pairs: list[tuple[list[int], list[int]]],
+               device: torch.device) -> dict[str, torch.Tensor]:
+    """(prompt ids, completion ids) pairs as a right-padded batch whose loss covers the
+    completion tokens only."""
     width = max(len(p) + len(c) for p, c in pairs)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(pairs), width), pad, dtype=torch.long)
@@ -158,7 +159,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     t0 = time.perf_counter()
     with _progress(cfg.progress, cfg.steps) as bar:
         for step in range(1, cfg.steps + 1):
-            out = model(**_pack(tok, data.batch(), device))
+            out = model(**pack_batch(tok, data.batch(), device))
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -6,12 +6,13 @@ auth, grpc.health.v1, reflection, Prometheus metrics per method and optional TLS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,23 @@ def _code_name(context: grpc.aio.ServicerContext, failed: bool) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else str(code)
 
 
+@dataclass
+class _Call:
+    """One handled call's outcome while it runs: failed until its handler returns."""
+
+    failed: bool = True
+
+
+@contextlib.contextmanager
+def _measured(method: str, context: grpc.aio.ServicerContext) -> Iterator[_Call]:
+    start, call = time.perf_counter(), _Call()
+    try:
+        yield call
+    finally:
+        GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
+        GRPC_REQUESTS.labels(method, _code_name(context, call.failed)).inc()
+
+
 class MetricsInterceptor(HandlerInterceptor):
     """Counts calls by method and status code and times them."""
 
@@ -60,14 +78,10 @@ class MetricsInterceptor(HandlerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                start, failed = time.perf_counter(), True
-                try:
+                with _measured(method, context) as call:
                     result = await inner(request, context)
-                    failed = False
+                    call.failed = False
                     return result
-                finally:
-                    GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
-                    GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
 
             return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
         if handler.unary_stream:
@@ -76,25 +90,17 @@ class MetricsInterceptor(HandlerInterceptor):
                 # Writes through context.write (grpc.health.v1 Watch): wrap as a coroutine.
 
                 async def writer(request: Any, context: grpc.aio.ServicerContext) -> None:
-                    start, failed = time.perf_counter(), True
-                    try:
+                    with _measured(method, context) as call:
                         await inner_stream(request, context)
-                        failed = False
-                    finally:
-                        GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
-                        GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
+                        call.failed = False
 
                 return grpc.unary_stream_rpc_method_handler(writer, **kwargs)
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                start, failed = time.perf_counter(), True
-                try:
+                with _measured(method, context) as call:
                     async for item in inner_stream(request, context):
                         yield item
-                    failed = False
-                finally:
-                    GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
-                    GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
+                    call.failed = False
 
             return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
         if handler.stream_unary:
@@ -102,14 +108,10 @@ class MetricsInterceptor(HandlerInterceptor):
             inner_reader = handler.stream_unary
 
             async def reader(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                start, failed = time.perf_counter(), True
-                try:
+                with _measured(method, context) as call:
                     result = await inner_reader(requests, context)
-                    failed = False
+                    call.failed = False
                     return result
-                finally:
-                    GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
-                    GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
 
             return grpc.stream_unary_rpc_method_handler(reader, **kwargs)
         return handler  # client-and-server-streaming RPCs are not used by MutualRL

@@ -212,3 +212,14 @@ def test_wall_time_against_none_and_the_published_methods_diagnostics() -> None:
     assert "| hacpo | A | 0.75 | -2 | 1.5 | — |" in table
     assert "| ftis | B | — | — | — | — | — | 0.1 | 3 | 1 |" in table
     assert "| none |" not in table
+
+
+def test_an_arm_with_no_finished_run_reports_with_a_dash() -> None:
+    # an interrupted grid: `sgt` ran in the regime but none of its runs finished
+    runs = [_run("none", seed, a_rev=0.0, b_add=0.0) for seed in (0, 1, 2)]
+    s = summarize_regime(runs, ["A", "B"], WARM, ["none", "sgt"])
+    md = render_markdown({"experiment": "t", "meta": {"seeds": [0, 1, 2],
+                                                      "probes": ["none", "sgt"]},
+                          "warm_starts": {}, "runs": [], "regimes": {"short": s}})
+    assert "## Regime `short`" in md
+    assert any(line.startswith("| sgt | A | — | —") for line in md.splitlines()), md

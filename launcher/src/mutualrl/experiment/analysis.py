@@ -467,7 +467,8 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                 v = d.get(name)
                 return "—" if not v else f"{v['mean']:.{digits}g}"
 
-            rows.append([p, pol, g("rounds", 4), f"{e['wall_s']['mean']:.0f}",
+            wall = e.get("wall_s")  # None: no run of the arm finished (an interrupted grid)
+            rows.append([p, pol, g("rounds", 4), "—" if not wall else f"{wall['mean']:.0f}",
                          g("fallback_rounds"), g("rescues_per_round"), g("baseline_shift"),
                          g("peer_samples_per_round"), g("prp_w_mean"), g("prp_w_var"),
                          g("prp_w_kept"), g("prp_w_clipped"), g("thl_residual")])

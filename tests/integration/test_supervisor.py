@@ -146,7 +146,7 @@ def test_a_trainer_that_refuses_its_config_ends_up_with_2_unrestarted(tmp_path: 
     from mutualrl.launch.supervisor import Restart, StopSignals
     from mutualrl.launch.up import LaunchPlan, UpConfig, _watch
 
-    def plan_with(code: int) -> tuple[LaunchPlan, Supervisor, Console, int]:
+    def plan_with(code: int) -> tuple[list[str], Supervisor, Console, int]:
         plan = LaunchPlan(run_dir=tmp_path, config_path=tmp_path / "run.yaml", up=UpConfig(),
                           run_id="r", policies=["a"], metrics_files={"a": tmp_path / "m.jsonl"},
                           rounds=3)
@@ -158,19 +158,23 @@ def test_a_trainer_that_refuses_its_config_ends_up_with_2_unrestarted(tmp_path: 
                               restart=Restart.ON_FAILURE, max_restarts=1, finishes=True))
         console = Console(record=True, width=200, force_terminal=False)
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        failures: list[str] = []
         try:
             with Live("table", console=console, transient=True) as live:
-                got = _watch(plan, sup, StopSignals(), console, live, 1, set())
+                got = _watch(plan, sup, StopSignals(), console, live, 1, set(), failures)
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        return plan, sup, console, got
+        return failures, sup, console, got
 
-    _, sup, console, got = plan_with(2)
+    failures, sup, console, got = plan_with(2)
     text = console.export_text()
     assert got == EXIT_CONFIG and sup.children["trainer-a"].restarts == 0
     assert "policies[a]: task.rewards[states_number].fn: cannot import" in text, text
-    assert "restarting" not in text
-    _, sup, console, got = plan_with(1)
+    assert "restarting" not in text and failures == []  # a config error is not a failure
+    failures, sup, console, got = plan_with(1)
     assert got == EXIT_FAILED and sup.children["trainer-a"].restarts == 1
+    # each exit, the restarted one too, with the last error line of its log
+    assert failures == ["trainer-a exited with code 1: mutualrl train: policies[a]: "
+                        "task.rewards[states_number].fn: cannot import"] * 2, failures
     assert "restarting trainer-a (1/1)" in console.export_text()

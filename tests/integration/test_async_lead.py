@@ -167,6 +167,25 @@ def test_a_peer_that_never_publishes_costs_the_liveness_bound_and_says_so(
     assert waits == [None, 1.0, None, None] and probe.absent == {"slow"}
 
 
+def test_a_trainer_asked_to_stop_leaves_the_wait_for_its_peers(
+        pair: tuple[Side, Side], task: Task) -> None:
+    fast, _ = pair
+    probe = _probe(fast, task, lead=0, liveness=600.0)  # the peer never publishes
+    stop = threading.Event()
+    fast.ex.stop_requested = stop.is_set
+    r0 = fast.round(task, 0)
+    fast.publish(r0)
+    thread, out = _plan_later(probe, r0)
+    thread.join(1.0)
+    assert thread.is_alive()  # held for the peer's round 0
+    stop.set()  # SIGTERM: the round goes on without the peer, then the loop stops
+    thread.join(10.0)
+    assert not thread.is_alive()
+    stats = out["plan"].stats
+    assert stats["lead_timeout"] == 1.0 and stats["shared"] == 0.0
+    assert 1.0 <= stats["lead_wait_s"] < 5.0
+
+
 def test_no_bound_never_waits(pair: tuple[Side, Side], task: Task) -> None:
     fast, _ = pair
     probe = _probe(fast, task, lead=None)

@@ -163,6 +163,8 @@ def train(s: Session, rounds: int | None = None,
     total = rounds if rounds is not None else s.cfg.grpo.rounds
     ev, ck = s.cfg.eval.every, s.cfg.checkpoint.every
     metrics: dict[str, float] = {}
+    if s.exchange is not None:  # a wait for peers it can do without ends when asked to stop
+        s.exchange.stop_requested = stop_requested
     before = evaluate_before(s)  # the start of start -> final, logged with round 0
     for k in range(s.start_round, total):
         metrics = {**before, **run_round(s, k)}

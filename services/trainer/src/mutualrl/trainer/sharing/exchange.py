@@ -44,6 +44,7 @@ from mutualrl.v1 import experience_pb2 as pb
 log = logging.getLogger(__name__)
 _MARGIN_S = 0.05  # leave the client this much to receive the answer of a server-side wait
 _POLL_S = 30.0  # one server-side wait of `await_round` (SEE caps a wait at its max_wait_ms)
+_STOP_POLL_S = 2.0  # ... of a wait that ends when the trainer is asked to stop
 T = TypeVar("T")
 _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
@@ -161,6 +162,8 @@ class PeerExchange:
         self.run_config = pb.RunConfig(run_id=run_id, policies=[policy], tau=tau)
         """What this trainer's records are checked against before they are sent (`join`
         sets the run's policies)."""
+        self.stop_requested: Callable[[], bool] = lambda: False
+        """True once this trainer is asked to stop (SIGTERM; the loop sets it)."""
         self.waited_s = 0.0
         """Seconds spent in bounded waits for peers to publish a round (up to a deadline)."""
         self._background: dict[str, ThreadPoolExecutor] = {}
@@ -295,18 +298,24 @@ class PeerExchange:
             f.result()
 
     def await_round(self, round_k: int, prompt_ids: Sequence[str], timeout_s: float,
-                    expect: Sequence[str] | None = None) -> float:
+                    expect: Sequence[str] | None = None, may_stop: bool = False) -> float:
         """Block until every expected policy (None: every policy of the run) has published its
         REWARD_STATS of `round_k` for `prompt_ids` (a round's stats are its last records), or
         raise PeerTimeout after `timeout_s`. SEE being unreachable counts against the same
-        bound: the wait retries. Returns the seconds waited."""
+        bound: the wait retries. `may_stop`: a wait the round can do without (the asynchronous
+        mode's lead) also ends, with PeerTimeout, within a poll of `stop_requested` turning
+        true, so a trainer asked to stop is not held by peers that will not come. Returns the
+        seconds waited."""
         t0 = time.monotonic()
         give_up = t0 + timeout_s
         missing: list[str] = []
         error = ""
         while True:
+            if may_stop and self.stop_requested():
+                raise PeerTimeout(f"round {round_k}: asked to stop while waiting for the peers' "
+                                  f"round {round_k}", missing)
             left = give_up - time.monotonic()
-            wait = max(min(left, _POLL_S), 0.0)
+            wait = max(min(left, _STOP_POLL_S if may_stop else _POLL_S), 0.0)
             try:
                 # As this policy (all its token may ask), a wait only: a poll takes nothing.
                 resp = self.client.round_stats(

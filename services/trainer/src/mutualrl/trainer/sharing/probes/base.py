@@ -218,7 +218,7 @@ class Probe:
             return {}
         t0 = time.monotonic()
         try:
-            ex.await_round(q, [first], self.sharing.liveness_timeout_s, expect)
+            ex.await_round(q, [first], self.sharing.liveness_timeout_s, expect, may_stop=True)
             out = {"lead_timeout": 0.0}
         except PeerTimeout as err:
             # A peer that missed the bound once (dead, or never started) is not waited for

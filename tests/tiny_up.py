@@ -3,6 +3,10 @@ the e2e tests that launch `mutualrl up` as a user would."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +37,22 @@ def up_config(tmp_path: Path, run_id: str, rounds: int,
 def write_yaml(path: Path, cfg: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def run_up(path: Path, run_dir: Path, timeout: float,
+           env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    """`mutualrl up -c <path>` as a user runs it (its own private redis-server; `env` added to
+    the environment), from `path`'s folder, to its end: asserts exit 0, showing the tail of its
+    output otherwise, and returns the run's results.json and what the console printed."""
+    full = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | (env or {})
+    proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],
+                          capture_output=True, text=True, env=full, timeout=timeout,
+                          cwd=path.parent)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
+    return summary, proc.stdout
+
+
+def metrics_rows(run_dir: Path, policy: str) -> list[dict[str, Any]]:
+    """A policy's metrics.jsonl rows."""
+    return [json.loads(x) for x in (run_dir / policy / "metrics.jsonl").read_text().splitlines()]

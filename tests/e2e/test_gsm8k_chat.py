@@ -6,14 +6,12 @@ benchmark at n=4 reported as avg@4 and pass@4 per policy."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from chat_policies import chat_policy, write_problems
+from tiny_up import run_up
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +32,8 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # private redis-server
-    proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
     run_dir = tmp_path / "runs" / tr["run_id"]
-    summary = json.loads((run_dir / "results.json").read_text())
+    summary, console = run_up(path, run_dir, timeout=900)
     results = summary["results"]
     assert set(results) == {"gpt2-chatml", "llama-llama3"}
     matrix = summary["see_stats"]["matrix"]
@@ -76,4 +69,4 @@ def test_gsm8k_chat_cpu_twin_through_up(tmp_path: Path) -> None:
             assert r["data/dropped_overlong"] == 0.0
         assert "rescued_prompts" in rows[-1]  # SGT ran
     assert "| start | final |" in (run_dir / "results.md").read_text()
-    assert "start → final" in proc.stdout
+    assert "start → final" in console

@@ -17,16 +17,14 @@ table's eight problems, and fails the other half, which its peer solves."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from chat_policies import CHATML, LLAMA3, chat_policy
+from tiny_up import metrics_rows, run_up
 from warm_start import warm_on_table
 
 # A first run warm-starts the two policies (~40 s on one free core; cached after)
@@ -118,14 +116,8 @@ def test_readme_example_shares_both_ways_with_the_secret_set(
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # private redis-server
-    env["MUTUALRL_AUTH_TOKEN"] = SECRET
-    proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
     run_dir = tmp_path / "runs" / tr["run_id"]
-    summary = json.loads((run_dir / "results.json").read_text())
+    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
     assert summary["status"] == "finished" and summary["failure"] is None
     results = summary["results"]
     names = [p["name"] for p in tr["policies"]]
@@ -137,8 +129,7 @@ def test_readme_example_shares_both_ways_with_the_secret_set(
         assert res["publish_failed_rounds"] == 0
         assert res["records_published"] >= 3 * 4 * (4 + 1), res
         assert res["records_taken"] > 0, res
-        rows = [json.loads(x) for x in (run_dir / name / "metrics.jsonl").read_text()
-                .splitlines()]
+        rows = metrics_rows(run_dir, name)
         assert [r["round"] for r in rows] == [0, 1, 2]
         for r in rows:  # both reward functions scored every round, and the publish went out
             assert r["publish_failed"] == 0.0

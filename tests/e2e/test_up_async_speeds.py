@@ -4,14 +4,11 @@ reads its peer in its rounds too, and records cross both ways."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tiny_up import metrics_rows, run_up
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,16 +21,10 @@ def test_unequal_speeds_share_in_the_rounds_of_both(tmp_path: Path) -> None:
     tr["grpo"]["rounds"] = 4
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # private redis-server
-    proc = subprocess.run([sys.executable, "-m", "mutualrl.cli", "up", "-c", str(path)],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
     run_dir = tmp_path / "runs" / tr["run_id"]
-    summary = json.loads((run_dir / "results.json").read_text())
+    summary, console = run_up(path, run_dir, timeout=900)
     res = summary["results"]
-    rows = {n: [json.loads(x) for x in (run_dir / n / "metrics.jsonl").read_text().splitlines()]
-            for n in ("fast", "slow")}
+    rows = {n: metrics_rows(run_dir, n) for n in ("fast", "slow")}
     # the slow policy's rounds take several times the fast one's own work
     cost = {n: sum(r["cost_s"] for r in rows[n]) for n in rows}
     assert cost["slow"] > 2 * cost["fast"], cost
@@ -44,4 +35,4 @@ def test_unequal_speeds_share_in_the_rounds_of_both(tmp_path: Path) -> None:
     assert res["fast"]["sharing"]["lead_wait_s"] > 0  # the fast one waited for its peer
     matrix = summary["see_stats"]["matrix"]["REWARD_STATS"]
     assert matrix["fast"]["slow"] > 0 and matrix["slow"]["fast"] > 0
-    assert "rounds that read peer data" in proc.stdout
+    assert "rounds that read peer data" in console

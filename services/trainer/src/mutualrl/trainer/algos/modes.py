@@ -32,3 +32,6 @@ def aggregation_mode(name: str) -> Aggregation:
             return mode
     raise ValueError(f"unknown aggregation mode {name!r}: one of {AGGREGATIONS} "
                      f"(or the paper names {tuple(PAPER_NAMES)})")
+
+OffPolicyCorrection = Literal["tis", "mis", "none"]
+"""How rows sampled by older weights are weighted (`algos.offpolicy.CORRECTIONS`)."""

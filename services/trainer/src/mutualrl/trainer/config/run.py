@@ -17,7 +17,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from mutualrl.common import ids
 from mutualrl.common.channel import DEFAULT_OUTAGE_BUDGET
 from mutualrl.common.config import Config, Name, RunId, load_section
-from mutualrl.trainer.algos.modes import Aggregation, RatioLevel, ScaleRewards, aggregation_mode
+from mutualrl.trainer.algos.modes import (
+    Aggregation,
+    OffPolicyCorrection,
+    RatioLevel,
+    ScaleRewards,
+    aggregation_mode,
+)
 from mutualrl.trainer.config.task import (
     AnswerForm,
     DatasetSettings,
@@ -102,6 +108,24 @@ class GRPOSettings(Config):
     """True: rho = pi_theta / pi_behaviour with the sampler's log-probs (shows sampler-trainer
     mismatch, e.g. SGLang on GPU). False: rho against the policy before the round's first step
     (detached; exactly 1 in value with one step per round)."""
+
+    max_off_policy_steps: int = Field(0, ge=0, le=64)
+    """d: round k's rollouts may come from weights of version k - d or newer (version = the
+    optimizer rounds taken). With a rollout worker (`policies[].rollout_worker`) and d >= 1,
+    round k + 1's rollouts generate while round k's update runs; older rollouts are
+    regenerated, never trained on. 0: every round samples from the weights it updates
+    (in-process, bit for bit as without a worker). docs/training.md, "Rollouts beside
+    learning"."""
+    off_policy_correction: OffPolicyCorrection = "tis"
+    """How rows sampled by older weights are weighted (docs/algorithms.md): `tis` truncated
+    importance sampling min(r, C) (IMPALA's truncation; the "secretly off-policy" TIS),
+    `mis` masked importance sampling, r where 1/C <= r <= C and the row or token dropped
+    beyond (IcePop), `none` no weight; r = pi_current / pi_behaviour. Rows sampled by the
+    current weights always weigh exactly 1."""
+    off_policy_level: RatioLevel = "token"
+    """The correction's r per token, or per `sequence` (the product of its tokens' ratios)."""
+    off_policy_cap: float = Field(2.0, ge=1, allow_inf_nan=False)
+    """C: the truncation cap of `tis`, the band [1/C, C] of `mis`."""
 
     micro_batch_tokens: int = Field(16384, ge=1)
     """Token budget of one forward/backward pass: a round's rows (own samples, peer rows, SGT
@@ -540,6 +564,12 @@ class PolicySettings(Config):
     """SGLang engine settings (used with `rollout_engine: sglang`)."""
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     """vLLM engine settings (used with `rollout_engine: vllm`)."""
+    rollout_worker: bool | Literal["auto"] = False
+    """Sample this policy's rollouts in a worker process of its own (its own copy of the model
+    and its own engine, fed the learner's weights after each optimizer step: shared memory on
+    a CPU, CUDA IPC handles on a GPU), so that with `grpo.max_off_policy_steps` >= 1 they run
+    beside the update. `auto`: in the rounds MWRA grants the policy a rollout worker. False:
+    in the trainer's process (one CPU core, or a GPU too small for two copies)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""
@@ -563,6 +593,10 @@ class PolicySettings(Config):
     def _has_model(self) -> PolicySettings:
         if (self.preset is None) == (self.model_path is None):
             raise ValueError(f"policy {self.name}: give exactly one of preset, model_path")
+        if self.rollout_worker is not False and self.nproc > 1:
+            raise ValueError(f"policy {self.name}: rollout_worker with nproc > 1 is not "
+                             "supported (each rank samples its share in-process); set "
+                             "rollout_worker: false or nproc: 1")
         return self
 
     @property

@@ -50,6 +50,12 @@ class RoundAllocation:
     """time-share: the policies training this turn of the round (this one included); peers in
     later turns cannot have published the round yet, so probes do not wait for them. None:
     every policy trains the round together."""
+    rollout_workers: int = 0
+    """Rollout workers granted to the policy (`policies[].rollout_worker: auto` samples in one
+    when >= 1); 0: rollouts in-process."""
+    rollout_threads: int = 0
+    """Of `threads`, those the rollout worker uses (the learner the rest); 0: the trainer's
+    default split (half)."""
 
 
 class AllocatorClient:
@@ -154,9 +160,11 @@ class AllocatorClient:
                 time.sleep(0.1)
         self.waited_s += time.monotonic() - start
 
-    def report(self, round_k: int, seconds: float, tokens: int, samples: int) -> None:
+    def report(self, round_k: int, seconds: float, tokens: int, samples: int, *,
+               rollout_s: float = 0.0, update_s: float = 0.0) -> None:
         """Report a round's cost: `seconds` of work, waits for peers, deadlines and turns
-        excluded (MWRA divides compute by it)."""
+        excluded (MWRA divides compute by it); `rollout_s` of it sampling (in a rollout
+        worker: beside the update) and `update_s` in the update (the optimizer steps)."""
         if self.client is not None:
             self.client.report_step_cost(self.run_id, self.policy, round_k, max(seconds, 1e-6),
                                          tokens=tokens, samples=samples,

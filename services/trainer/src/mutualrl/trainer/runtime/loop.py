@@ -24,7 +24,6 @@ import torch
 
 from mutualrl.trainer.data.dataset_task import score_round
 from mutualrl.trainer.data.evaluation import run_benchmark
-from mutualrl.trainer.engines.base import prompt_seed
 from mutualrl.trainer.runtime import diagnostics
 from mutualrl.trainer.runtime.distributed import gathered
 from mutualrl.trainer.runtime.metrics import peak_rss_mib
@@ -45,29 +44,21 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         s.exchange.flush()  # the last round's records are out (a failed publish raises)
         s.probe.prefetch(k)  # deterministic, s >= 1: read peers' round k - s meanwhile
     alloc = d.from_main(lambda: s.allocator.allocation(k))
-    # MWRA's threads are the policy's: its ranks share them.
-    torch.set_num_threads(max(1, alloc.threads // d.world))
-    n_prompts = max(1, min(g.prompts_per_round, alloc.rollout_budget // g.group_size))
-    prompts = s.task.round_prompts(k, g.prompts_per_round, s.cfg.seed)[:n_prompts]
-
-    mine = d.block(len(prompts))
-    with torch.no_grad(), gathered(s.model):
-        part = s.engine.generate(  # each policy samples from its own rendering of the problem
-            s.render([prompts[i] for i in mine]), n=g.group_size, max_new_tokens=s.max_new_tokens,
-            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, min_p=g.min_p,
-            stop=s.task.stop, seeds=[prompt_seed(s.cfg.seed, k, i) for i in mine])
-    samples = [row for rank_rows in d.all_gather(part) for row in rank_rows]
-    # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
-    s.engine.release_memory()
+    # MWRA's threads are the policy's: its ranks share them (and its rollout worker).
+    torch.set_num_threads(max(1, s.rollouts.threads(alloc)[0] // d.world))
+    # each policy samples from its own rendering of the problem; with a rollout worker and
+    # d >= 1 they were sampled beside the last update, from weights no older than k - d
+    batch = s.rollouts.take(k, alloc, s.engine)
+    prompts, samples, version = batch.prompts, batch.samples, batch.version
     t_rollout = time.perf_counter() - t0
     scored = score_round(s.task, prompts, samples, s.cfg.probe.tau)
     rewards, correct = torch.tensor(scored.rewards), scored.correct
 
     published = True
-    if s.exchange is not None:  # policy version = optimizer steps taken = k
+    if s.exchange is not None:  # policy version = optimizer rounds taken when sampled
         # What crosses is the problem and the completion text; peers render it their own way.
         records = round_records(
-            s.cfg.run_id, s.policy.name, k, k, s.tokenizer_id, prompts, samples,
+            s.cfg.run_id, s.policy.name, k, version, s.tokenizer_id, prompts, samples,
             scored.rewards, correct, s.cfg.probe.tau, s.tokenizer.eos_token_id,
             success=scored.success, renderings=s.shown(prompts))
         if s.probe.deterministic:
@@ -76,7 +67,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
             published = s.exchange.publish(records)
 
     data = RoundData(round=k, prompts=prompts, samples=samples, rewards=rewards,
-                     correct=correct, peers_now=alloc.round_peers,
+                     correct=correct, peers_now=alloc.round_peers, policy_version=version,
                      success=None if scored.success is None else torch.tensor(scored.success))
     t1 = time.perf_counter()
     plan = d.from_main(lambda: s.probe.plan(data))
@@ -90,16 +81,18 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         diag = diagnostics.measure(s, k, data, plan, prompt_ids) if d.main else {}
     if diag:
         diag["diag_s"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
     update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, s.step_settings())
     s.scheduler.step()
-    with gathered(s.model):
-        s.engine.sync_weights(s.model)
+    t_update = time.perf_counter() - t3
+    s.rollouts.publish(s.model, k + 1, s.engine)  # the engine's or the worker's from now on
 
     step_s = time.perf_counter() - t0
     wait_s = waited_s(s) - waited0  # for a time-share turn, for peers, up to a deadline
     n_tokens = sum(len(y.token_ids) for row in samples for y in row)
     if d.main:
-        s.allocator.report(k, step_s - wait_s, n_tokens, len(prompts) * g.group_size)
+        s.allocator.report(k, step_s - wait_s, n_tokens, len(prompts) * g.group_size,
+                           rollout_s=batch.generate_s, update_s=t_update)
     return {
         "reward_mean": float(rewards.mean()),
         "pass_rate": float(sum(map(sum, correct)) / rewards.numel()),
@@ -108,13 +101,17 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "wait_s": wait_s,
         "cost_s": step_s - wait_s,
         "rollout_s": t_rollout,
+        "generate_s": batch.generate_s,
+        "update_s": t_update,
+        "policy_version": float(version),
+        "off_policy_lag": float(k - version),
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
         "peak_rss_mib": peak_rss_mib(),
         "publish_failed": float(not published),
         "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),
-        **{f"rollout/{k}": v for k, v in s.engine.stats().items()},
+        **{f"rollout/{k}": v for k, v in batch.stats.items()},
         **scored.stats,
         **plan.stats,
         **update.stats,
@@ -137,9 +134,9 @@ def evaluate(s: Session) -> dict[str, float]:
     if prompts:
         mine = s.dist.block(len(prompts))
         with gathered(s.model):
-            part = s.engine.generate(s.render([prompts[i] for i in mine]), n=1,
-                                     max_new_tokens=s.max_new_tokens, temperature=0.0,
-                                     stop=s.task.stop)
+            part = s.rollouts.local_engine(s.engine).generate(
+                s.render([prompts[i] for i in mine]), n=1, max_new_tokens=s.max_new_tokens,
+                temperature=0.0, stop=s.task.stop)
         out = [row for rows in s.dist.all_gather(part) for row in rows]
         per: dict[str, list[float]] = {}
         for p, (y,) in zip(prompts, out, strict=True):
@@ -148,8 +145,8 @@ def evaluate(s: Session) -> dict[str, float]:
         res["heldout/mean"] = sum(res.values()) / len(res)
     for bench, task in s.benchmarks:
         with gathered(s.model):
-            res.update(run_benchmark(bench, task, s.renderer, s.engine, s.dist,
-                                     s.max_new_tokens, s.cfg.probe.tau, s.cfg.seed))
+            res.update(run_benchmark(bench, task, s.renderer, s.rollouts.local_engine(s.engine),
+                                     s.dist, s.max_new_tokens, s.cfg.probe.tau, s.cfg.seed))
     return res
 
 
@@ -161,6 +158,7 @@ def train(s: Session, rounds: int | None = None,
     just finished is checkpointed and training ends, so `--resume` continues exactly there.
     """
     total = rounds if rounds is not None else s.cfg.grpo.rounds
+    s.rollouts.rounds = total  # a rollout worker samples no round past the last
     ev, ck = s.cfg.eval.every, s.cfg.checkpoint.every
     metrics: dict[str, float] = {}
     if s.exchange is not None:  # a wait for peers it can do without ends when asked to stop

@@ -10,6 +10,7 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from mutualrl.trainer.runtime.preflight import (
     prompt_budget,
 )
 from mutualrl.trainer.runtime.presets import load_policy
+from mutualrl.trainer.runtime.rollouts import Rollouts, round_request, worker_spec
 from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes import Probe, make_probe
@@ -143,6 +145,8 @@ class Session:
     max_new_tokens: int
     renderer: PromptRenderer
     """The policy's rendering of problems (its chat template, or plain text)."""
+    rollouts: Rollouts
+    """Where the round's rollouts come from: `engine` in-process, or a rollout worker."""
     base_dir: Path | None = None
     """The directory the policy's weights started from (a LoRA adapter's base)."""
     benchmarks: list[tuple[BenchmarkSettings, DatasetTask]] = field(default_factory=list)
@@ -190,6 +194,7 @@ class Session:
                                self.cfg.checkpoint.keep, base=self.base_dir)
 
     def close(self) -> None:
+        self.rollouts.close()
         self.metrics.close()
         self.allocator.close()
         if self.exchange is not None:
@@ -309,6 +314,12 @@ def build_session(
                              **engine_kw)
     log.info("%s: rollouts on %s", policy.name, policy.rollout_engine)
     tokenizer_id = cfg.tokenizer_id(policy.name)
+    rollouts = Rollouts(
+        model, partial(round_request, task, renderer.many, g, cfg.seed, max_new),
+        g.max_off_policy_steps, g.rounds, worker=policy.rollout_worker,
+        spec=worker_spec(policy.name, Path(start), policy.dtype, dev, policy.lora,
+                         policy.rollout_engine, engine_kw, policy.threads),
+        exact=deterministic, dist=dist)
     exchange = None
     svc = cfg.services
     local = svc.local or not dist.main  # one rank talks to the services for the policy
@@ -338,7 +349,7 @@ def build_session(
         metrics=_metrics_sink(cfg, policy.name, run_dir) if dist.main else NullMetrics(),
         run_dir=run_dir, tokenizer_id=tokenizer_id, max_new_tokens=max_new,
         base_dir=Path(start).resolve(),  # export finds a LoRA adapter's base from any cwd
-        renderer=renderer, benchmarks=benchmarks, dist=dist,
+        renderer=renderer, benchmarks=benchmarks, dist=dist, rollouts=rollouts,
         compute=None if dist.active else compute_dtype(policy))
     session.probe.peer_rounds = peer_rounds
     if last is not None:
@@ -362,4 +373,5 @@ def build_session(
     # The rounds from here on run (again): rows a run logged past its checkpoint, or a
     # restart without one, would otherwise appear twice in metrics.jsonl.
     session.metrics.truncate_from(session.start_round)
+    rollouts.begin(session.start_round)
     return session

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from mutualrl.trainer.algos.loss import nonzero_variance_groups, row_coefficients, token_loss
 from mutualrl.trainer.algos.methods import METHODS, PeerSettings, splice
+from mutualrl.trainer.algos.offpolicy import behaviour_weights
 from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
 from mutualrl.trainer.model.batch import completion_logprobs, completion_logprobs_and_entropy, pack
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, block
@@ -233,10 +234,14 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     pg = [i for i in range(len(rows)) if not rows.demo[i]]
     peer = [i for i in pg if not rows.own[i]]
     several = grpo.mini_batches * grpo.epochs > 1
+    # Own rows sampled by older weights: corrected against the current ones (exactly 1 when
+    # the round's own weights sampled them, so nothing is computed then).
+    lagging = (data.policy_version is not None and data.policy_version < data.round
+               and grpo.off_policy_correction != "none")
     stats: dict[str, float] = {}
-    if several or peer or grpo.ratio_to_behaviour:
+    if several or peer or grpo.ratio_to_behaviour or lagging:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
-        old = score(model, rows, pg if several else peer, st, device)
+        old = score(model, rows, pg if several or lagging else peer, st, device)
         if peer:
             assert plan.peers is not None
             prep = METHODS[rows.peer_method].weights(old[peer], rows.mask[peer], plan.peers,
@@ -247,6 +252,8 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
                 rows.behaviour = torch.zeros_like(rows.mask)
                 rows.behaviour[peer] = prep.behaviour.to(rows.behaviour)
             stats.update({k: float(v) for k, v in prep.stats.items()})
+        if lagging:
+            stats.update(correct_lag(rows, old, data, grpo))
         if grpo.ratio_to_behaviour:
             for i, s in enumerate(c for row in data.samples for c in row):
                 old[i] = 0.0
@@ -255,6 +262,28 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     if ref_model is not None and grpo.beta > 0:
         rows.ref_logp = score(ref_model, rows, pg, st, device)
     return stats
+
+
+def behaviour_logprobs(data: RoundData, like: Tensor) -> Tensor:
+    """[n_own, T] the sampler's log-probs of the round's own rows (`Sample.logprobs`), zero
+    padded to `like`'s width."""
+    own = [c for row in data.samples for c in row]
+    out = torch.zeros(len(own), like.shape[1], dtype=like.dtype)
+    for i, c in enumerate(own):
+        out[i, : len(c.logprobs)] = torch.tensor(c.logprobs, dtype=like.dtype)
+    return out
+
+
+def correct_lag(rows: Rows, current: Tensor, data: RoundData, grpo: GRPOSettings
+                ) -> dict[str, float]:
+    """Weight (and, `mis`, mask) the own rows sampled by older weights: the correction of
+    `algos.offpolicy` between `current` log-probs and the sampler's; returns its stats."""
+    own = torch.nonzero(rows.own).reshape(-1)
+    corr = behaviour_weights(current[own], behaviour_logprobs(data, current), rows.mask[own],
+                             grpo)
+    rows.weights[own] = rows.weights[own] * corr.weights.to(rows.weights)
+    rows.mask[own] = rows.mask[own] * corr.keep.to(rows.mask)
+    return corr.stats
 
 
 def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: StepSettings,

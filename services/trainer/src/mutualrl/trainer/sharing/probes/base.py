@@ -55,6 +55,9 @@ class RoundData:
     peers_now: list[str] | None = None
     """Policies training this round alongside this one (MWRA time-share turns); reads of the
     round wait for these only. None: every policy of the run."""
+    policy_version: int | None = None
+    """The weight version (optimizer rounds taken) that sampled the round's own rows; below
+    `round` they are off-policy (`algos.offpolicy`). None: the round's own weights."""
 
 
 @dataclass

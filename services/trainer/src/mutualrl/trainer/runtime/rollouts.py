@@ -1,0 +1,481 @@
+"""Where a round's rollouts come from: the trainer's own engine (in-process, the default), or a
+rollout worker, a process of the policy's own with its own copy of the model and its own engine
+(any of `engines.factory`), fed the learner's weights after each optimizer step
+(docs/training.md, "Rollouts beside learning").
+
+Weights cross through torch.multiprocessing: the learner keeps a ring of max(1, d) copies of
+its trainable parameters (d = `grpo.max_off_policy_steps`) in shared memory (on a GPU, CUDA
+tensors whose IPC handles the worker opens), each slot stamped with the version it holds
+(version = optimizer rounds taken). The worker copies the version a request names into its
+model and calls its engine's `sync_weights`.
+
+The schedule, with s0 the first round of this start:
+
+- round k's request names version max(s0, k - d): in the deterministic exchange mode exactly
+  that one (the worker waits for it), in the asynchronous mode the newest one published;
+- with d >= 1, round k + 1 is requested when round k's rollouts are taken, so the worker
+  samples it while round k's update runs; with d = 0 round k is requested after version k is
+  published, and the learner waits (no overlap);
+- publishing version v into the slot of v - max(1, d) first waits until the worker has
+  loaded the weights of every request up to round v (the last that needed the slot's old
+  version);
+- a result older than k - d is refused and round k regenerated from the newest weights
+  (`refused` counts them); a worker that dies is restarted and its pending rounds requested
+  again (`restarts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from mutualrl.trainer.config.run import GRPOSettings, LoraSettings
+from mutualrl.trainer.data.tasks import Prompt, Task
+from mutualrl.trainer.engines.base import RolloutEngine, Sample, prompt_seed
+from mutualrl.trainer.runtime.allocator import RoundAllocation
+from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+"""How often a wait for the worker checks that it is alive."""
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One round's rollouts, as the engine's `generate` takes them."""
+
+    round: int
+    prompts: list[Prompt]
+    rendered: list[list[int]]
+    n: int
+    max_new_tokens: int
+    sampling: dict[str, Any]
+    """temperature, top_p, top_k, min_p, stop."""
+    seeds: list[int]
+
+
+@dataclass
+class RolloutBatch:
+    """A round's rollouts and the weights that sampled them."""
+
+    prompts: list[Prompt]
+    samples: list[list[Sample]]
+    version: int
+    """The weight version (optimizer rounds taken) the samples come from."""
+    generate_s: float
+    """Seconds the engine spent sampling them (in the worker: beside the learner's update)."""
+    wait_s: float
+    """Seconds the learner waited for them."""
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How the worker builds its model and engine (picklable: it crosses to a new process)."""
+
+    policy: str
+    start: str
+    """The model directory the learner started from (weights, config, tokenizer)."""
+    dtype: str
+    device: str
+    lora: LoraSettings | None
+    engine: str
+    engine_kwargs: dict[str, Any]
+    threads: int
+
+
+@dataclass
+class _Job:
+    """A request as the worker gets it."""
+
+    round: int
+    rendered: list[list[int]]
+    n: int
+    max_new_tokens: int
+    sampling: dict[str, Any]
+    seeds: list[int]
+    version: int
+    exact: bool
+    threads: int
+
+
+@dataclass
+class _Result:
+    round: int
+    version: int
+    samples: list[list[Sample]]
+    seconds: float
+    stats: dict[str, float]
+    error: str | None = None
+
+
+class _Shared:
+    """The weights' ring in shared memory, the versions its slots hold, the last round whose
+    weights the worker loaded, and the condition both sides wait on."""
+
+    def __init__(self, params: dict[str, Tensor], slots: int, ctx: Any) -> None:
+        self.slots = [{n: p.detach().clone().share_memory_() for n, p in params.items()}
+                      for _ in range(slots)]
+        self.version = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
+        self.loaded = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        self.cond = ctx.Condition()
+
+    def write(self, params: dict[str, Tensor], version: int, until_loaded: int) -> float:
+        """Publish `params` as `version` once the worker has loaded round `until_loaded`'s
+        weights; returns the seconds waited."""
+        slot = version % len(self.slots)
+        t0 = time.perf_counter()
+        with self.cond:
+            while int(self.loaded[0]) < until_loaded:
+                self.cond.wait(POLL_S)
+            waited = time.perf_counter() - t0
+            with torch.no_grad():
+                for n, t in self.slots[slot].items():
+                    t.copy_(params[n].detach())
+            self.version[slot] = version
+            self.cond.notify_all()
+        return waited
+
+    def read(self, params: Mapping[str, Tensor], job: _Job) -> int:
+        """Copy the weights `job` names into `params` (waiting for them to be published) and
+        mark its round loaded; returns the version copied."""
+        with self.cond:
+            while True:
+                have = self.version.tolist()
+                newest = max(have)
+                if job.exact and job.version in have:
+                    slot = have.index(job.version)
+                    break
+                if newest >= job.version:  # asynchronous; or a restart after the exact one left
+                    slot = have.index(newest)
+                    break
+                self.cond.wait(POLL_S)
+            with torch.no_grad():
+                for n, t in self.slots[slot].items():
+                    params[n].copy_(t)
+            self.loaded[0] = max(int(self.loaded[0]), job.round)
+            self.cond.notify_all()
+            return have[slot]
+
+
+def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
+    """The worker process: build the model and engine, then answer jobs until None."""
+    from mutualrl.trainer.engines.factory import make_engine
+    from mutualrl.trainer.model import lora
+    from mutualrl.trainer.runtime.presets import load_policy
+
+    torch.set_num_threads(spec.threads)
+    try:
+        model, tok = load_policy(spec.start, spec.dtype, spec.device)
+        if spec.lora is not None:
+            model = lora.wrap(model, spec.lora)
+        model.eval()
+        params = {n: p for n, p in model.named_parameters() if n in shared.slots[0]}
+        engine = make_engine(spec.engine, model, tok, model_path=spec.start,
+                             **spec.engine_kwargs)
+    except Exception:  # the learner raises it: a worker that cannot start fails the run
+        results.put(_Result(-1, -1, [], 0.0, {}, traceback.format_exc()))
+        return
+    while (job := jobs.get()) is not None:
+        try:
+            torch.set_num_threads(max(1, job.threads))
+            version = shared.read(params, job)
+            engine.sync_weights(model)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                samples = engine.generate(job.rendered, n=job.n,
+                                          max_new_tokens=job.max_new_tokens, seeds=job.seeds,
+                                          **job.sampling)
+            results.put(_Result(job.round, version, samples, time.perf_counter() - t0,
+                                engine.stats()))
+        except Exception:
+            results.put(_Result(job.round, -1, [], 0.0, {}, traceback.format_exc()))
+
+
+class RolloutWorker:
+    """The learner's handle on its rollout worker: starts it, publishes weights, sends jobs,
+    takes results; restarts it when it dies."""
+
+    def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int,
+                 exact: bool) -> None:
+        self.spec = spec
+        self.exact = exact
+        self.ctx = mp.get_context("spawn")
+        self.shared = _Shared(params, slots, self.ctx)
+        self.jobs: Any = self.ctx.Queue()
+        self.results: Any = self.ctx.Queue()
+        self.sent: dict[int, _Job] = {}
+        """Jobs sent whose result has not been taken."""
+        self.early: dict[int, _Result] = {}
+        """Results of later rounds that came while an earlier one was awaited."""
+        self.restarts = 0
+        self.publish_wait_s = 0.0
+        self.proc: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        self.proc = self.ctx.Process(target=_serve, name=f"rollouts-{self.spec.policy}",
+                                     args=(self.spec, self.shared, self.jobs, self.results),
+                                     daemon=True)
+        self.proc.start()
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def publish(self, params: dict[str, Tensor], version: int) -> None:
+        """Make `version` the worker's to load (see the module's schedule)."""
+        until = min(version, max(self.sent, default=-1))
+        self.publish_wait_s += self.shared.write(params, version, until)
+
+    def send(self, job: _Job) -> None:
+        self.sent[job.round] = job
+        self.jobs.put(job)
+
+    def result(self, round_k: int) -> _Result:
+        """Round `round_k`'s result (sent before); a dead worker is restarted and its jobs sent
+        again, a worker's error raised."""
+        while True:
+            try:
+                r: _Result = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    self._restart()
+                continue
+            if r.error is not None:
+                raise RuntimeError(f"policy {self.spec.policy}: the rollout worker failed "
+                                   f"(round {r.round}):\n{r.error}")
+            if r.round == round_k:
+                self.sent.pop(round_k, None)
+                return r
+            # a later round's (pipelined) or a repeat of one already taken: keep the later
+            if r.round > round_k and r.round in self.sent:
+                self.early[r.round] = r
+
+    def take_early(self, round_k: int) -> _Result | None:
+        r = self.early.pop(round_k, None)
+        if r is not None:
+            self.sent.pop(round_k, None)
+        return r
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        log.warning("policy %s: the rollout worker (pid %s) died (exit code %s); restarting "
+                    "it and requesting rounds %s again", self.spec.policy, self.proc.pid,
+                    self.proc.exitcode, sorted(self.sent))
+        self.jobs = self.ctx.Queue()  # the dead worker's queue may hold a half-read job
+        self.results = self.ctx.Queue()
+        self.early.clear()
+        self._start()
+        for job in sorted(self.sent.values(), key=lambda j: j.round):
+            self.jobs.put(job)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.is_alive():
+            self.jobs.put(None)
+            self.proc.join(timeout=10)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(timeout=5)
+        self.proc = None
+
+
+RequestFor = Callable[[int, RoundAllocation], RolloutRequest]
+"""Round k's request under the allocation in force (prompts, rendering, sampling, seeds)."""
+
+
+class Rollouts:
+    """A policy's source of rollouts: its engine in-process, or its rollout worker (module
+    docstring). `take` gives round k's; `publish` follows each optimizer step."""
+
+    def __init__(self, model: torch.nn.Module, request_for: RequestFor,
+                 max_off_policy_steps: int, rounds: int, worker: bool | str = False,
+                 spec: WorkerSpec | None = None, exact: bool = True,
+                 dist: Dist = SINGLE) -> None:
+        self.model, self.request_for = model, request_for
+        self.d = max_off_policy_steps
+        self.rounds = rounds
+        self.start = 0
+        """The first round of this start (a resume's): the first rounds sample its weights."""
+        self.mode = worker
+        self.spec = spec
+        self.exact = exact
+        self.dist = dist
+        self.worker: RolloutWorker | None = None
+        self.pending: dict[int, RolloutRequest] = {}
+        self.version = 0
+        """The learner's weight version now."""
+        self.engine_stale = False
+        """The in-process engine has not seen the last versions (the worker sampled them)."""
+        self.refused = 0
+        self.planted: dict[int, RolloutBatch] = {}
+        """Results handed in from outside the worker (a test's stale rollout) that `take`
+        checks like any other."""
+
+    # -- the learner's side ----------------------------------------------------------------
+
+    def begin(self, start_round: int) -> None:
+        """Training starts at `start_round` (its weights are version `start_round`); a worker
+        configured always on starts now, loading the model beside the learner's first work."""
+        self.start = self.version = start_round
+        if self.mode is True:
+            self._ensure_worker()
+
+    def uses_worker(self, alloc: RoundAllocation) -> bool:
+        """Whether round rollouts come from the worker under `alloc`."""
+        return self.mode is True or (self.mode == "auto" and alloc.rollout_workers >= 1)
+
+    def threads(self, alloc: RoundAllocation) -> tuple[int, int]:
+        """(learner, worker) threads of the round's `alloc.threads`: with overlap the worker
+        takes `alloc.rollout_threads` (default half) and the learner the rest; without, both
+        may use all (one waits while the other works)."""
+        total = max(1, alloc.threads)
+        if not self.uses_worker(alloc) or self.d == 0 or total == 1:
+            return total, total
+        worker = alloc.rollout_threads or total // 2
+        worker = min(max(1, worker), total - 1)
+        return total - worker, worker
+
+    def take(self, k: int, alloc: RoundAllocation, engine: RolloutEngine) -> RolloutBatch:
+        """Round k's rollouts, from weights no older than version k - d (in-process: from
+        `engine`, the trainer's)."""
+        if not self.uses_worker(alloc):
+            self._drop_pending()
+            return self._in_process(self.request_for(k, alloc), engine)
+        worker = self._ensure_worker()
+        t0 = time.perf_counter()
+        worker_threads = self.threads(alloc)[1]
+        if k not in self.pending:
+            self._send(k, alloc, worker_threads)
+        if self.d >= 1 and k + 1 < self.rounds and k + 1 not in self.pending:
+            self._send(k + 1, alloc, worker_threads)
+        while True:
+            batch = self.planted.pop(k, None) or self._from_worker(worker, k)
+            if batch.version >= k - self.d:
+                break
+            # never trained on: regenerated from the newest weights
+            self.refused += 1
+            log.warning("policy %s: round %d's rollouts come from version %d, older than "
+                        "the bound k - d = %d; regenerating them", worker.spec.policy, k,
+                        batch.version, k - self.d)
+            self._send(k, alloc, worker_threads, version=self.version)
+        self.pending.pop(k, None)
+        batch.wait_s = time.perf_counter() - t0
+        batch.stats.update({"refused": float(self.refused), "restarts": float(worker.restarts),
+                            "publish_wait_s": worker.publish_wait_s,
+                            "worker_threads": float(worker_threads)})
+        return batch
+
+    def publish(self, model: PreTrainedModel, version: int, engine: RolloutEngine) -> None:
+        """After an optimizer step: the learner's weights are `version` from now on (the
+        worker's to load, or synced into the in-process `engine`)."""
+        self.version = version
+        if self.worker is not None:
+            self.worker.publish(_trainable(model), version)
+            self.engine_stale = True
+            return
+        with gathered(model):
+            engine.sync_weights(model)
+
+    def local_engine(self, engine: RolloutEngine) -> RolloutEngine:
+        """The in-process `engine`, synced to the learner's weights (evaluation)."""
+        if self.engine_stale:
+            with gathered(self.model):
+                engine.sync_weights(self.model)  # type: ignore[arg-type]
+            self.engine_stale = False
+        return engine
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ensure_worker(self) -> RolloutWorker:
+        if self.worker is None:
+            if self.spec is None:
+                raise ValueError("a rollout worker needs the policy's WorkerSpec")
+            self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d),
+                                        self.exact)
+            self.worker.publish(_trainable(self.model), self.version)
+        return self.worker
+
+    def _send(self, k: int, alloc: RoundAllocation, threads: int,
+              version: int | None = None) -> None:
+        assert self.worker is not None
+        req = self.request_for(k, alloc)
+        self.pending[k] = req
+        want = max(self.start, k - self.d) if version is None else version
+        self.worker.send(_Job(k, req.rendered, req.n, req.max_new_tokens, req.sampling,
+                              req.seeds, want, self.exact, threads))
+
+    def _from_worker(self, worker: RolloutWorker, k: int) -> RolloutBatch:
+        r = worker.take_early(k) or worker.result(k)
+        return RolloutBatch(self.pending[k].prompts, r.samples, r.version, r.seconds, 0.0,
+                            dict(r.stats))
+
+    def _drop_pending(self) -> None:
+        """Rounds requested from a worker the allocation no longer grants are sampled
+        in-process instead: their results, when they come, are not waited for."""
+        if self.worker is not None and self.pending:
+            self.worker.close()
+            self.worker = None
+        self.pending.clear()
+
+    def _in_process(self, req: RolloutRequest, engine: RolloutEngine) -> RolloutBatch:
+        d = self.dist
+        t0 = time.perf_counter()
+        mine = d.block(len(req.rendered))
+        engine = self.local_engine(engine)
+        with torch.no_grad(), gathered(self.model):
+            part = engine.generate([req.rendered[i] for i in mine], n=req.n,
+                                   max_new_tokens=req.max_new_tokens,
+                                   seeds=[req.seeds[i] for i in mine], **req.sampling)
+        samples = [row for rank_rows in d.all_gather(part) for row in rank_rows]
+        # An engine sharing the GPU gives its memory to the step; the weight sync takes it back.
+        engine.release_memory()
+        seconds = time.perf_counter() - t0
+        return RolloutBatch(req.prompts, samples, self.version, seconds, seconds,
+                            dict(engine.stats()))
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The parameters an optimizer step changes (a LoRA policy's adapters; every weight
+    otherwise): what the worker needs each version of."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def worker_spec(policy: str, start: Path, dtype: str, device: str, lora: LoraSettings | None,
+                engine: str, engine_kwargs: dict[str, Any], threads: int) -> WorkerSpec:
+    """The worker's recipe from the learner's (engine keywords as the learner's engine got
+    them)."""
+    return WorkerSpec(policy, str(start), dtype, device, lora, engine, dict(engine_kwargs),
+                      threads)
+
+
+def round_request(task: Task, render: Callable[[Sequence[Prompt]], list[list[int]]],
+                  g: GRPOSettings, seed: int, max_new_tokens: int, k: int,
+                  alloc: RoundAllocation) -> RolloutRequest:
+    """Round k's request: the shared order's prompts the allocation's rollout budget holds,
+    in this policy's rendering, sampled with the run's knobs and per-prompt seeds."""
+    n_prompts = max(1, min(g.prompts_per_round, alloc.rollout_budget // g.group_size))
+    prompts = task.round_prompts(k, g.prompts_per_round, seed)[:n_prompts]
+    sampling = {"temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k,
+                "min_p": g.min_p, "stop": task.stop}
+    return RolloutRequest(k, prompts, render(prompts), g.group_size, max_new_tokens, sampling,
+                          [prompt_seed(seed, k, i) for i in range(len(prompts))])

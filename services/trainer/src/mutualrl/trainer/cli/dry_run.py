@@ -16,6 +16,7 @@ from pathlib import Path
 from mutualrl.trainer.config.run import TrainerConfig
 from mutualrl.trainer.data.chat import ContextLengthError
 from mutualrl.trainer.runtime.memory import (
+    GIB,
     MemoryPlan,
     ModelShape,
     PlanInputs,
@@ -23,6 +24,7 @@ from mutualrl.trainer.runtime.memory import (
     model_shape,
     policy_plan,
     render,
+    worker_plan,
 )
 from mutualrl.trainer.runtime.preflight import check_inputs, policy_dir
 
@@ -70,6 +72,16 @@ def prompt_lengths(cfg: TrainerConfig, names: list[str], cache_dir: Path | None
     return {b.policy: b.prompt_tokens for b in budgets}, ""
 
 
+def worker_lines(items: dict[str, int], p: MemoryPlan) -> str:
+    """The rollout worker's part of the plan, and the learner's training peak beside it."""
+    total = sum(items.values())
+    parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in items.items())
+    both = p.train_peak + total
+    verdict = "fits" if both <= p.room else "does NOT fit: set rollout_worker: false"
+    return (f"  rollout worker: {total / GIB:.2f} GiB ({parts} GiB); beside the learner's "
+            f"training peak {both / GIB:.2f} GiB of {p.room / GIB:.2f} GiB usable: {verdict}")
+
+
 def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                  device_memory_gb: float | None = None, prompt_tokens: int | None = None,
                  cache_dir: Path | None = None) -> list[PolicyPlan]:
@@ -98,5 +110,12 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
         source = note or ("--prompt-tokens" if prompt_tokens is not None
                           else "its longest rendered prompt")
         text += f"\n  rollouts of {x.seq_tokens:,} tokens: {source}"
+        if policy.rollout_worker is not False:
+            worker = worker_plan(shape, x, p, max(1, pcfg.grpo.max_off_policy_steps))
+            text += "\n" + worker_lines(worker, p)
+            if p.train_peak + sum(worker.values()) > p.room:
+                p.problems.append(f"policies[].rollout_worker: the worker's "
+                                  f"{sum(worker.values()) / GIB:.2f} GiB does not fit beside "
+                                  "training: set rollout_worker: false")
         out.append(PolicyPlan(name, shape, x, p, text))
     return out

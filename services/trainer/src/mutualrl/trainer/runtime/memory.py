@@ -307,6 +307,24 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
                       problems=problems)
 
 
+ENGINE_ITEMS = ("engine", "kv_cache", "sampler", "sampling_copy")
+"""The plan's items that belong to the rollout engine (a rollout worker's, when it has one)."""
+
+
+def worker_plan(shape: ModelShape, x: PlanInputs, p: MemoryPlan, slots: int
+                ) -> dict[str, int]:
+    """Bytes of a policy's rollout worker (`policies[].rollout_worker`) beside its learner on
+    the same device: its own copy of the weights, its engine's items of `p`, its process's
+    runtime, and the ring of `slots` (max(1, grpo.max_off_policy_steps)) published copies of
+    the trainable weights the two share."""
+    out = {"worker_weights": shape.params * x.dtype_bytes,
+           **{f"worker_{k}": p.items[k] for k in ENGINE_ITEMS if k in p.items},
+           "weight_ring": slots * shape.trainable * x.dtype_bytes}
+    if x.runtime_bytes:
+        out["worker_runtime"] = x.runtime_bytes
+    return out
+
+
 _ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 ROUND_FIELDS = ("grpo.prompts_per_round", "grpo.group_size", "grpo.max_new_tokens")
 """What sets a round's rows x length (the longest prompt aside)."""

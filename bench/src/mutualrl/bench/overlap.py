@@ -1,0 +1,120 @@
+"""`mutualrl bench rounds --overlap`: one policy's round time with its rollouts in-process
+against a rollout worker sampling round k + 1 beside round k's update (d = 1), at the same
+total thread budget (in-process: `threads` for both phases; with the worker: half of them
+each, the learner and the worker).
+
+Cases: the demo's policies (GPT-2 + byte BPE, Llama + characters: 16 prompts x 8 samples of
+the short regime's 6 tokens), and a ~10 M Llama (`llama-10m`) whose rollouts and update take
+about as long (`balanced`: 4 prompts x 8 samples of 48 tokens). Each policy trains alone, no
+services, probe `none`, the asynchronous exchange mode. Runs alternate in-process / worker per
+repeat so load drift hits both; a run's round time is the median over its rounds after the
+first `skip` (the worker's start, warm-up). ratio = in-process round time / worker round time
+(rounds per second against the in-process anchor); the split says where an in-process round
+went (rollouts, update) and how long the worker sampled one round.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CASES: dict[str, dict[str, Any]] = {
+    "demo-gpt2-bpe": {"preset": "gpt2-bpe", "prompts": 16, "group": 8, "new_tokens": None},
+    "demo-llama-char": {"preset": "llama-char", "prompts": 16, "group": 8, "new_tokens": None},
+    "balanced-llama-10m": {"preset": "llama-10m", "prompts": 4, "group": 8, "new_tokens": 48},
+}
+
+
+def _config(out: Path, case: dict[str, Any], worker: bool, rounds: int, threads: int,
+            seed: int) -> Any:
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    grpo: dict[str, Any] = {"group_size": case["group"], "prompts_per_round": case["prompts"],
+                            "rounds": rounds, "lr": 3e-4,
+                            "max_off_policy_steps": 1 if worker else 0}
+    if case["new_tokens"]:
+        grpo["max_new_tokens"] = case["new_tokens"]
+    return TrainerConfig.model_validate({
+        "run_id": "overlap", "seed": seed, "output_dir": str(out),
+        "services": {"local": True}, "exchange": {"mode": "asynchronous"},
+        "task": {"regime": "short", "skills": ["add", "sub", "rev", "sort"]},
+        "grpo": grpo, "probe": {"kind": "none"},
+        "eval": {"every": 0}, "checkpoint": {"every": 0},
+        "metrics": {"tensorboard": False, "progress": False},
+        "policies": [{"name": "p", "preset": case["preset"], "threads": threads,
+                      "rollout_worker": worker}]})
+
+
+def one_run(case: dict[str, Any], worker: bool, rounds: int, skip: int, threads: int,
+            cache: Path, seed: int = 0) -> dict[str, float]:
+    """Median round time of one run and the means of its phases (after `skip` rounds)."""
+    import torch
+
+    from mutualrl.trainer.runtime.loop import run_round
+    from mutualrl.trainer.runtime.session import build_session
+
+    out = Path(tempfile.mkdtemp(prefix="mutualrl-overlap-"))
+    s = build_session(_config(out, case, worker, rounds, threads, seed), "p", cache_dir=cache)
+    s.rollouts.rounds = rounds
+    times: list[float] = []
+    rows: list[dict[str, float]] = []
+    try:
+        for k in range(rounds):
+            t0 = time.perf_counter()
+            rows.append(run_round(s, k))
+            times.append(time.perf_counter() - t0)
+    finally:
+        s.close()
+        torch.set_num_threads(threads)
+    kept = rows[skip:]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r.get(key, 0.0) for r in kept)
+
+    return {"round_s": statistics.median(times[skip:]), "rollout_s": mean("rollout_s"),
+            "generate_s": mean("generate_s"), "update_s": mean("update_s"),
+            "lag": mean("off_policy_lag")}
+
+
+def bench_overlap(cases: list[str], rounds: int = 8, skip: int = 2, repeats: int = 3,
+                  threads: int = 2, cache_dir: Path | None = None) -> dict[str, Any]:
+    """Every case's in-process and worker round times, `repeats` alternating pairs."""
+    from mutualrl.trainer.runtime.presets import ensure_preset, n_params
+    from mutualrl.trainer.runtime.presets import load_policy as _load
+
+    cache = cache_dir or Path(tempfile.mkdtemp(prefix="mutualrl-presets-"))
+    result: dict[str, Any] = {
+        "benchmark": "rounds-overlap", "threads": threads, "rounds": rounds, "skip": skip,
+        "repeats": repeats, "max_off_policy_steps": 1,
+        "anchor": "the same policy with its rollouts in-process, same threads, alternating "
+                  "run by run", "load_before": os.getloadavg()[0], "cases": {}}
+    for name in cases:
+        case = CASES[name]
+        model, _ = _load(ensure_preset(case["preset"], cache, 0))
+        runs: dict[str, list[dict[str, float]]] = {"in_process": [], "worker": []}
+        for _ in range(repeats):
+            runs["in_process"].append(one_run(case, False, rounds, skip, threads, cache))
+            runs["worker"].append(one_run(case, True, rounds, skip, threads, cache))
+
+        def med(side: str, key: str, runs: dict[str, list[dict[str, float]]] = runs
+                ) -> float:
+            return statistics.median(r[key] for r in runs[side])
+
+        inp, wk = med("in_process", "round_s"), med("worker", "round_s")
+        result["cases"][name] = {
+            "preset": case["preset"], "params": n_params(model),
+            "prompts": case["prompts"], "group": case["group"],
+            "in_process_round_s": inp, "worker_round_s": wk, "ratio": inp / wk,
+            "in_process_split": {"rollout_s": med("in_process", "rollout_s"),
+                                 "update_s": med("in_process", "update_s")},
+            "worker_split": {"generate_s": med("worker", "generate_s"),
+                             "wait_for_rollouts_s": med("worker", "rollout_s"),
+                             "update_s": med("worker", "update_s"),
+                             "lag": med("worker", "lag")},
+            "runs": runs}
+    result["load_after"] = os.getloadavg()[0]
+    return result

@@ -91,13 +91,13 @@ def test_a_rollout_older_than_the_bound_is_refused(tmp_path: Path, presets: Path
     try:
         alloc = RoundAllocation(threads=1, rollout_budget=8)
         for k in range(2):  # versions 0, 1 published; round 2 may use >= 1
-            s.rollouts.take(k, alloc, s.engine)
-            s.rollouts.publish(s.model, k + 1, s.engine)
-        real = s.rollouts.request_for(2, alloc)
+            s.rollouts.take(k, alloc, s)
+            s.rollouts.publish(s, k + 1)
+        real = s.rollout_request(2, alloc)
         planted = RolloutBatch(real.prompts, [[] for _ in real.prompts], version=0,
                                generate_s=0.0, wait_s=0.0)
         s.rollouts.planted[2] = planted
-        got = s.rollouts.take(2, alloc, s.engine)
+        got = s.rollouts.take(2, alloc, s)
         assert s.rollouts.refused == 1
         assert got is not planted and got.version >= 1
         assert all(len(row) == 4 for row in got.samples)

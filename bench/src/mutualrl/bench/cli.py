@@ -143,7 +143,8 @@ def _mwra(commands: Commands) -> None:
 def _trainer_bench(args: argparse.Namespace) -> int:
     from mutualrl.bench.trainer import run_bench
 
-    result = run_bench(steps=args.steps, cache_dir=Path(args.cache_dir) if args.cache_dir else None)
+    result = run_bench(steps=args.steps, cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                       threads=args.threads)
     print(_emit(result, args.json))
     return 0
 
@@ -154,6 +155,9 @@ def _trainer(commands: Commands) -> None:
                      _trainer_bench)
     b.add_argument("--json", default=None, help="Write the result JSON here.")
     b.add_argument("--steps", type=int, default=8, help="Timed steps per side (+1 warm-up).")
+    b.add_argument("--threads", type=int, default=2,
+                   help="Threads of each side (>= 2 adds our overlapped trainer: a rollout "
+                        "worker beside the learner, half the threads each).")
     b.add_argument("--cache-dir", default=None,
                    help="Preset cache (default: a temporary directory, built each run).")
 
@@ -179,6 +183,18 @@ def _rounds_bench(args: argparse.Namespace) -> int:
     from mutualrl.bench.rounds import bench_rounds
 
     out = Path(args.out) if args.out else None
+    if args.overlap:
+        from mutualrl.bench.overlap import CASES, bench_overlap
+
+        cases = args.cases.split(",") if args.cases else list(CASES)
+        unknown = [c for c in cases if c not in CASES]
+        if unknown:
+            print(f"mutualrl bench rounds: --cases: unknown {unknown}; expected some of "
+                  f"{list(CASES)}", file=sys.stderr)
+            return 2
+        print(_emit(bench_overlap(cases, args.rounds, args.skip, args.repeats, args.slots,
+                                  out), args.json))
+        return 0
     if args.probes:
         if args.n is not None and "," in args.n:
             print(f"mutualrl bench rounds: --n {args.n}: with --probes, --n is one policy count",
@@ -211,6 +227,13 @@ def _rounds(commands: Commands) -> None:
                    help="With --probes: the exchange modes to run.")
     b.add_argument("--staleness", type=int, default=1, help="With --probes: exchange.staleness.")
     b.add_argument("--repeats", type=int, default=1, help="With --probes: interleaved repeats.")
+    b.add_argument("--overlap", action="store_true",
+                   help="One policy's round time with its rollouts in-process against a "
+                        "rollout worker beside the update (d = 1), --slots threads in all.")
+    b.add_argument("--cases", default=None,
+                   help="With --overlap: comma-separated cases (default: all).")
+    b.add_argument("--skip", type=int, default=2,
+                   help="With --overlap: first rounds of a run left out (start, warm-up).")
     b.add_argument("--out", default=None, help="Keep the runs here (default: a temp dir).")
     b.add_argument("--json", default=None, help="Write the result JSON here.")
 

@@ -2,10 +2,12 @@
 
 Both train the same ~10 M Llama preset (byte-level BPE) on 4 prompts x 8 samples per step,
 32 new tokens, temperature 1, a graded reward with variance (share of digit characters in the
-completion), clip 0.2 / 0.28, token-mean (dapo) loss, no KL, grad clip 1, constant lr, one
-thread each. Ours runs probe `none` with no services; TRL uses HF `generate` on the CPU, no
-vLLM. Steps alternate one by one (TRL, ours, TRL, ours, ...) so drift in machine load hits
-both; the first step of each side is a warm-up and is not timed. Peak memory is the largest RSS
+completion), clip 0.2 / 0.28, token-mean (dapo) loss, no KL, grad clip 1, constant lr,
+`--threads` in all for each side (default 2). Ours runs probe `none` with no services, once
+synchronous and once overlapped (a rollout worker sampling round k + 1 beside round k's
+update, d = 1, the threads split between the two); TRL uses HF `generate` on the CPU, no vLLM.
+Steps alternate one by one (TRL, ours, overlapped, TRL, ...) so drift in machine load hits
+all; the first step of each side is a warm-up and is not timed. Peak memory is the largest RSS
 sampled while each side's step ran (one process, so both include the shared baseline).
 """
 
@@ -57,7 +59,8 @@ class _RssPeaks:
         self._thread.join()
 
 
-def _ours(model_dir: Path, out: Path, seed: int) -> Any:
+def _ours(model_dir: Path, out: Path, seed: int, threads: int = 1, overlap: bool = False
+          ) -> Any:
     from mutualrl.trainer.config.run import TrainerConfig
     from mutualrl.trainer.config.task import TaskConfig
     from mutualrl.trainer.data.tasks import SyntheticTask
@@ -70,10 +73,13 @@ def _ours(model_dir: Path, out: Path, seed: int) -> Any:
     cfg = TrainerConfig.model_validate({
         "run_id": "bench", "seed": seed, "output_dir": str(out), "services": {"local": True},
         "grpo": {"group_size": GROUP, "prompts_per_round": PROMPTS, "lr": LR,
-                 "max_new_tokens": NEW_TOKENS, "rounds": 10**6},
+                 "max_new_tokens": NEW_TOKENS, "rounds": 10**6,
+                 "max_off_policy_steps": int(overlap)},
+        "exchange": {"mode": "asynchronous"},
         "eval": {"every": 0}, "checkpoint": {"every": 0},
         "metrics": {"tensorboard": False, "progress": False},
-        "policies": [{"name": "ours", "model_path": str(model_dir)}]})
+        "policies": [{"name": "ours", "model_path": str(model_dir), "threads": threads,
+                      "rollout_worker": overlap}]})
     s = build_session(cfg, "ours")
     if not isinstance(cfg.task, TaskConfig):
         raise TypeError("the trainer bench runs the synthetic task")
@@ -113,10 +119,15 @@ def trl_trainer(model_dir: Path, out: Path, seed: int, steps: int, prompts: list
                        callbacks=[callback])
 
 
-def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> dict[str, Any]:
+def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None,
+              threads: int = 2) -> dict[str, Any]:
     """Alternate single steps: TRL's step k (timed from on_step_begin to on_step_end, which
-    spans generation, loss and optimizer step), then our round k inside TRL's on_step_end.
-    Step-level alternation makes load changes on a shared machine hit both sides alike."""
+    spans generation, loss and optimizer step), then our round k, then (`threads` >= 2) our
+    overlapped round k, inside TRL's on_step_end. Step-level alternation makes load changes
+    on a shared machine hit all sides alike. Every side gets `threads` in all: TRL's generate
+    and step, our synchronous round, and our overlapped trainer's learner and rollout worker
+    (half each; d = 1), whose timed round ends only once the worker has sampled the next
+    round (`Rollouts.settle`), so no sampling runs in the others' steps."""
     import torch
     from transformers import TrainerCallback
 
@@ -124,14 +135,18 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
     from mutualrl.trainer.runtime.loop import run_round
     from mutualrl.trainer.runtime.presets import ensure_preset, n_params
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="mutualrl-bench-"))
     model_dir = ensure_preset(BENCH_PRESET, cache_dir or tmp / "presets", seed)
-    ours = _ours(model_dir, tmp / "ours", seed)
+    ours = _ours(model_dir, tmp / "ours", seed, threads)
+    overlapped = _ours(model_dir, tmp / "overlapped", seed, threads, overlap=True) \
+        if threads >= 2 else None
     # Enough distinct prompts for every TRL step (TRL repeats each prompt G times itself).
     trl_prompts = [p.text for p in SyntheticTask().prompts("train", PROMPTS * (steps + 1))]
     ours_s: list[float] = []
     trl_s: list[float] = []
+    over_s: list[float] = []
+    split: list[dict[str, float]] = []
 
     with _RssPeaks() as rss:
 
@@ -148,23 +163,34 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
                 t0 = time.perf_counter()
                 run_round(ours, len(ours_s))
                 ours_s.append(time.perf_counter() - t0)
+                if overlapped is not None:
+                    rss.phase = "overlapped"
+                    t0 = time.perf_counter()
+                    m = run_round(overlapped, len(over_s))
+                    overlapped.rollouts.settle()
+                    over_s.append(time.perf_counter() - t0)
+                    split.append({k: m[k] for k in ("rollout_s", "generate_s", "update_s")})
                 rss.phase = "between"
-                torch.set_num_threads(1)
+                torch.set_num_threads(threads)
 
         trainer = trl_trainer(model_dir, tmp / "trl", seed, steps + 1, trl_prompts, Alternate(),
                               digit_share, rows=PROMPTS * GROUP, group=GROUP,
                               new_tokens=NEW_TOKENS, lr=LR)
         trainer.train()
     ours.close()
-    ours_t, trl_t = ours_s[1:], trl_s[1:]  # the first step of each side is a warm-up
+    if overlapped is not None:
+        overlapped.close()
+    # The first step of each side is a warm-up (the overlapped side's first also starts its
+    # worker and samples two rounds).
+    ours_t, trl_t, over_t = ours_s[1:], trl_s[1:], over_s[1:]
     ours_sps = len(ours_t) / sum(ours_t)
     trl_sps = len(trl_t) / sum(trl_t)
-    return {
+    res: dict[str, Any] = {
         "benchmark": "trainer",
         "model": BENCH_PRESET,
         "params": n_params(ours.model),
         "prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS,
-        "threads": 1, "timed_steps_each": len(ours_t),
+        "threads": threads, "timed_steps_each": len(ours_t),
         "ours_steps_per_s": ours_sps,
         "trl_steps_per_s": trl_sps,
         "ours_step_s": ours_t, "trl_step_s": trl_t,
@@ -174,3 +200,16 @@ def run_bench(steps: int = 8, seed: int = 0, cache_dir: Path | None = None) -> d
         "anchor": "trl.GRPOTrainer (HF generate, use_cpu, fp32) in the same process, "
                   "alternating step by step",
     }
+    if over_t:
+        over_sps = len(over_t) / sum(over_t)
+        n = len(split) - 1
+        res.update({
+            "overlapped_steps_per_s": over_sps, "overlapped_step_s": over_t,
+            "overlapped_ratio": over_sps / trl_sps, "overlapped_vs_ours": over_sps / ours_sps,
+            "overlapped_split": {k: sum(r[k] for r in split[1:]) / max(n, 1)
+                                 for k in ("rollout_s", "generate_s", "update_s")},
+            "overlapped_peak_rss_mb": rss.peak.get("overlapped", 0) / 2**20,
+            "overlapped": "our trainer with a rollout worker, max_off_policy_steps 1: "
+                          f"{threads // 2} learner + {threads - threads // 2} worker "
+                          "thread(s)"})
+    return res

@@ -48,7 +48,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     torch.set_num_threads(max(1, s.rollouts.threads(alloc)[0] // d.world))
     # each policy samples from its own rendering of the problem; with a rollout worker and
     # d >= 1 they were sampled beside the last update, from weights no older than k - d
-    batch = s.rollouts.take(k, alloc, s.engine)
+    batch = s.rollouts.take(k, alloc, s)
     prompts, samples, version = batch.prompts, batch.samples, batch.version
     t_rollout = time.perf_counter() - t0
     scored = score_round(s.task, prompts, samples, s.cfg.probe.tau)
@@ -85,7 +85,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     update = optimise(s.model, s.ref_model, s.optimizer, prompt_ids, data, plan, s.step_settings())
     s.scheduler.step()
     t_update = time.perf_counter() - t3
-    s.rollouts.publish(s.model, k + 1, s.engine)  # the engine's or the worker's from now on
+    s.rollouts.publish(s, k + 1)  # the engine's or the worker's from now on
 
     step_s = time.perf_counter() - t0
     wait_s = waited_s(s) - waited0  # for a time-share turn, for peers, up to a deadline

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -294,19 +294,25 @@ class RolloutWorker:
         self.proc = None
 
 
-RequestFor = Callable[[int, RoundAllocation], RolloutRequest]
-"""Round k's request under the allocation in force (prompts, rendering, sampling, seeds)."""
+class RolloutSource(Protocol):
+    """What rollouts are taken for (a `runtime.session.Session` is one): the learner's model,
+    its in-process engine, and round k's request under the allocation in force."""
+
+    model: PreTrainedModel
+    engine: RolloutEngine
+
+    def rollout_request(self, k: int, alloc: RoundAllocation) -> RolloutRequest:
+        ...
 
 
 class Rollouts:
     """A policy's source of rollouts: its engine in-process, or its rollout worker (module
     docstring). `take` gives round k's; `publish` follows each optimizer step."""
 
-    def __init__(self, model: torch.nn.Module, request_for: RequestFor,
-                 max_off_policy_steps: int, rounds: int, worker: bool | str = False,
-                 spec: WorkerSpec | None = None, exact: bool = True,
-                 dist: Dist = SINGLE) -> None:
-        self.model, self.request_for = model, request_for
+    def __init__(self, model: torch.nn.Module, max_off_policy_steps: int, rounds: int,
+                 worker: bool | str = False, spec: WorkerSpec | None = None,
+                 exact: bool = True, dist: Dist = SINGLE) -> None:
+        self.model = model
         self.d = max_off_policy_steps
         self.rounds = rounds
         self.start = 0
@@ -350,19 +356,19 @@ class Rollouts:
         worker = min(max(1, worker), total - 1)
         return total - worker, worker
 
-    def take(self, k: int, alloc: RoundAllocation, engine: RolloutEngine) -> RolloutBatch:
+    def take(self, k: int, alloc: RoundAllocation, s: RolloutSource) -> RolloutBatch:
         """Round k's rollouts, from weights no older than version k - d (in-process: from
-        `engine`, the trainer's)."""
+        `s.engine`)."""
         if not self.uses_worker(alloc):
             self._drop_pending()
-            return self._in_process(self.request_for(k, alloc), engine)
+            return self._in_process(s.rollout_request(k, alloc), s.engine)
         worker = self._ensure_worker()
         t0 = time.perf_counter()
         worker_threads = self.threads(alloc)[1]
         if k not in self.pending:
-            self._send(k, alloc, worker_threads)
+            self._send(s, k, alloc, worker_threads)
         if self.d >= 1 and k + 1 < self.rounds and k + 1 not in self.pending:
-            self._send(k + 1, alloc, worker_threads)
+            self._send(s, k + 1, alloc, worker_threads)
         while True:
             batch = self.planted.pop(k, None) or self._from_worker(worker, k)
             if batch.version >= k - self.d:
@@ -372,7 +378,7 @@ class Rollouts:
             log.warning("policy %s: round %d's rollouts come from version %d, older than "
                         "the bound k - d = %d; regenerating them", worker.spec.policy, k,
                         batch.version, k - self.d)
-            self._send(k, alloc, worker_threads, version=self.version)
+            self._send(s, k, alloc, worker_threads, version=self.version)
         self.pending.pop(k, None)
         batch.wait_s = time.perf_counter() - t0
         batch.stats.update({"refused": float(self.refused), "restarts": float(worker.restarts),
@@ -380,16 +386,25 @@ class Rollouts:
                             "worker_threads": float(worker_threads)})
         return batch
 
-    def publish(self, model: PreTrainedModel, version: int, engine: RolloutEngine) -> None:
-        """After an optimizer step: the learner's weights are `version` from now on (the
-        worker's to load, or synced into the in-process `engine`)."""
+    def publish(self, s: RolloutSource, version: int) -> None:
+        """After an optimizer step: `s.model`'s weights are `version` from now on (the
+        worker's to load, or synced into the in-process engine)."""
         self.version = version
         if self.worker is not None:
-            self.worker.publish(_trainable(model), version)
+            self.worker.publish(_trainable(s.model), version)
             self.engine_stale = True
             return
-        with gathered(model):
-            engine.sync_weights(model)
+        with gathered(s.model):
+            s.engine.sync_weights(s.model)
+
+    def settle(self) -> None:
+        """Wait until the worker has answered every round requested so far (a benchmark's
+        timed round then leaves no sampling running after it)."""
+        if self.worker is None:
+            return
+        for k in sorted(self.pending):
+            if k not in self.worker.early and k in self.worker.sent:
+                self.worker.early[k] = self.worker.result(k)
 
     def local_engine(self, engine: RolloutEngine) -> RolloutEngine:
         """The in-process `engine`, synced to the learner's weights (evaluation)."""
@@ -415,10 +430,10 @@ class Rollouts:
             self.worker.publish(_trainable(self.model), self.version)
         return self.worker
 
-    def _send(self, k: int, alloc: RoundAllocation, threads: int,
+    def _send(self, s: RolloutSource, k: int, alloc: RoundAllocation, threads: int,
               version: int | None = None) -> None:
         assert self.worker is not None
-        req = self.request_for(k, alloc)
+        req = s.rollout_request(k, alloc)
         self.pending[k] = req
         want = max(self.start, k - self.d) if version is None else version
         self.worker.send(_Job(k, req.rendered, req.n, req.max_new_tokens, req.sampling,

@@ -10,7 +10,6 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from mutualrl.trainer.engines.base import RolloutEngine
 from mutualrl.trainer.engines.factory import make_engine
 from mutualrl.trainer.model import lora
 from mutualrl.trainer.runtime import checkpoint, dist_checkpoint
-from mutualrl.trainer.runtime.allocator import AllocatorClient
+from mutualrl.trainer.runtime.allocator import AllocatorClient, RoundAllocation
 from mutualrl.trainer.runtime.determinism import fix_kernels
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered, shard
 from mutualrl.trainer.runtime.live_metrics import SeeMetricsReporter
@@ -54,7 +53,12 @@ from mutualrl.trainer.runtime.preflight import (
     prompt_budget,
 )
 from mutualrl.trainer.runtime.presets import load_policy
-from mutualrl.trainer.runtime.rollouts import Rollouts, round_request, worker_spec
+from mutualrl.trainer.runtime.rollouts import (
+    RolloutRequest,
+    Rollouts,
+    round_request,
+    worker_spec,
+)
 from mutualrl.trainer.runtime.step import StepSettings, enable_activation_checkpointing
 from mutualrl.trainer.sharing.exchange import PeerExchange
 from mutualrl.trainer.sharing.probes import Probe, make_probe
@@ -161,6 +165,11 @@ class Session:
     def render(self, prompts: Sequence[Prompt]) -> list[list[int]]:
         """The prompts in this policy's own rendering (token ids)."""
         return self.renderer.many(prompts)
+
+    def rollout_request(self, k: int, alloc: RoundAllocation) -> RolloutRequest:
+        """Round k's rollouts as the engine takes them (`runtime.rollouts.round_request`)."""
+        return round_request(self.task, self.render, self.cfg.grpo, self.cfg.seed,
+                             self.max_new_tokens, k, alloc)
 
     def step_settings(self) -> StepSettings:
         """The settings of the round's updates (runtime.step): the policy's config, tokenizer
@@ -315,8 +324,7 @@ def build_session(
     log.info("%s: rollouts on %s", policy.name, policy.rollout_engine)
     tokenizer_id = cfg.tokenizer_id(policy.name)
     rollouts = Rollouts(
-        model, partial(round_request, task, renderer.many, g, cfg.seed, max_new),
-        g.max_off_policy_steps, g.rounds, worker=policy.rollout_worker,
+        model, g.max_off_policy_steps, g.rounds, worker=policy.rollout_worker,
         spec=worker_spec(policy.name, Path(start), policy.dtype, dev, policy.lora,
                          policy.rollout_engine, engine_kw, policy.threads),
         exact=deterministic, dist=dist)

@@ -5,14 +5,16 @@
 # shape (the HF engine's dynamic-cache loop, its fast path from a bf16 copy and under autocast,
 # transformers' generate eager and static + compiled),
 # `bench shape` (three training rounds at the 1.5B shape, the memory plan against the measured
-# peak), tests/gpu, then `bench rollout` at the Llama-3.2-1B and tiny shapes while time is
-# left. Prints one JSON (also $OUT/gpu-check.json); each part's JSON and log are in $OUT.
+# peak), the same rounds with a rollout worker sampling beside the update (d = 1; against the
+# in-process rounds of shape-1.5b), tests/gpu, then `bench rollout` at the Llama-3.2-1B and
+# tiny shapes while time is left. Prints one JSON (also $OUT/gpu-check.json); each part's JSON and log are in $OUT.
 #
 #   OUT=/some/dir bash scripts/gpu/check.sh
 #
 # Environment: OUT (default out/gpu-check), WHEELS (default .whl; absent: use the current
 # Python as it is), DEVICE (cuda; cpu runs the same parts small, to check the script), BUDGET_S,
-# PARTS (a subset of: rollout-1.5b shape-1.5b pytest rollout-llama rollout-tiny), PY.
+# PARTS (a subset of: rollout-1.5b shape-1.5b overlap-1.5b pytest rollout-llama rollout-tiny),
+# PY.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -21,7 +23,7 @@ mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-$ROOT/.whl}
 BUDGET_S=${BUDGET_S:-460}
-PARTS=${PARTS:-rollout-1.5b shape-1.5b pytest rollout-llama rollout-tiny}
+PARTS=${PARTS:-rollout-1.5b shape-1.5b overlap-1.5b pytest rollout-llama rollout-tiny}
 PY=${PY:-python3}
 CACHE=${CACHE:-/tmp/mutualrl-gpu-check}
 mkdir -p "$CACHE"
@@ -82,6 +84,10 @@ rollout-1.5b)
 shape-1.5b)
   part shape-1.5b 120 "$PY" -m mutualrl.cli bench shape --device "$DEVICE" \
     --shape "$BIG_SHAPE" $SHAPE_RUN $ROUNDS --cache-dir "$CACHE" --json "$OUT/shape-1.5b.json" ;;
+overlap-1.5b)
+  part overlap-1.5b 150 "$PY" -m mutualrl.cli bench shape --device "$DEVICE" \
+    --shape "$BIG_SHAPE" $SHAPE_RUN $ROUNDS --max-off-policy-steps 1 --cache-dir "$CACHE" \
+    --json "$OUT/overlap-1.5b.json" ;;
 pytest)
   part pytest 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -rs \
     --junitxml "$OUT/pytest.xml" ;;

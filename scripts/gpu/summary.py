@@ -24,7 +24,7 @@ SHAPE_FIGURES = ("device_name", "shape", "complete", "rollouts", "new_tokens", "
                  "rollout_s", "rollout_share", "rollout_tokens_per_s", "sample_weights",
                  "planned_peak_gib", "measured_max_allocated_gib", "measured_max_reserved_gib",
                  "plan_over_measured", "reserved_over_allocated", "plan_items_gib", "rounds",
-                 "allocator", "engine")
+                 "allocator", "engine", "generate_s", "update_s", "max_off_policy_steps")
 
 
 def _read(path: Path) -> Any:
@@ -74,6 +74,9 @@ def summary(out: Path) -> dict[str, Any]:
     shape = _read(out / "shape-1.5b.json")
     if shape:
         res["shape-1.5b"] = {k: shape[k] for k in SHAPE_FIGURES if k in shape}
+    overlap = _read(out / "overlap-1.5b.json")
+    if overlap:
+        res["overlap-1.5b"] = {k: overlap[k] for k in SHAPE_FIGURES if k in overlap}
     res["pytest"] = _pytest(out / "pytest.xml")
     big = res.get("rollout-1.5b", {})
     engines = big.get("engines", {})
@@ -88,6 +91,9 @@ def summary(out: Path) -> dict[str, Any]:
         targets["rollout_share_of_round<=0.5"] = shape["rollout_share"]
     if shape and "plan_over_measured" in shape:
         targets["plan_over_measured_allocation_within_0.9-1.1"] = shape["plan_over_measured"]
+    if shape and overlap and overlap.get("step_s"):
+        # rounds/s with the rollout worker (d = 1) over in-process rounds at the same shape
+        targets["overlap_rounds_per_s_ratio>=1.4"] = shape["step_s"] / overlap["step_s"]
     res["targets"] = targets
     return res
 

@@ -263,7 +263,8 @@ def _shape_bench(args: argparse.Namespace) -> int:
 
     print(_emit(run_shape(args.shape, args.device, args.rounds, args.prompts, args.group,
                           args.new_tokens, args.cache_dir,
-                          {"fast_path": args.fast_path == "true"}, _so_far(args.json)), args.json))
+                          {"fast_path": args.fast_path == "true"}, _so_far(args.json),
+                          args.max_off_policy_steps), args.json))
     return 0
 
 

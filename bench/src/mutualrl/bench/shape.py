@@ -28,27 +28,32 @@ from mutualrl.bench.shapes import SHAPES, build
 
 
 def trainer_config(model_dir: Path, out: Path, device: str, prompts: int, group: int,
-                   new_tokens: int, rounds: int, hf: dict[str, Any]) -> dict[str, Any]:
+                   new_tokens: int, rounds: int, hf: dict[str, Any],
+                   max_off_policy_steps: int = 0) -> dict[str, Any]:
     return {
         "run_id": "bench-shape", "seed": 0, "output_dir": str(out / "runs"),
         "services": {"local": True},
         "grpo": {"group_size": group, "prompts_per_round": prompts, "rounds": rounds,
                  "lr": 1e-6, "max_new_tokens": new_tokens, "beta": 0.0, "grad_clip": 1.0,
                  "micro_batch_tokens": 16384, "logit_chunk_tokens": 2048,
-                 "activation_checkpointing": True},
+                 "activation_checkpointing": True,
+                 "max_off_policy_steps": max_off_policy_steps},
         "task": {"format_reward": 0.5}, "eval": {"every": 0}, "checkpoint": {"every": 0},
         "metrics": {"tensorboard": False, "progress": False},
         "policies": [{"name": "p", "model_path": str(model_dir), "device": device,
-                      "dtype": "float32", "compute_dtype": "bfloat16", "hf": hf}],
+                      "dtype": "float32", "compute_dtype": "bfloat16", "hf": hf,
+                      "rollout_worker": max_off_policy_steps > 0}],
     }
 
 
 def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3,
               prompts: int = 32, group: int = 8, new_tokens: int = 256,
               cache_dir: Path | None = None, hf: dict[str, Any] | None = None,
-              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[dict[str, Any]], None] | None = None,
+              max_off_policy_steps: int = 0) -> dict[str, Any]:
     """The figures of one run (see the module docstring); `progress` gets them after each
-    round."""
+    round. `max_off_policy_steps` >= 1: the rollouts run in a rollout worker beside the update
+    (`rollout_s` is then the learner's wait for them, `generate_s` the worker's sampling)."""
     import torch
 
     from mutualrl.trainer.cli.dry_run import memory_plans
@@ -71,7 +76,8 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
         del model
     build_s = time.perf_counter() - t
     cfg = TrainerConfig.model_validate(trainer_config(model_dir, cache, device, prompts, group,
-                                                      new_tokens, rounds, hf or {}))
+                                                      new_tokens, rounds, hf or {},
+                                                      max_off_policy_steps))
     t = time.perf_counter()
     s = build_session(cfg, "p", cache_dir=cache)
     session_s = time.perf_counter() - t
@@ -95,8 +101,10 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
                 "rollouts": prompts * group, "new_tokens": new_tokens,
                 "prompt_tokens": longest, "build_s": build_s, "session_s": session_s,
                 "complete": len(rows) == rounds, "rounds": rows,
+                "max_off_policy_steps": max_off_policy_steps,
                 **{k: statistics.median(r[k] for r in later)
-                   for k in ("step_s", "rollout_s", "rollout_share", "rollout_tokens_per_s")},
+                   for k in ("step_s", "rollout_s", "rollout_share", "rollout_tokens_per_s",
+                             "generate_s", "update_s")},
                 "engine": s.engine.stats(),
                 "plan_text": plan.text, "plan_fits": plan.plan.fits,
                 "plan_items_gib": {k: v / GIB for k, v in plan.plan.items.items()},
@@ -120,10 +128,12 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
 
         for k in range(rounds):
             m = run_round(s, k)
-            row = {x: float(m[x]) for x in ("step_s", "rollout_s", "reward_mean")}
+            row = {x: float(m[x]) for x in ("step_s", "rollout_s", "reward_mean", "generate_s",
+                                            "update_s")}
             tokens = m["tokens_per_s"] * m["step_s"]
             row["rollout_share"] = m["rollout_s"] / m["step_s"]
-            row["rollout_tokens_per_s"] = tokens / m["rollout_s"]
+            sampling = m["generate_s"] if max_off_policy_steps else m["rollout_s"]
+            row["rollout_tokens_per_s"] = tokens / max(sampling, 1e-9)
             if cuda:
                 row["max_alloc_gib"] = torch.cuda.max_memory_allocated() / GIB
                 row["max_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
@@ -146,5 +156,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=256, help="grpo.max_new_tokens.")
     p.add_argument("--fast-path", choices=["true", "false"], default="true",
                    help="policies[].hf.fast_path (false: the dynamic-cache loop).")
+    p.add_argument("--max-off-policy-steps", type=int, default=0,
+                   help="d >= 1: rollouts in a rollout worker beside the update "
+                        "(grpo.max_off_policy_steps; policies[].rollout_worker).")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="Where the model is built (default: a temporary directory).")

@@ -58,7 +58,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     if s.exchange is not None:  # policy version = optimizer rounds taken when sampled
         # What crosses is the problem and the completion text; peers render it their own way.
         records = round_records(
-            s.cfg.run_id, s.policy.name, k, version, s.tokenizer_id, prompts, samples,
+            s.cfg.run_id, s.policy.name, version, k, s.tokenizer_id, prompts, samples,
             scored.rewards, correct, s.cfg.probe.tau, s.tokenizer.eos_token_id,
             success=scored.success, renderings=s.shown(prompts))
         if s.probe.deterministic:

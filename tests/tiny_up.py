@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,16 @@ def run_up(path: Path, run_dir: Path, timeout: float,
 def metrics_rows(run_dir: Path, policy: str) -> list[dict[str, Any]]:
     """A policy's metrics.jsonl rows."""
     return [json.loads(x) for x in (run_dir / policy / "metrics.jsonl").read_text().splitlines()]
+
+
+def see_records(rest: str, run_id: str, token: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The run's records through SEE's REST API with a read token ([] before the run exists)."""
+    req = urllib.request.Request(f"{rest}/v1/runs/{run_id}/records?limit={limit}",
+                                 headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as reply:
+            return list(json.loads(reply.read())["records"])
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return []
+        raise

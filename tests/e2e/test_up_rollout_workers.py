@@ -11,12 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from tiny_up import metrics_rows, up_config, write_yaml
+from tiny_up import metrics_rows, see_records, up_config, write_yaml
 
 from mutualrl.common.auth import derive_token
 
@@ -24,18 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SECRET = "up-workers-7c1a"
 RUN = "up-workers"
-ROUNDS = 6
+ROUNDS = 24
 POLICIES = ("gpt2-bpe", "llama-char")
 
 
 def _records(rest: str) -> list[dict]:
-    read = derive_token(SECRET, "read")
-    req = urllib.request.Request(f"{rest}/v1/runs/{RUN}/records?limit=1000",
-                                 headers={"Authorization": f"Bearer {read}"})
     try:
-        with urllib.request.urlopen(req, timeout=5) as reply:
-            return list(json.loads(reply.read())["records"])
-    except (urllib.error.URLError, OSError):
+        return see_records(rest, RUN, derive_token(SECRET, "read"), limit=1000)
+    except OSError:  # SEE not up yet, or gone at the end
         return []
 
 
@@ -76,18 +70,18 @@ def test_up_with_rollout_workers_shares_records_versions_and_survives_a_kill(
     try:
         deadline = time.monotonic() + 840
         while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(1.0)
+            time.sleep(0.5)
             state_path = run_dir / "up.json"
             if not state_path.exists():
                 continue
             state = json.loads(state_path.read_text())
-            for r in _records(state["endpoints"]["see_rest"]):
-                seen[(r["policy_id"], int(r["round"]))] = int(r["policy_version"])
             trainer = state["pids"].get("trainer-llama-char")
             if killed is None and trainer and _rounds_done(run_dir, "llama-char") >= 2:
                 killed = _worker_of(trainer)
                 if killed is not None:
                     os.kill(killed, signal.SIGKILL)
+            for r in _records(state["endpoints"]["see_rest"]):
+                seen[(r["policy_id"], int(r["round"]))] = int(r["policy_version"])
         assert proc.wait(timeout=60) == 0, (tmp_path / "up.log").read_text()[-4000:]
     finally:
         if proc.poll() is None:

@@ -10,12 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from tiny_up import up_config, write_yaml
+from tiny_up import see_records, up_config, write_yaml
 
 from mutualrl.common.auth import derive_token
 
@@ -32,16 +30,7 @@ def _config(tmp_path: Path) -> Path:
 
 
 def _records(rest: str) -> list[dict]:
-    read = derive_token(SECRET, "read")
-    req = urllib.request.Request(f"{rest}/v1/runs/up-tokens/records?limit=100",
-                                 headers={"Authorization": f"Bearer {read}"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as reply:
-            return list(json.loads(reply.read())["records"])
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return []
-        raise
+    return see_records(rest, "up-tokens", derive_token(SECRET, "read"))
 
 
 def _environ(pid: int) -> dict[str, str]:

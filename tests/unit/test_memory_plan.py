@@ -368,3 +368,34 @@ def test_trainers_grow_cuda_segments_unless_told_otherwise() -> None:
     mine = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
     set_allocator(mine)
     assert mine == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
+
+
+def test_dry_run_plans_a_rollout_worker_beside_the_learner(
+        tmp_path: Path, llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mutualrl.trainer.cli.dry_run import memory_plans
+    from mutualrl.trainer.config.run import TrainerConfig
+    from mutualrl.trainer.runtime.memory import worker_plan
+
+    path = _run_yaml(tmp_path, llama_dir, rollout_worker=True)
+    raw = yaml.safe_load(path.read_text())
+    raw["trainer"]["grpo"]["max_off_policy_steps"] = 2
+    path.write_text(yaml.safe_dump(raw))
+    cfg = TrainerConfig.model_validate(raw["trainer"])
+    (pp,) = memory_plans(cfg, device_memory_gb=64, prompt_tokens=16)
+    worker = worker_plan(pp.shape, pp.inputs, pp.plan, 2)
+    # its own copy, its engine's round KV cache, its process, two published copies
+    assert worker["worker_weights"] == PARAMS * 4
+    assert worker["weight_ring"] == 2 * PARAMS * 4
+    assert worker["worker_kv_cache"] == pp.plan.items["kv_cache"]
+    assert worker["worker_runtime"] == pp.inputs.runtime_bytes > 0
+    assert main(["train", "-c", str(path), "--dry-run", "--device-memory-gb", "64",
+                 "--prompt-tokens", "16"]) == 0
+    assert "rollout worker:" in capsys.readouterr().out
+    # room for the learner's training peak, not for the worker beside it
+    both = pp.plan.train_peak + sum(worker.values())
+    gb = (pp.plan.train_peak + both) / 2 / 0.95 / GIB + 1 / 0.95
+    (alone,) = memory_plans(cfg, device_memory_gb=gb, prompt_tokens=16)
+    assert alone.plan.train_peak <= alone.plan.room < both
+    assert main(["train", "-c", str(path), "--dry-run", "--device-memory-gb", f"{gb:.6f}",
+                 "--prompt-tokens", "16"]) == 2
+    assert "policies[].rollout_worker" in capsys.readouterr().err

@@ -28,14 +28,14 @@ POLICIES = ("gpt2-bpe", "llama-char")
 
 def _records(rest: str) -> list[dict]:
     try:
-        return see_records(rest, RUN, derive_token(SECRET, "read"), limit=1000)
+        return see_records(rest, RUN, derive_token(SECRET, "read"), limit=300)
     except OSError:  # SEE not up yet, or gone at the end
         return []
 
 
 def _worker_of(trainer: int) -> int | None:
     """The trainer's rollout worker: its child started by multiprocessing's spawn."""
-    out = subprocess.run(["ps", "--ppid", str(trainer), "-o", "pid=,args="],
+    out = subprocess.run(["ps", "-ww", "--ppid", str(trainer), "-o", "pid=,args="],
                          capture_output=True, text=True).stdout
     for line in out.splitlines():
         pid, _, args = line.strip().partition(" ")
@@ -69,19 +69,21 @@ def test_up_with_rollout_workers_shares_records_versions_and_survives_a_kill(
     killed: int | None = None
     try:
         deadline = time.monotonic() + 840
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # kill llama-char's worker once two rounds are in, polling fast: a round takes < 1 s
+        while killed is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
             state_path = run_dir / "up.json"
-            if not state_path.exists():
-                continue
-            state = json.loads(state_path.read_text())
-            trainer = state["pids"].get("trainer-llama-char")
-            if killed is None and trainer and _rounds_done(run_dir, "llama-char") >= 2:
+            trainer = (json.loads(state_path.read_text())["pids"].get("trainer-llama-char")
+                       if state_path.exists() else None)
+            if trainer and _rounds_done(run_dir, "llama-char") >= 2:
                 killed = _worker_of(trainer)
                 if killed is not None:
                     os.kill(killed, signal.SIGKILL)
+        while proc.poll() is None and time.monotonic() < deadline:
+            state = json.loads((run_dir / "up.json").read_text())
             for r in _records(state["endpoints"]["see_rest"]):
                 seen[(r["policy_id"], int(r["round"]))] = int(r["policy_version"])
+            time.sleep(1.0)
         assert proc.wait(timeout=60) == 0, (tmp_path / "up.log").read_text()[-4000:]
     finally:
         if proc.poll() is None:

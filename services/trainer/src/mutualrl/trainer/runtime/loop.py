@@ -6,6 +6,10 @@ optimizer steps.
     micro-batches -> AdamW steps (grad clip) -> lr schedule -> cost without waits (MWRA)
     -> metrics -> checkpoint
 
+Rollouts come from `runtime/rollouts.py`: the trainer's engine in-process, or a rollout
+worker that sampled round k beside round k - 1's update from weights no older than version
+k - d (`grpo.max_off_policy_steps`); each optimizer step publishes the next version to it.
+
 In the deterministic mode with staleness s >= 1, the probe's read of the peers' round k - s
 starts before round k's rollouts and runs beside them, and publishing runs in the background
 (docs/determinism.md).

@@ -161,6 +161,9 @@ class _Shared:
                 if newest >= job.version:  # asynchronous; or a restart after the exact one left
                     slot = have.index(newest)
                     break
+                parent = mp.parent_process()
+                if parent is not None and not parent.is_alive():
+                    raise SystemExit(0)  # the learner is gone: no version will come
                 self.cond.wait(POLL_S)
             with torch.no_grad():
                 for n, t in self.slots[slot].items():
@@ -188,7 +191,16 @@ def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
     except Exception:  # the learner raises it: a worker that cannot start fails the run
         results.put(_Result(-1, -1, [], 0.0, {}, traceback.format_exc()))
         return
-    while (job := jobs.get()) is not None:
+    parent = mp.parent_process()
+    while True:
+        try:
+            job = jobs.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return  # the learner is gone (killed): nobody will read a result
+            continue
+        if job is None:
+            return
         try:
             torch.set_num_threads(max(1, job.threads))
             version = shared.read(params, job)

@@ -49,10 +49,6 @@ class SeeLimits(Config):
     a request may name: a record's round, GetRoundStats' round, FetchRollouts' current_round,
     GetVerifiedSuccesses' min_round, a metric row's round; beyond it INVALID_ARGUMENT. A run
     holding no round yet takes any first round up to 2^31 - 1 (`mutualrl.common.bounds`)."""
-    max_inflight_publish_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
-    """Publish request bytes one SEE process works on at once; a Publish that would go beyond
-    is RESOURCE_EXHAUSTED (retry later). With `max_response_bytes` and `max_cached_runs` it
-    bounds SEE's memory whatever clients send."""
     max_cached_runs: int = Field(default=1024, ge=1, le=1_000_000)
     """Run configs a SEE process keeps in memory (a few seconds each; the least recently read
     go first): bounds its memory whatever run ids clients send."""

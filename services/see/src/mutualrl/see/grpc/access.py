@@ -12,25 +12,16 @@ only checks, through GetRun, that its run exists and lists its policy
 
 from __future__ import annotations
 
-from typing import Any
-
-from mutualrl.common.auth import READ, Access, Rules, as_policies, as_policy
+from mutualrl.common.auth import READ, Rules, as_policies, as_policy
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import run_metrics_pb2 as mpb
-
-
-def _publishers(request: Any) -> list[str]:
-    """The policies whose records a Publish carries (its handler receives the raw bytes)."""
-    msg = pb.PublishRequest.FromString(request) if isinstance(request, bytes) else request
-    return [r.policy_id for r in msg.records]
-
 
 _EXCHANGE = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
 _METRICS = mpb.DESCRIPTOR.services_by_name["RunMetrics"].full_name
 
 ACCESS: Rules = {
     **{f"/{_EXCHANGE}/{name}": access for name, access in {
-        "Publish": Access(acts_as=_publishers),
+        "Publish": as_policies("records"),
         "FetchRollouts": as_policy(),
         "Ack": as_policy(),
         "GetRoundStats": as_policy(),
@@ -42,3 +33,7 @@ ACCESS: Rules = {
     }.items()},
     f"/{_METRICS}/ReportMetrics": as_policies("rows"),
 }
+
+LARGE_REQUESTS = (f"/{_EXCHANGE}/Publish", f"/{_METRICS}/ReportMetrics")
+"""The methods whose requests may take up to `max_message_bytes`; every other SEE request is
+at most `max_request_bytes`."""

@@ -81,9 +81,9 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     @grpc_errors
     async def Publish(self, request: bytes, context: grpc.aio.ServicerContext
                       ) -> pb.PublishResponse:
-        """Registered without a request deserializer (see `add_to_server`): the request's size
-        is held against the in-flight budget before it is parsed."""
-        with _count_refusals("Publish"), self.store.publish_bytes.hold(len(request)):
+        """Registered without a request deserializer (see `add_to_server`): the store sizes the
+        batch from its bytes."""
+        with _count_refusals("Publish"):
             limits = self.store.cfg.limits
             try:
                 req = pb.PublishRequest.FromString(request)
@@ -160,7 +160,7 @@ __all__ = ["SERVICE_NAME", "ExperienceExchangeServicer", "ServiceError"]
 
 def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server) -> None:
     """Register the service like the generated helper does, except Publish, which takes the
-    request as bytes (its size is held against the in-flight budget before it is parsed)."""
+    request as bytes (the store sizes the batch from them)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     sym = pb.DESCRIPTOR.services_by_name["ExperienceExchange"]
     for method in sym.methods:

@@ -166,28 +166,29 @@ class Gate(grpc.aio.ServerInterceptor):
         limit, streaming = self.limits.of(method), handler.response_streaming
 
         async def gated(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            data: bytes | None = None
             request: Any = None
             try:
                 data = await self._read(context, method, limit)
                 if check is not None:
                     check(data)
                 if deserializer is None:
-                    request = data
+                    request, data = data, None
                 else:
                     REQUEST_BODIES.labels(method, "parsed").inc()
-                    request = parse(method, deserializer, data)
+                    request, data = parse(method, deserializer, data), None
                     if isinstance(request, UnparsableRequest):
                         raise InvalidArgument("", request.message)
-                del data
                 return await _respond(inner, request, context, streaming)
             except ServiceError as err:
                 _forget_frames(err)
+                data = request = None  # before the abort's traceback takes this frame
                 await context.abort(err.code, str(err))
             except BaseException as err:
                 _forget_frames(err)
                 raise
             finally:
-                request = None
+                data = request = None
 
         return gated
 

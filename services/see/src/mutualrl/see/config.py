@@ -81,6 +81,13 @@ class SeeConfig(ServiceConfig):
     """Interface the REST app binds to; None uses `host`."""
     rest_port: int | None = Field(default=8080, ge=0, le=65535)
     """REST (FastAPI) port; 0 picks a free one; None serves no REST app."""
+    max_inflight_request_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """Request bytes SEE's calls hold at once: a call takes its method's largest request
+    before its body is read (Publish and ReportMetrics: `max_message_bytes`), then the body's
+    length, held until its answer is sent; one that does not fit waits up to
+    `request_wait_seconds`, then is RESOURCE_EXHAUSTED (retry later). One call alone always
+    runs. A maximal ReportMetrics takes about six times its bytes while it is checked and
+    stored, so this bounds SEE's peak (docs/reliability.md)."""
     public_docs: bool = True
     """Serve /docs and /openapi.json without the bearer token (they hold the schema, no data).
     /healthz is always open; every other REST route needs the token when one is configured."""

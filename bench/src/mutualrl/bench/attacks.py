@@ -77,14 +77,22 @@ class Service:
     def rss(self) -> int:
         return status(self.pid, "VmRSS")
 
-    def parsed(self) -> int:
-        """Request bodies parsed since start, every method."""
+    def metric(self, name: str, labels: str = "") -> float:
+        """The sum of the service's Prometheus samples `name` whose labels hold `labels`
+        (`stage="parsed"`)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                     timeout=10) as page:
             text = page.read().decode()
-        return sum(int(float(v)) for v in re.findall(
-            r'^mutualrl_grpc_request_bodies_total\{[^}]*stage="parsed"[^}]*\} (\S+)$', text,
-            re.M))
+        return sum(float(v) for found, v in re.findall(
+            rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M) if labels in found)
+
+    def parsed(self) -> int:
+        """Request bodies parsed since start, every method."""
+        return int(self.metric("mutualrl_grpc_request_bodies_total", 'stage="parsed"'))
+
+    def read(self) -> int:
+        """Request bodies read off the wire since start, every method."""
+        return int(self.metric("mutualrl_grpc_request_bodies_total", 'stage="read"'))
 
 
 def _free_port() -> int:
@@ -129,37 +137,48 @@ def metrics_request(run_id: str, policy: str, target_bytes: int) -> bytes:
                              for r in range(rows)]).SerializeToString()
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
 def padded(message: bytes, size: int) -> bytes:
     """`message` with an unknown bytes field (number 1000) bringing it to `size` bytes."""
-    room = size - len(message) - 8
-    header = bytearray(b"\xc2\x3e")  # field 1000, length-delimited
-    n = room
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        header.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return message + bytes(header) + b"\0" * (size - len(message) - len(header))
+    tag = _varint(1000 << 3 | 2)
+    for width in range(1, 6):
+        length = size - len(message) - len(tag) - width
+        if len(_varint(length)) == width:
+            return message + tag + _varint(length) + b"\0" * length
+    raise ValueError(f"cannot pad {len(message)} bytes to {size}")
 
 
 Call = Callable[[], Awaitable[str]]
 
 
+async def raw_answer(address: str, method: str, body: bytes, token: str | None,
+                     timeout: float = 120) -> tuple[str, str]:
+    """One call of `method` with `body` as it is: its status code's name and details."""
+    async with grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", 128 * MiB),
+            ("grpc.max_receive_message_length", 128 * MiB)]) as channel:
+        stub = channel.unary_unary(method)
+        try:
+            await stub(body, timeout=timeout, metadata=bearer_metadata(token))
+        except grpc.aio.AioRpcError as err:
+            return err.code().name, err.details() or ""
+        return "OK", ""
+
+
 def raw_call(address: str, method: str, body: bytes, token: str | None,
              timeout: float = 120) -> Call:
-    """One call of `method` with `body` as it is, answering its status code's name."""
+    """`raw_answer`'s status code name, as a call to make later."""
 
     async def call() -> str:
-        async with grpc.aio.insecure_channel(address, options=[
-                ("grpc.max_send_message_length", 128 * MiB),
-                ("grpc.max_receive_message_length", 128 * MiB)]) as channel:
-            stub = channel.unary_unary(method)
-            try:
-                await stub(body, timeout=timeout, metadata=bearer_metadata(token))
-            except grpc.aio.AioRpcError as err:
-                return err.code().name
-            return "OK"
+        return (await raw_answer(address, method, body, token, timeout))[0]
 
     return call
 

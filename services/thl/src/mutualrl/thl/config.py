@@ -64,7 +64,8 @@ class ThlConfig(ServiceConfig):
     that does not fit beside the calls running waits its turn, and a call alone always runs.
     With the defaults a 1 MiB text runs alone, and texts of a few kB run many at once.
     THL's peak is about its memory after start-up and registrations (with its tokenizer cache)
-    plus this plus twice `max_inflight_request_bytes` (docs/reliability.md has the measure)."""
+    plus this plus the request bytes held (`max_inflight_request_bytes`; docs/reliability.md
+    has the measure)."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])

@@ -69,7 +69,7 @@ class ServiceConfig(Config):
     """On SIGTERM, in-flight calls get this long to finish before the server stops."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Largest gRPC message accepted or sent: the largest request of the methods whose
-    requests may be large (SEE's Publish and ReportMetrics, THL's Retokenize and AlignTrace)."""
+    requests may be large (SEE's Publish and ReportMetrics, THL's AlignTrace)."""
     max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     """Largest request of every other method (at most `max_message_bytes`): a larger one is
     RESOURCE_EXHAUSTED from its length, before it is parsed."""

@@ -144,11 +144,18 @@ class Access:
 READ = Access(read=True)
 
 
-def strings_of(*path: str) -> ActsAs:
-    """The strings at `path` (field names, `("rows", "policy_id")`) of a request's bytes."""
+def strings_of(*path: str, most: int | None = None) -> ActsAs:
+    """The strings at `path` (field names, `("rows", "policy_id")`) of a request's bytes;
+    past `most` of them, InvalidArgument naming the path's first field (a request that long
+    is refused anyway, and is not scanned to its end)."""
 
     def read(data: bytes, message: Descriptor) -> list[str]:
-        return wire_scan.strings_at(data, wire_scan.field_path(message, path), SCAN_TAGS)
+        try:
+            return wire_scan.strings_at(data, wire_scan.field_path(message, path), SCAN_TAGS,
+                                        most)
+        except wire_scan.TooMany:
+            raise InvalidArgument(path[0], f"more than {most} entries, over the limit of "
+                                  f"{most} per call") from None
 
     return read
 
@@ -158,9 +165,10 @@ def as_policy(field: str = "policy_id") -> Access:
     return Access(acts_as=strings_of(field))
 
 
-def as_policies(repeated: str, field: str = "policy_id") -> Access:
-    """A method a policy may call for itself: every entry of `repeated` names the policy."""
-    return Access(acts_as=strings_of(repeated, field))
+def as_policies(repeated: str, field: str = "policy_id", most: int | None = None) -> Access:
+    """A method a policy may call for itself: every entry of `repeated` (at most `most`)
+    names the policy."""
+    return Access(acts_as=strings_of(repeated, field, most=most))
 
 
 Rules = Mapping[str, Access]

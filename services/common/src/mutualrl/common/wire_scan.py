@@ -105,20 +105,27 @@ def field_path(message: Descriptor, path: Sequence[str]) -> tuple[int, ...]:
     return tuple(numbers)
 
 
-def strings_at(data: bytes | memoryview, path: Sequence[int], limit: int) -> list[str]:
+class TooMany(ValueError):
+    """More strings at a path than the caller allows (`strings_at`'s `most`)."""
+
+
+def strings_at(data: bytes | memoryview, path: Sequence[int], limit: int,
+               most: int | None = None) -> list[str]:
     """Every string at `path` (field numbers, `field_path`) in the serialized message `data`,
     in wire order, read from tags and lengths within `limit` tags (DecodeError when the bytes
-    do not scan, a string is not UTF-8, or the limit is reached). Proto3 semantics: a field
-    set twice in one message counts as the last value, an absent string as ""."""
+    do not scan, a string is not UTF-8, or the limit is reached); TooMany as soon as more than
+    `most` are found. Proto3 semantics: a field set twice in one message counts as the last
+    value, an absent string as ""."""
     found: list[str] = []
-    left = _collect(bytes(data), 0, len(data), path, found, limit)
+    left = _collect(bytes(data), 0, len(data), path, found, limit,
+                    len(data) if most is None else most)
     if left < 0:
         raise DecodeError("too many fields")
     return found
 
 
 def _collect(data: bytes, at: int, end: int, path: Sequence[int], found: list[str],
-             left: int) -> int:
+             left: int, most: int) -> int:
     """`strings_at` over data[at:end]; returns the tags left. One loop with the common
     one-byte tags and lengths read inline: a maximal request holds half a million fields."""
     wanted, rest = path[0] << 3 | LENGTH_DELIMITED, path[1:]
@@ -149,9 +156,11 @@ def _collect(data: bytes, at: int, end: int, path: Sequence[int], found: list[st
         if tag != wanted:
             continue
         if rest:
-            left = _collect(data, body, at, rest, found, left)
+            left = _collect(data, body, at, rest, found, left, most)
             if left < 0:
                 return left
+            if len(found) > most:
+                raise TooMany(f"more than {most}")
         else:
             try:
                 last = data[body:at].decode("utf-8")

@@ -9,13 +9,13 @@ What bounds THL's memory whatever clients send, in the order a call meets it: th
 bytes held at once (the shared server's budget, `thl.max_inflight_request_bytes`, taken before
 the body is read and held until the answer is sent); the per-call limits, from the request's
 lengths alone (INVALID_ARGUMENT / RESOURCE_EXHAUSTED before anything is parsed, queued or
-converted); then the working memory calls may
-take at once (`WorkBudget`, `thl.max_working_bytes`): a call whose need
-(`engine.working_bytes`) does not fit waits its turn (one call alone always runs), on at most
-`thl.work_threads` threads. An AlignTrace request is kept as its bytes and its items parsed
-one at a time (`_RequestItems`), and a call's answer is written to the wire item by item
-(`alignment_wire`), so what it holds is its request's bytes, one block's work and its answer's
-bytes. docs/reliability.md states the peak this gives and the test that measures it.
+converted); then the working memory calls may take at once (`WorkBudget`,
+`thl.max_working_bytes`): a call whose need (`engine.working_bytes`) does not fit waits its
+turn (one call alone always runs), on at most `thl.work_threads` threads. An AlignTrace
+request is kept as its bytes and its items parsed one at a time (`_RequestItems`), and a
+call's answer is written to the wire item by item (`alignment_wire`), so what it holds is its
+request's bytes, one block's work and its answer's bytes. docs/reliability.md states the
+peak this gives and the test that measures it.
 """
 
 from __future__ import annotations

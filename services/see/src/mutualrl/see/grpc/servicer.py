@@ -13,7 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from mutualrl.common import ids
+from mutualrl.common import ids, wire_scan
 from mutualrl.common.errors import (
     InvalidArgument,
     ServiceError,
@@ -27,6 +27,7 @@ from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
+_RECORDS_FIELD = pb.PublishRequest.DESCRIPTOR.fields_by_name["records"].number
 # Leave this much of the client's deadline to send the answer back.
 _DEADLINE_MARGIN_S = 0.05
 
@@ -68,12 +69,17 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
                       ) -> pb.PublishResponse:
         """Registered without a request deserializer (see `add_to_server`): the store sizes the
         batch from its bytes."""
-        limits = self.store.cfg.limits
+        most = self.store.cfg.limits.max_batch_records
         try:
+            # Counted from the lengths first: a batch over the limit is refused unparsed.
+            count = wire_scan.count_fields(request, _RECORDS_FIELD, most, len(request))
+            if count > most:
+                raise InvalidArgument("records", f"more than {most} records: at most {most} "
+                                      "per call")
             req = pb.PublishRequest.FromString(request)
         except DecodeError as err:
             raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
-        requests.check_publish(req, limits.max_batch_records)
+        requests.check_publish(req, most)
         return await self.store.publish(req.run_id, req.records, batch_bytes=len(request))
 
     @grpc_errors

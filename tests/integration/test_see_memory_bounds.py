@@ -13,6 +13,7 @@ read and ends early at the byte budget with a continuation.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -50,7 +51,8 @@ async def see(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     monkeypatch.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
     cfg = make_config(redis_url, limits={
         "max_cached_runs": 8, "max_record_bytes": RECORD_BYTES, "max_text_chars": 4096,
-        "max_response_bytes": BUDGET, "max_inflight_publish_bytes": 200_000})
+        "max_response_bytes": BUDGET}, max_inflight_request_bytes=200_000,
+        request_wait_seconds=0)
     async with running_see(cfg) as s:
         yield s
 
@@ -89,14 +91,22 @@ async def test_publish_bytes_in_flight_are_bounded(see: Any, client: AsyncSeeCli
                                                    run_id: str) -> None:
     await client.create_run(run_id, ["a", "b"])
     batch = [rollout("a", 0, f"p{i}", 0, n_tokens=300) for i in range(8)]  # ~40 kB
-    budget = see.store.publish_bytes
-    with budget.hold(190_000):  # as if other Publish calls were being worked on
+    budget = see.grpc.budget
+    await budget.acquire(190_000)  # as if other calls were being worked on
+    try:
         with pytest.raises(grpc.RpcError) as err:
             await client.publish(run_id, batch)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "records" in err.value.details() and "200000 B" in err.value.details()
+        assert "max_inflight_request_bytes" in err.value.details()
+        assert "200000 B" in err.value.details()
+    finally:
+        budget.release(190_000)
     assert budget.in_use == 0
     assert (await client.publish(run_id, batch)).stored == 8
+    for _ in range(100):  # given back once the answer has been sent
+        if budget.in_use == 0:
+            break
+        await asyncio.sleep(0.01)
     assert budget.in_use == 0
 
 

@@ -25,7 +25,6 @@ from mutualrl.client.thl import AsyncThlClient
 from mutualrl.common.alignment_types import TraceItem
 from mutualrl.common.channel import ClientOptions
 from mutualrl.common.errors import quote
-from mutualrl.thl import metrics
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.server import ThlServer, start_thl
 from mutualrl.v1 import alignment_pb2 as pb
@@ -371,11 +370,13 @@ async def test_large_align_trace_is_refused_from_its_lengths_naming_the_field(
 async def test_align_trace_is_refused_unread_while_the_request_budget_is_full(
         redis_url: str, run_id: str, root: Path) -> None:
     """While the calls being worked on hold the whole request budget, an AlignTrace is
-    RESOURCE_EXHAUSTED naming `items` before its body is read (a body that does not parse gets
-    the same answer), and the call holding it is answered."""
+    RESOURCE_EXHAUSTED naming the budget before its body is read (a body that does not parse
+    gets the same answer), and the call holding it is answered."""
     limit = 1 << 20
     srv = await _start(redis_url, run_id, [root], max_inflight_request_bytes=limit,
-                       tokenizers={"bpe": str(root / "byte_bpe")})
+                       request_wait_seconds=0, tokenizers={"bpe": str(root / "byte_bpe")})
+    budget = srv.grpc.budget
+    assert budget is not None
     try:
         async with _client(srv) as thl:
             text = "\U0001f389" * (1 << 17)  # 512 kB of emoji: a 5 MB request
@@ -383,7 +384,7 @@ async def test_align_trace_is_refused_unread_while_the_request_budget_is_full(
             item = TraceItem(text, src.token_ids, np.full(len(src.token_ids), -0.5),
                              src.offsets)
             busy = asyncio.ensure_future(thl.align_trace("bpe", "bpe", [item]))
-            while metrics.INFLIGHT_BYTES._value.get() < limit:
+            while budget.in_use < limit:
                 assert not busy.done()
                 await asyncio.sleep(0.001)
             async with grpc.aio.insecure_channel(srv.address) as channel:
@@ -393,10 +394,11 @@ async def test_align_trace_is_refused_unread_while_the_request_budget_is_full(
                         items=[pb.TraceItem(text="hi")]).SerializeToString()):
                     err = await _error(call(body, timeout=10))
                     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
-                    assert (err.details() or "").startswith("items:"), err.details()
+                    assert (err.details() or "").startswith("request:"), err.details()
+                    assert "max_inflight_request_bytes" in (err.details() or "")
                     assert "retry later" in (err.details() or "")
             res = await busy
             assert len(res.results[0].target_token_ids) == len(src.token_ids)
-        assert metrics.INFLIGHT_BYTES._value.get() == 0
+        assert budget.in_use == 0
     finally:
         await srv.stop(0)

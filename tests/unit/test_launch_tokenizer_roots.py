@@ -53,3 +53,15 @@ def test_a_cache_snapshot_adds_the_directory_its_files_link_into(tmp_path: Path)
     plan, _ = make_launch_plan(cfg, "redis://127.0.0.1:6379/0", None)
     eff = yaml.safe_load(plan.config_path.read_text())
     assert eff["thl"]["tokenizer_roots"][-2:] == [str(snapshot.resolve()), str(blobs.resolve())]
+
+
+def test_the_fresh_hint_names_the_users_run_file(tmp_path: Path) -> None:
+    """Not the effective run.yaml `up` writes into the run directory (which has no `up:`
+    section): `up -c` on that one would start another run."""
+    cfg = tmp_path / "my-run.yaml"
+    cfg.write_text(yaml.safe_dump({"trainer": {
+        "run_id": "hint", "output_dir": str(tmp_path / "out"),
+        "policies": [{"name": "a", "preset": "llama-char"}]}}))
+    plan, _ = make_launch_plan(cfg, "redis://127.0.0.1:6379/0", None)
+    assert plan.config_path != cfg
+    assert plan.fresh_command == f"mutualrl up -c {cfg} --fresh"

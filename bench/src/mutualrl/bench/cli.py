@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,13 @@ def _so_far(path: str | None) -> Callable[[dict[str, object]], None]:
 
 
 def _see_bench(args: argparse.Namespace) -> int:
+    if args.memory:
+        from mutualrl.bench.attacks import run_attacks
+
+        result = run_attacks(args.redis_url or os.environ.get("REDIS_URL")
+                             or "redis://127.0.0.1:6379/0")
+        print(_emit(result, args.json))
+        return 0 if result["all_met"] else 1
     from mutualrl.bench.see import main as bench_main
 
     return bench_main(args)
@@ -44,6 +52,11 @@ def _see(commands: Commands) -> None:
     p = commands.add(["bench", "see"], "SEE Publish throughput against raw Redis pipelines "
                      "(same payloads, writers and batch size).", _see_bench)
     p.add_argument("--json", required=True, help="Write the figures to this JSON file.")
+    p.add_argument("--memory", action="store_true",
+                   help="Instead: the resident memory of SEE, MWRA and THL (each a serve "
+                        "process with a secret) under unauthenticated, wrong-token, "
+                        "foreign-scope and over-limit calls and under 8 concurrent accepted "
+                        "maximal calls, against their targets (mutualrl.bench.attacks).")
     p.add_argument("--clients", type=int, default=4, help="Concurrent writer processes.")
     p.add_argument("--records", type=int, default=60_000,
                    help="Records per side in total (split over the clients); enough that the "

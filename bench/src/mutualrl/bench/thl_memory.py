@@ -9,8 +9,9 @@ four 1 MiB texts: byte-level BPE makes three tokens of each (3.1 M tokens, a 27 
 the worst case per byte of text. `align` sends two of the texts to AlignTrace, from and to the
 same tokenizer, with their source tokens, offsets and values (a 42 MB answer: with more, the
 answer would pass the 64 MiB message limit and be refused); three such requests (21 MB each)
-are more than THL holds at once (`max_inflight_request_bytes`, 16 MiB), so the calls refused
-RESOURCE_EXHAUSTED retry, as a client would. Scenarios repeat `repeats` times (a fresh process
+do not all fit THL's request budget at once (`max_inflight_request_bytes`: each call takes
+AlignTrace's largest request, 64 MiB, before its body is read), so a call refused
+RESOURCE_EXHAUSTED retries, as a client would. Scenarios repeat `repeats` times (a fresh process
 each); the median is reported with the machine's load average.
 """
 

@@ -33,3 +33,10 @@ class LaunchPlan:
     """The state an earlier `up` left, which this one resumes (None: a new run)."""
     fresh: bool = False
     """`--fresh`: the run is deleted in the services before the trainers start."""
+    source_path: Path | None = None
+    """The run file the user gave `up` (`config_path` is the effective one `up` writes)."""
+
+    @property
+    def fresh_command(self) -> str:
+        """The command that starts this run again from round 0, on the user's run file."""
+        return f"mutualrl up -c {self.source_path or self.config_path} --fresh"

@@ -171,7 +171,8 @@ def make_launch_plan(config: Path, redis_url: str | None,
                 policies=[p.name for p in trainer.policies],
                 metrics_files={p.name: trainer.run_dir(p.name).resolve() / "metrics.jsonl"
                                for p in trainer.policies},
-                rounds=trainer.grpo.rounds, secret=secret, warm_start=warm)
+                rounds=trainer.grpo.rounds, secret=secret, warm_start=warm,
+                source_path=config)
     plan.endpoints = {
         "see_grpc": f"127.0.0.1:{ports['see']}",
         "see_rest": f"http://127.0.0.1:{ports['see_rest']}",
@@ -355,7 +356,7 @@ def _supervise(plan: LaunchPlan, pre: list[ProcessSpec], sup: Supervisor, signal
                 f"{escape(', '.join(missing))} (its Redis was reset, or retention trimmed "
                 "them); in the deterministic exchange the resumed trainers would wait for "
                 "peer rounds that are never published again. Start it again from round 0 "
-                f"with `mutualrl up -c {escape(str(plan.config_path))} --fresh`[/]")
+                f"with `{escape(plan.fresh_command)}`[/]")
             return EXIT_CONFIG
     with _local_worker(plan):
         return _train(plan, sup, signals, console)

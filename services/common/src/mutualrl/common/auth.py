@@ -13,7 +13,8 @@ service needs no list of tokens, only the secret:
 `derive_token(secret, "read")` / `derive_token(secret, "policy:a")` make them. Each service
 declares per method what it needs (`Access`); a method it does not list is admin only. A valid
 token that may not call a method gets PERMISSION_DENIED (HTTP 403); a missing or unknown token
-UNAUTHENTICATED (HTTP 401).
+UNAUTHENTICATED (HTTP 401). Both are decided before the request's body is read (`Trust`), so a
+refused call costs the service neither the body's bytes nor its parse.
 """
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
+from google.protobuf import descriptor_pool
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import DecodeError
 
-from mutualrl.common.errors import quote, quote_all
-from mutualrl.common.handlers import HandlerInterceptor, guarded
-from mutualrl.common.request_parsing import UnparsableRequest
+from mutualrl.common import wire_scan
+from mutualrl.common.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+    quote,
+    quote_all,
+)
 
 # Kubernetes gRPC probes and load balancers cannot send metadata, so health stays open.
 DEFAULT_EXEMPT = ("/grpc.health.v1.Health/",)
@@ -115,8 +123,13 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-ActsAs = Callable[[Any], Iterable[str]]
-"""The policies a request acts as (from the parsed request; SEE's Publish gets raw bytes)."""
+ActsAs = Callable[[bytes, Descriptor], Iterable[str]]
+"""The policies a request acts as, read from its bytes (`mutualrl.common.wire_scan`, never a
+parse) given its message type; raises DecodeError when the bytes do not scan."""
+
+SCAN_TAGS = 1 << 20
+"""Tags a scan for the policies a request acts as reads at most (a maximal ReportMetrics or
+Publish holds about half as many): past it the request is INVALID_ARGUMENT."""
 
 
 @dataclass(frozen=True)
@@ -131,15 +144,31 @@ class Access:
 READ = Access(read=True)
 
 
+def strings_of(*path: str, most: int | None = None) -> ActsAs:
+    """The strings at `path` (field names, `("rows", "policy_id")`) of a request's bytes;
+    past `most` of them, InvalidArgument naming the path's first field (a request that long
+    is refused anyway, and is not scanned to its end)."""
+
+    def read(data: bytes, message: Descriptor) -> list[str]:
+        try:
+            return wire_scan.strings_at(data, wire_scan.field_path(message, path), SCAN_TAGS,
+                                        most)
+        except wire_scan.TooMany:
+            raise InvalidArgument(path[0], f"more than {most} entries, over the limit of "
+                                  f"{most} per call") from None
+
+    return read
+
+
 def as_policy(field: str = "policy_id") -> Access:
     """A method a policy may call for itself: the request's `field` names the policy."""
-    return Access(acts_as=lambda request: (getattr(request, field),))
+    return Access(acts_as=strings_of(field))
 
 
-def as_policies(repeated: str, field: str = "policy_id") -> Access:
-    """A method a policy may call for itself: every entry of `repeated` names the policy."""
-    return Access(acts_as=lambda request: [getattr(e, field) for e in getattr(request,
-                                                                                repeated)])
+def as_policies(repeated: str, field: str = "policy_id", most: int | None = None) -> Access:
+    """A method a policy may call for itself: every entry of `repeated` (at most `most`)
+    names the policy."""
+    return Access(acts_as=strings_of(repeated, field, most=most))
 
 
 Rules = Mapping[str, Access]
@@ -150,64 +179,65 @@ DEFAULT_RULES: Rules = {
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": READ,
 }
 
-
-def _deny(code: grpc.StatusCode, message: str) -> Callable[[Any, grpc.aio.ServicerContext],
-                                                            Awaitable[None]]:
-    async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
-
-    return check
+BodyCheck = Callable[[bytes], None]
+"""Raises PermissionDenied (or InvalidArgument) for a request's bytes its token may not send."""
 
 
-def _acts_as_check(principal: Principal, method: str, acts_as: ActsAs
-                   ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
-    async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
-        if isinstance(request, UnparsableRequest):
-            return  # answered INVALID_ARGUMENT by the parsing layer
-        try:
-            names = set(acts_as(request))
-        except Exception:  # raw bytes that do not parse: the handler answers those
-            return
-        if names != {principal.policy}:
-            others = sorted(n for n in names if n != principal.policy)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"the token of policy {quote(principal.policy)} may not call "
-                                f"{method} as {quote_all(others) if others else 'no policy'}")
-
-    return check
+def _input_type(method: str) -> Descriptor:
+    """The request message of a full method path, from the loaded protos."""
+    service, _, name = method.strip("/").partition("/")
+    found: Descriptor = (descriptor_pool.Default().FindServiceByName(service)
+                         .methods_by_name[name].input_type)
+    return found
 
 
-class BearerAuthInterceptor(HandlerInterceptor):
-    """Rejects every call without a valid bearer token (health checks excepted) and every call
-    its token's scope does not allow (`rules`; the secret itself, the admin, may do all)."""
+class Trust:
+    """Decides from a call's metadata alone, before its body is read, whether it may go on:
+    a valid bearer token (health checks exempt) whose scope allows the method (`rules`; the
+    secret itself, the admin, may do all). A method a policy may call for itself leaves a
+    check of the request's bytes (`BodyCheck`), which reads the policies it names from its
+    tags and lengths, never parsing it. `secret` None: auth is off, everything may go on."""
 
-    def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = DEFAULT_EXEMPT,
-                 rules: Rules | None = None) -> None:
-        self._token = token
+    def __init__(self, secret: str | None, rules: Rules | None = None,
+                 exempt_prefixes: tuple[str, ...] = DEFAULT_EXEMPT) -> None:
+        self._secret = secret
         self._exempt = exempt_prefixes
         self._rules = {**DEFAULT_RULES, **(rules or {})}
 
-    def wrap(self, handler: grpc.RpcMethodHandler,
-             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        method = details.method or ""
-        if method.startswith(self._exempt):
-            return handler
-        metadata = dict(details.invocation_metadata or ())
-        principal = identify(metadata.get("authorization"), self._token)
+    def decide(self, method: str, metadata: Iterable[tuple[str, Any]]) -> BodyCheck | None:
+        """None when the call may go on as it is, a check of its bytes when its policy must
+        match what the request names; Unauthenticated / PermissionDenied when it may not."""
+        if self._secret is None or method.startswith(self._exempt):
+            return None
+        header = next((v for k, v in metadata if k == "authorization"), None)
+        principal = identify(header if isinstance(header, str) else None, self._secret)
         if principal is None:
-            return guarded(handler, _deny(grpc.StatusCode.UNAUTHENTICATED,
-                                          UNAUTHENTICATED_MESSAGE))
+            raise Unauthenticated("", UNAUTHENTICATED_MESSAGE)
         if principal.role == Role.ADMIN:
-            return handler
+            return None
         access = self._rules.get(method, Access())
         if access.read:
-            return handler
+            return None
         if principal.role == Role.POLICY and access.acts_as is not None:
-            return guarded(handler, _acts_as_check(principal, method, access.acts_as))
+            return _acts_as_check(principal.policy, method, access.acts_as)
         scope = ("read-only" if principal.role == Role.READ
                  else f"policy {quote(principal.policy)}")
-        return guarded(handler, _deny(grpc.StatusCode.PERMISSION_DENIED,
-                                      f"a {scope} token may not call {method}"))
+        raise PermissionDenied("", f"a {scope} token may not call {method}")
+
+
+def _acts_as_check(policy: str, method: str, acts_as: ActsAs) -> BodyCheck:
+    def check(data: bytes) -> None:
+        try:
+            names = set(acts_as(data, _input_type(method)))
+        except DecodeError as err:
+            raise InvalidArgument("request", f"body is not a valid request of {method}: "
+                                  f"{err}") from None
+        if names != {policy}:
+            others = sorted(n for n in names if n != policy)
+            raise PermissionDenied("", f"the token of policy {quote(policy)} may not call "
+                                   f"{method} as {quote_all(others) if others else 'no policy'}")
+
+    return check
 
 
 def rest_access(header_value: str | None, secret: str | None) -> int | None:

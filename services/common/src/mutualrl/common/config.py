@@ -68,7 +68,19 @@ class ServiceConfig(Config):
     grace_seconds: float = Field(default=5.0, ge=0)
     """On SIGTERM, in-flight calls get this long to finish before the server stops."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    """Largest gRPC message accepted or sent."""
+    """Largest gRPC message accepted or sent: the largest request of the methods whose
+    requests may be large (SEE's Publish and ReportMetrics, THL's AlignTrace)."""
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Largest request of every other method (at most `max_message_bytes`): a larger one is
+    RESOURCE_EXHAUSTED from its length, before it is parsed."""
+    max_inflight_request_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    """Request bytes the calls of one process hold at once: a call takes its method's largest
+    request before its body is read (then the body's length) and holds it until its answer is
+    sent; one that does not fit waits up to `request_wait_seconds`, then is
+    RESOURCE_EXHAUSTED (retry later). One call alone always runs. It bounds what a service
+    receives, parses and works on at once, whoever sends what (docs/reliability.md)."""
+    request_wait_seconds: float = Field(default=1.0, ge=0, le=60)
+    """How long a call waits for room in `max_inflight_request_bytes` before it is refused."""
     key_prefix: str = Field(default=keys.DEFAULT_PREFIX, pattern=keys.PREFIX_PATTERN)
     """First segment of every Redis key the service writes: `<prefix>:<service>:{<run_id>}:...`
     for a run's keys, `<prefix>:<service>:<name>` for indexes (`mutualrl.common.keys`).

@@ -88,6 +88,14 @@ class FailedPrecondition(ServiceError, code=grpc.StatusCode.FAILED_PRECONDITION,
     pass
 
 
+class Unauthenticated(ServiceError, code=grpc.StatusCode.UNAUTHENTICATED, http_status=401):
+    """The call carries no valid credential."""
+
+
+class PermissionDenied(ServiceError, code=grpc.StatusCode.PERMISSION_DENIED, http_status=403):
+    """The call's credential may not do what it asks."""
+
+
 class ResourceExhausted(ServiceError, code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=507):
     """A backing store is full (Redis OOM): retrying will not help until space is freed."""
 

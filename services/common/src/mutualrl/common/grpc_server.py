@@ -1,31 +1,33 @@
 """The lifecycle every MutualRL service shares: build and start a grpc.aio server with bearer
-auth, grpc.health.v1, reflection, Prometheus metrics per method and optional TLS
-(`start_server`); serve until SIGINT/SIGTERM (`serve_until_signalled`); stop gracefully, once
-(`RunningServer.stop`)."""
+auth and a bytes budget decided before any body is read (`Gate`), grpc.health.v1, reflection,
+Prometheus metrics per method and optional TLS (`start_server`); serve until SIGINT/SIGTERM
+(`serve_until_signalled`); stop gracefully, once (`RunningServer.stop`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import inspect
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from mutualrl.common.auth import BearerAuthInterceptor, Rules
+from mutualrl.common import memory
+from mutualrl.common.admission import BytesBudget, RequestLimits
+from mutualrl.common.auth import BodyCheck, Rules, Trust
 from mutualrl.common.config import ServiceConfig
+from mutualrl.common.errors import InvalidArgument, ResourceExhausted, ServiceError
 from mutualrl.common.event_loop import running_loop_name
-from mutualrl.common.handlers import HandlerInterceptor
-from mutualrl.common.request_parsing import RequestParsingInterceptor
+from mutualrl.common.request_parsing import UnparsableRequest, parse
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,23 @@ GRPC_SECONDS = Histogram(
 )
 
 
+REQUEST_BODIES = Counter(
+    "mutualrl_grpc_request_bodies",
+    "Request bodies read off the wire (stage=read) and parsed (stage=parsed), by full method "
+    "name; a call refused on its credentials or for room reads none.", ["method", "stage"],
+)
+INFLIGHT_REQUEST_BYTES = Gauge(
+    "mutualrl_grpc_inflight_request_bytes",
+    "Request bytes the calls admitted hold now (max_inflight_request_bytes), by service.",
+    ["service"],
+)
+
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+"""What the gate registers for every method: reads its request itself (from the request
+iterator grpc gives a client-streaming handler) and returns the answer, or writes a stream's
+messages through `context.write` and returns None."""
+
+
 def _code_name(context: grpc.aio.ServicerContext, failed: bool) -> str:
     code = context.code()
     if code is None:
@@ -47,74 +66,182 @@ def _code_name(context: grpc.aio.ServicerContext, failed: bool) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else str(code)
 
 
+def _measured(method: str, behaviour: Behaviour) -> Behaviour:
+    """`behaviour`, counted by method and status code and timed (streams: until they end)."""
+
+    async def measured(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        start, failed = time.perf_counter(), True
+        try:
+            result = await behaviour(requests, context)
+            failed = False
+            return result
+        finally:
+            GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
+            GRPC_REQUESTS.labels(method, _code_name(context, failed)).inc()
+
+    return measured
+
+
+async def _respond(inner: Any, request: Any, context: grpc.aio.ServicerContext,
+                   streaming: bool) -> Any:
+    """`inner`'s answer to `request`; a stream's messages written through `context.write`
+    (from an async generator, or by `inner` itself: grpc.health.v1 Watch)."""
+    if not streaming:
+        return await inner(request, context)
+    if inspect.isasyncgenfunction(inner):
+        async for item in inner(request, context):
+            await context.write(item)
+    else:
+        await inner(request, context)
+    return None
+
+
+def _forget_frames(err: BaseException) -> None:
+    """Drop the locals of the finished frames `err` (and what it chains) passes through: a
+    traceback kept anywhere, or one in a reference cycle waiting for the collector, would
+    otherwise keep the request those frames held."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+
+
 @dataclass
-class _Call:
-    """One handled call's outcome while it runs: failed until its handler returns."""
+class _Held:
+    """A call's share of its service's bytes budget, and the size of its body once read."""
 
-    failed: bool = True
-
-
-@contextlib.contextmanager
-def _measured(method: str, context: grpc.aio.ServicerContext) -> Iterator[_Call]:
-    start, call = time.perf_counter(), _Call()
-    try:
-        yield call
-    finally:
-        GRPC_SECONDS.labels(method).observe(time.perf_counter() - start)
-        GRPC_REQUESTS.labels(method, _code_name(context, call.failed)).inc()
+    size: int
+    read: int = 0
 
 
-class MetricsInterceptor(HandlerInterceptor):
-    """Counts calls by method and status code and times them."""
+class Gate(grpc.aio.ServerInterceptor):
+    """What every call of every method meets before its body is read or parsed, in order:
 
-    def wrap(self, handler: grpc.RpcMethodHandler,
-             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        method = details.method
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary:
-            inner = handler.unary_unary
+    1. its credentials, from its metadata alone (`Trust`): refused UNAUTHENTICATED or
+       PERMISSION_DENIED by a handler that never reads the body, which the transport then
+       never receives;
+    2. room for it in the service's bytes budget (`BytesBudget`): the method's largest request
+       (`RequestLimits`) is held before the body is read, then the body's length;
+       RESOURCE_EXHAUSTED naming the budget after a brief wait;
+    3. the body's length against the method's largest request (RESOURCE_EXHAUSTED naming it),
+       and, for a method a policy calls for itself, the policies it names, read from its tags
+       and lengths (PERMISSION_DENIED);
+    4. only then is the body parsed (INVALID_ARGUMENT naming the message type when it does not
+       parse) and handed to the method (SEE's Publish and THL's Retokenize and AlignTrace take
+       the bytes and parse them as they go).
 
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with _measured(method, context) as call:
-                    result = await inner(request, context)
-                    call.failed = False
-                    return result
+    Every method is registered here as reading its request itself, so none of this waits for
+    grpc to receive and deserialize the body first. The call's share is held until its answer
+    is sent; after a large one the allocator hands freed pages back (`memory.trim`). Every
+    call is counted by method and status code and timed."""
 
-            return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-            if not inspect.isasyncgenfunction(inner_stream):
-                # Writes through context.write (grpc.health.v1 Watch): wrap as a coroutine.
+    def __init__(self, trust: Trust, budget: BytesBudget, limits: RequestLimits) -> None:
+        self.trust = trust
+        self.budget = budget
+        self.limits = limits
 
-                async def writer(request: Any, context: grpc.aio.ServicerContext) -> None:
-                    with _measured(method, context) as call:
-                        await inner_stream(request, context)
-                        call.failed = False
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method or "?"
+        try:
+            check = self.trust.decide(method, handler_call_details.invocation_metadata or ())
+        except ServiceError as refusal:
+            return _registered(handler, method, _refusing(refusal))
+        if handler.request_streaming:  # reflection: small requests it reads itself
+            return _registered(handler, method, _passing(handler), handler.request_deserializer)
+        return _registered(handler, method, self._gated(handler, method, check))
 
-                return grpc.unary_stream_rpc_method_handler(writer, **kwargs)
+    def _gated(self, handler: grpc.RpcMethodHandler, method: str,
+               check: BodyCheck | None) -> Behaviour:
+        inner = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        deserializer = handler.request_deserializer
+        limit, streaming = self.limits.of(method), handler.response_streaming
 
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with _measured(method, context) as call:
-                    async for item in inner_stream(request, context):
-                        yield item
-                    call.failed = False
+        async def gated(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            data: bytes | None = None
+            request: Any = None
+            try:
+                data = await self._read(context, method, limit)
+                if check is not None:
+                    check(data)
+                if deserializer is None:
+                    request, data = data, None
+                else:
+                    REQUEST_BODIES.labels(method, "parsed").inc()
+                    request, data = parse(method, deserializer, data), None
+                    if isinstance(request, UnparsableRequest):
+                        raise InvalidArgument("", request.message)
+                return await _respond(inner, request, context, streaming)
+            except ServiceError as err:
+                _forget_frames(err)
+                data = request = None  # before the abort's traceback takes this frame
+                await context.abort(err.code, str(err))
+            except BaseException as err:
+                _forget_frames(err)
+                raise
+            finally:
+                data = request = None
 
-            return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
-        if handler.stream_unary:
-            # THL's Retokenize / AlignTrace: unary on the wire, read by the handler itself.
-            inner_reader = handler.stream_unary
+        return gated
 
-            async def reader(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                with _measured(method, context) as call:
-                    result = await inner_reader(requests, context)
-                    call.failed = False
-                    return result
+    async def _read(self, context: grpc.aio.ServicerContext, method: str, limit: int) -> bytes:
+        """The call's body, read once its share of the budget is held (see the class)."""
+        await self.budget.acquire(limit)
+        held = _Held(limit)
+        loop = asyncio.get_running_loop()
+        context.add_done_callback(lambda _: loop.call_soon_threadsafe(self._done, held))
+        data = await context.read()
+        if not isinstance(data, bytes):  # the client half-closed without a message
+            raise InvalidArgument("request", "no request message")
+        REQUEST_BODIES.labels(method, "read").inc()
+        held.read = len(data)
+        if held.read > limit:
+            raise ResourceExhausted("request", f"{held.read} B, over the {limit} B limit of "
+                                    f"{method} requests")
+        self.budget.release(held.size - held.read)
+        held.size = held.read
+        return data
 
-            return grpc.stream_unary_rpc_method_handler(reader, **kwargs)
-        return handler  # client-and-server-streaming RPCs are not used by MutualRL
+    def _done(self, held: _Held) -> None:
+        self.budget.release(held.size)
+        if held.read >= memory.TRIM_AFTER_BYTES:
+            memory.trim()
+
+
+def _registered(handler: grpc.RpcMethodHandler, method: str, behaviour: Behaviour,
+                deserializer: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler:
+    """`behaviour` (measured) registered as reading its request itself, answering as
+    `handler` does."""
+    register = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
+                else grpc.stream_unary_rpc_method_handler)
+    return register(_measured(method, behaviour), request_deserializer=deserializer,
+                    response_serializer=handler.response_serializer)
+
+
+def _refusing(refusal: ServiceError) -> Behaviour:
+    code, details = refusal.code, str(refusal)
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, details)
+
+    return refuse
+
+
+def _passing(handler: grpc.RpcMethodHandler) -> Behaviour:
+    inner = handler.stream_stream if handler.response_streaming else handler.stream_unary
+
+    async def passing(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await _respond(inner, requests, context, handler.response_streaming)
+
+    return passing
 
 
 Hook = Callable[[], Awaitable[None]]
@@ -133,6 +260,8 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     metrics_port: int | None = None
+    budget: BytesBudget | None = None
+    """The request bytes its calls hold (`Gate`)."""
     on_drain: list[Hook] = field(default_factory=list)
     """Run once health says NOT_SERVING, before the drain (end streams and waits)."""
     on_close: list[Hook] = field(default_factory=list)
@@ -203,6 +332,7 @@ async def start_server(
     service_names: Iterable[str],
     reuse_port: bool = False,
     access: Rules | None = None,
+    large_requests: Mapping[str, int] | None = None,
 ) -> RunningServer:
     """Create the server, register the servicers, health and reflection, bind and start it.
 
@@ -211,25 +341,32 @@ async def start_server(
     with SO_REUSEPORT so several worker processes share one port (the kernel spreads
     connections over them); otherwise a port already in use is an error. `access` says which
     methods the read and policy tokens derived from the auth token may call
-    (`mutualrl.common.auth`); unlisted methods are for the token itself.
+    (`mutualrl.common.auth`); unlisted methods are for the token itself. `large_requests`
+    (full method path -> bytes, at most `max_message_bytes`) names the methods whose requests
+    may be larger than `max_request_bytes`, every other method's largest. Every call passes
+    the `Gate`.
     """
-    # Metrics outermost, so refused calls are counted with their UNAUTHENTICATED code too;
-    # parsing innermost, so auth's refusal also gets a deserializer that never raises.
-    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+    names = list(service_names)
+    limits = request_limits(cfg, large_requests or {})
+    label = names[0].rpartition(".")[2] if names else "gRPC"
+    budget = BytesBudget(cfg.max_inflight_request_bytes, cfg.request_wait_seconds, label)
+    INFLIGHT_REQUEST_BYTES.labels(label).set_function(lambda: budget.in_use)
     token = cfg.resolved_token()
-    if token:
-        interceptors.append(BearerAuthInterceptor(token, rules=access))
-    interceptors.append(RequestParsingInterceptor())
+    interceptors = [Gate(Trust(token, access), budget, limits)]
     options = [
-        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_receive_message_length", limits.largest),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.so_reuseport", int(reuse_port)),
+        # The transport buffers a stream's body up to its flow-control window before anyone
+        # reads it; bandwidth probing grows that window to megabytes, so a call the gate
+        # refuses unread would still cost them. At the fixed window a large accepted body
+        # takes a few more round trips.
+        ("grpc.http2.bdp_probe", 0),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = list(service_names)
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME],
@@ -251,7 +388,15 @@ async def start_server(
              ",".join(names), cfg.host, port, creds is not None, bool(token), metrics_port,
              running_loop_name())
     return RunningServer(server=server, port=port, health=health_servicer,
-                         metrics_port=metrics_port)
+                         metrics_port=metrics_port, budget=budget)
+
+
+def request_limits(cfg: ServiceConfig, large_requests: Mapping[str, int]) -> RequestLimits:
+    """Each method's largest request: its own for `large_requests`, `max_request_bytes` for
+    every other, none above `max_message_bytes`."""
+    most = cfg.max_message_bytes
+    return RequestLimits(default=min(cfg.max_request_bytes, most),
+                         methods={m: min(n, most) for m, n in large_requests.items()})
 
 
 async def wait_for_signal(*also: asyncio.Future[Any]) -> int | None:
@@ -294,11 +439,13 @@ def settle_heap() -> None:
 async def serve_until_signalled(running: RunningServer, grace: float,
                                 ready: str | None = None) -> None:
     """The serving loop of every `mutualrl <service> serve`: print `ready` (the line people and
-    supervisors wait for), block until SIGINT/SIGTERM or until the server terminates, then
-    `running.stop(grace)`."""
+    supervisors wait for), set the collector and the allocator for a long-running service
+    (`settle_heap`, `memory.settle`), block until SIGINT/SIGTERM or until the server
+    terminates, then `running.stop(grace)`."""
     if ready is not None:
         print(ready, flush=True)
     settle_heap()
+    memory.settle()
     # Cancelled only after the stop: cancelling grpc's wait_for_termination earlier would
     # cancel the shutdown it shares.
     terminated = asyncio.ensure_future(running.server.wait_for_termination())

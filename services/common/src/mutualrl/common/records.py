@@ -375,6 +375,10 @@ def _validate_stats(rec: pb.ExperienceRecord, f: str) -> None:
                 st.success_max if st.HasField("success_max") else None)
 
 
+STATS_RELATIVE_TOLERANCE = 1e-9
+"""Rounding room of `check_stats`' comparisons, relative to the magnitudes compared."""
+
+
 def check_stats(count: int, total: float, sum_sq: float, top: float, f: str,
                 success_max: float | None = None) -> None:
     """The rules of a group's reward statistics (`f`: their field path, "records[3].stats"):
@@ -402,9 +406,13 @@ def check_stats(count: int, total: float, sum_sq: float, top: float, f: str,
     if sum_sq / count > most * most * (1 + 1e-9):
         raise InvalidArgument(f"{f}.sum_sq", f"a mean square of {sum_sq / count:g} is beyond "
                               f"{most * most:g} (rewards within +-{most:g})")
-    # Relative tolerance: sums of floats carry rounding error proportional to their size.
-    tol = 1e-9 * max(1.0, abs(sum_sq), abs(total))
-    if sum_sq / count - mean * mean < -tol:
-        raise InvalidArgument(f"{f}.sum_sq", "smaller than sum**2/count (negative variance)")
-    if top < mean - tol:
+    # The variance is mean_sq - mean**2: each term carries rounding error relative to its own
+    # size (float64 sums of up to 2^20 rewards: far below STATS_RELATIVE_TOLERANCE), so the
+    # room is relative to the larger of them, never to the unscaled sums.
+    mean_sq = sum_sq / count
+    if mean_sq - mean * mean < -STATS_RELATIVE_TOLERANCE * max(mean * mean, mean_sq):
+        raise InvalidArgument(f"{f}.sum_sq", f"implies a negative variance "
+                              f"({mean_sq - mean * mean:g}): sum_sq/count is below "
+                              "(sum/count)**2")
+    if top < mean - STATS_RELATIVE_TOLERANCE * max(abs(mean), abs(top)):
         raise InvalidArgument(f"{f}.max", "smaller than the mean sum/count")

@@ -49,10 +49,6 @@ class SeeLimits(Config):
     a request may name: a record's round, GetRoundStats' round, FetchRollouts' current_round,
     GetVerifiedSuccesses' min_round, a metric row's round; beyond it INVALID_ARGUMENT. A run
     holding no round yet takes any first round up to 2^31 - 1 (`mutualrl.common.bounds`)."""
-    max_inflight_publish_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
-    """Publish request bytes one SEE process works on at once; a Publish that would go beyond
-    is RESOURCE_EXHAUSTED (retry later). With `max_response_bytes` and `max_cached_runs` it
-    bounds SEE's memory whatever clients send."""
     max_cached_runs: int = Field(default=1024, ge=1, le=1_000_000)
     """Run configs a SEE process keeps in memory (a few seconds each; the least recently read
     go first): bounds its memory whatever run ids clients send."""
@@ -85,6 +81,13 @@ class SeeConfig(ServiceConfig):
     """Interface the REST app binds to; None uses `host`."""
     rest_port: int | None = Field(default=8080, ge=0, le=65535)
     """REST (FastAPI) port; 0 picks a free one; None serves no REST app."""
+    max_inflight_request_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """Request bytes SEE's calls hold at once: a call takes its method's largest request
+    before its body is read (Publish and ReportMetrics: `max_message_bytes`), then the body's
+    length, held until its answer is sent; one that does not fit waits up to
+    `request_wait_seconds`, then is RESOURCE_EXHAUSTED (retry later). One call alone always
+    runs. A maximal ReportMetrics takes about six times its bytes while it is checked and
+    stored, so this bounds SEE's peak (docs/reliability.md)."""
     public_docs: bool = True
     """Serve /docs and /openapi.json without the bearer token (they hold the schema, no data).
     /healthz is always open; every other REST route needs the token when one is configured."""

@@ -15,9 +15,6 @@ RECORDS_OUT = Counter(
 BYTES_OUT = Counter(
     "mutualrl_see_bytes_out", "Serialized bytes of records handed to consumers, by kind.",
     ["kind"])
-INVALID = Counter(
-    "mutualrl_see_invalid_requests", "Requests refused as INVALID_ARGUMENT / NOT_FOUND, by RPC.",
-    ["rpc"])
 STORED_REFUSED = Counter(
     "mutualrl_see_stored_refused", "Stored entries a read left out because they break today's "
     "record rules (stored before a rule existed), by kind.", ["kind"])

@@ -21,7 +21,7 @@ import uvicorn
 from mutualrl.common import event_loop
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
 from mutualrl.see.config import SeeConfig
-from mutualrl.see.grpc.access import ACCESS
+from mutualrl.see.grpc.access import LARGE_REQUESTS, access
 from mutualrl.see.grpc.runmetrics import SERVICE_NAME as METRICS_SERVICE_NAME
 from mutualrl.see.grpc.runmetrics import RunMetricsServicer
 from mutualrl.see.grpc.runmetrics import add_to_server as add_metrics_to_server
@@ -81,7 +81,9 @@ async def start_see(cfg: SeeConfig, *, shared_port: bool = False) -> SeeServer:
         add_metrics_to_server(metrics_servicer, server)
 
     running = await start_server(cfg, add, [SERVICE_NAME, METRICS_SERVICE_NAME],
-                                 reuse_port=shared_port, access=ACCESS)
+                                 reuse_port=shared_port, access=access(cfg.limits),
+                                 large_requests=dict.fromkeys(LARGE_REQUESTS,
+                                                              cfg.max_message_bytes))
     # Ends Subscribe streams and round-stats waits before the gRPC server drains.
     running.on_drain.append(store.begin_stop)
     rest_port: int | None = None

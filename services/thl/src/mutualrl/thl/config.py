@@ -47,12 +47,13 @@ class ThlConfig(ServiceConfig):
     """Most UTF-8 bytes of text in one Retokenize or AlignTrace call, all entries together
     (over it: INVALID_ARGUMENT naming `texts` / `items`). A call's working memory grows with
     its text: up to ~100 bytes per text byte while it is tokenized and answered."""
-    max_inflight_request_bytes: int = Field(default=16 << 20, ge=1)
-    """Request bytes of Retokenize / AlignTrace calls worked on at once, each held from when
-    its body is read until its answer is sent; a call that would exceed it is
-    RESOURCE_EXHAUSTED (retry later), before its body is read when the calls held fill it,
-    except that one call alone always runs. With `max_request_text_bytes` it bounds THL's
-    working memory whatever clients send."""
+    max_inflight_request_bytes: int = Field(default=96 << 20, ge=1024)
+    """Request bytes THL's calls hold at once: a call takes its method's largest request
+    before its body is read (AlignTrace: `max_message_bytes`), then the body's length, held
+    until its answer is sent; one that does not fit waits up to `request_wait_seconds`, then
+    is RESOURCE_EXHAUSTED (retry later). One call alone always runs. With
+    `max_request_text_bytes` and `max_working_bytes` it bounds THL's memory whatever clients
+    send."""
     work_threads: int = Field(default=2, ge=1)
     """Retokenize / AlignTrace calls worked on at once (others wait their turn, their request
     bytes counted in `max_inflight_request_bytes`)."""
@@ -63,7 +64,8 @@ class ThlConfig(ServiceConfig):
     that does not fit beside the calls running waits its turn, and a call alone always runs.
     With the defaults a 1 MiB text runs alone, and texts of a few kB run many at once.
     THL's peak is about its memory after start-up and registrations (with its tokenizer cache)
-    plus this plus twice `max_inflight_request_bytes` (docs/reliability.md has the measure)."""
+    plus this plus the request bytes held (`max_inflight_request_bytes`; docs/reliability.md
+    has the measure)."""
     align_block_items: int = Field(default=64, ge=1)
     """Items aligned per vectorised pass (larger blocks fall out of CPU cache)."""
     tokenizer_roots: list[Path] = Field(default_factory=lambda: [Path("runs"), Path("/data/run")])

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mutualrl.common import memory
 from mutualrl.common.alignment_types import (
     AlignedTrace,
     AlignTraceResult,
@@ -40,7 +41,6 @@ from mutualrl.common.alignment_types import (
 )
 from mutualrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, quote
 from mutualrl.thl import align as core
-from mutualrl.thl import memory
 from mutualrl.thl.registry import LoadedTokenizer, TokenizerRegistry
 from mutualrl.thl.residual import edit_distance, uncovered_bytes
 

@@ -32,8 +32,6 @@ CACHE_ENTRIES = Gauge("mutualrl_thl_tokenizer_cache_entries",
                       "Loaded tokenizers kept in memory (at most thl.cache_size).")
 CACHE_BYTES = Gauge("mutualrl_thl_tokenizer_cache_bytes", "Serialized bytes of the loaded "
                     "tokenizers kept in memory (at most thl.cache_max_bytes).")
-INFLIGHT_BYTES = Gauge("mutualrl_thl_inflight_request_bytes", "Request bytes of Retokenize / "
-                       "AlignTrace calls being worked on (thl.max_inflight_request_bytes).")
 WORKING_BYTES = Gauge("mutualrl_thl_working_bytes", "Working memory the running Retokenize / "
                       "AlignTrace calls hold, as admitted (thl.max_working_bytes).")
 MASS_ERROR = Counter("mutualrl_thl_inexact_mass_traces",

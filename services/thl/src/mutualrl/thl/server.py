@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from mutualrl.common.grpc_server import ServiceServer, serve_until_signalled, start_server
-from mutualrl.thl import memory
-from mutualrl.thl.access import ACCESS
+from mutualrl.thl.access import ACCESS, large_requests
 from mutualrl.thl.config import ThlConfig
 from mutualrl.thl.engine import AlignmentEngine, EngineLimits
 from mutualrl.thl.registry import (
@@ -69,13 +68,13 @@ class ThlServer(ServiceServer):
 async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> ThlServer:
     """Start THL on cfg.host:cfg.port (0 = free port) with health, reflection, auth, metrics."""
     engine = engine if engine is not None else build_engine(cfg)
-    servicer = AlignmentServicer(engine, cfg.max_inflight_request_bytes, cfg.work_threads,
-                                 cfg.max_working_bytes)
+    servicer = AlignmentServicer(engine, cfg.work_threads, cfg.max_working_bytes)
 
     def add(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
 
-    running = await start_server(cfg, add, [SERVICE_NAME], access=ACCESS)
+    running = await start_server(cfg, add, [SERVICE_NAME], access=ACCESS,
+                                 large_requests=large_requests(cfg))
 
     async def close_registry() -> None:
         servicer.close()
@@ -87,7 +86,6 @@ async def start_thl(cfg: ThlConfig, engine: AlignmentEngine | None = None) -> Th
 
 async def serve(cfg: ThlConfig) -> None:
     """`mutualrl thl serve`: run until SIGINT/SIGTERM, then stop gracefully."""
-    memory.settle()
     server = await start_thl(cfg)
     await serve_until_signalled(server.grpc, cfg.grace_seconds,
                                 ready=f"THL listening on {cfg.host}:{server.port}")

@@ -6,16 +6,16 @@ Engine work (tokenization, alignment) runs in worker threads so the event loop k
 health checks and other calls.
 
 What bounds THL's memory whatever clients send, in the order a call meets it: the request
-bytes held at once (`RequestBudget`, `thl.max_inflight_request_bytes`: RESOURCE_EXHAUSTED
-beyond, before the body is even read when the calls held fill it, and held until the answer is
-sent); the per-call limits, from the request's lengths alone (INVALID_ARGUMENT /
-RESOURCE_EXHAUSTED before anything is queued or converted); then the working memory calls may
-take at once (`WorkBudget`, `thl.max_working_bytes`): a call whose need
-(`engine.working_bytes`) does not fit waits its turn (one call alone always runs), on at most
-`thl.work_threads` threads. An AlignTrace request is kept as its bytes and its items parsed
-one at a time (`_RequestItems`), and a call's answer is written to the wire item by item
-(`alignment_wire`), so what it holds is its request's bytes, one block's work and its answer's
-bytes. docs/reliability.md states the peak this gives and the test that measures it.
+bytes held at once (the shared server's budget, `thl.max_inflight_request_bytes`, taken before
+the body is read and held until the answer is sent); the per-call limits, from the request's
+lengths alone (INVALID_ARGUMENT / RESOURCE_EXHAUSTED before anything is parsed, queued or
+converted); then the working memory calls may take at once (`WorkBudget`,
+`thl.max_working_bytes`): a call whose need (`engine.working_bytes`) does not fit waits its
+turn (one call alone always runs), on at most `thl.work_threads` threads. An AlignTrace
+request is kept as its bytes and its items parsed one at a time (`_RequestItems`), and a
+call's answer is written to the wire item by item (`alignment_wire`), so what it holds is its
+request's bytes, one block's work and its answer's bytes. docs/reliability.md states the
+peak this gives and the test that measures it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast, overload
 
@@ -31,15 +31,16 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from mutualrl.common import alignment_wire as wire
+from mutualrl.common import memory, wire_scan
 from mutualrl.common.alignment_types import (
     Residual,
     TokenizerInfo,
     TraceItem,
     aggregate_residual,
 )
-from mutualrl.common.errors import InvalidArgument, ResourceExhausted, grpc_errors
+from mutualrl.common.errors import InvalidArgument, grpc_errors
 from mutualrl.common.request_parsing import UnparsableRequest
-from mutualrl.thl import memory, metrics
+from mutualrl.thl import metrics
 from mutualrl.thl.engine import AlignmentEngine, working_bytes
 from mutualrl.v1 import alignment_pb2 as pb
 from mutualrl.v1 import runs_pb2 as runs_pb
@@ -48,50 +49,13 @@ M = TypeVar("M", bound=Message)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Alignment"].full_name
 
-# A call whose request is at least this large hands its freed memory back to the OS afterwards.
-TRIM_AFTER_BYTES = 256 * 1024
-
-
 @contextlib.contextmanager
 def _trimmed(request_bytes: int) -> Iterator[None]:
     try:
         yield
     finally:
-        if request_bytes >= TRIM_AFTER_BYTES:
+        if request_bytes >= memory.TRIM_AFTER_BYTES:
             memory.trim()
-
-
-class RequestBudget:
-    """Request bytes worked on at once, at most `limit` (one call alone always runs): what
-    bounds THL's working memory across concurrent calls. A call holds its bytes from when its
-    body is read until its answer has been sent."""
-
-    def __init__(self, limit: int | None) -> None:
-        self.limit = limit
-        self.in_use = 0
-
-    def check_room(self, field: str) -> None:
-        """RESOURCE_EXHAUSTED naming `field` when the calls held take the whole budget: no
-        request can fit beside them, so one is refused before its body is read."""
-        if self.limit is not None and self.in_use >= self.limit:
-            raise self._full(field)
-
-    def take(self, size: int, field: str) -> None:
-        """Hold `size` bytes (`release` gives them back), or RESOURCE_EXHAUSTED naming
-        `field` when they do not fit beside the calls held already."""
-        if self.limit is not None and self.in_use and self.in_use + size > self.limit:
-            raise self._full(field)
-        self.in_use += size
-        metrics.INFLIGHT_BYTES.set(self.in_use)
-
-    def release(self, size: int) -> None:
-        self.in_use -= size
-        metrics.INFLIGHT_BYTES.set(self.in_use)
-
-    def _full(self, field: str) -> ResourceExhausted:
-        return ResourceExhausted(field, f"this THL process is working on {self.in_use} B of "
-                                 f"requests (at most {self.limit} B at once, "
-                                 "thl.max_inflight_request_bytes); retry later")
 
 
 class WorkBudget:
@@ -142,66 +106,9 @@ class WorkBudget:
 
 
 _ITEMS_FIELD = pb.AlignTraceRequest.DESCRIPTOR.fields_by_name["items"].number
-
-
-_MAX_GROUP_DEPTH = 100  # as protobuf's own parser
+_TEXTS_FIELD = pb.RetokenizeRequest.DESCRIPTOR.fields_by_name["texts"].number
 _MAX_OTHER_FIELDS = 64
 """Fields besides its items a request may hold (a real one has at most four)."""
-
-
-class _Fields:
-    """Reads a message's top-level fields from its tags and lengths alone, at most `limit`
-    tags in all (nested ones included): a body of millions of tiny fields is refused after
-    `limit`, not read to its end by a Python loop."""
-
-    def __init__(self, data: bytes, limit: int) -> None:
-        self.data = data
-        self.left = limit
-
-    def varint(self, at: int) -> tuple[int, int]:
-        """The varint at `at` and where it ends."""
-        data, value = self.data, 0
-        for shift in range(0, 70, 7):
-            if at >= len(data):
-                break
-            byte = data[at]
-            at += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value, at
-        raise DecodeError("truncated or overlong varint")
-
-    def tag(self, at: int) -> tuple[int, int]:
-        """The tag at `at` and where it ends."""
-        self.left -= 1
-        if self.left < 0:
-            raise DecodeError("too many fields")
-        return self.varint(at)
-
-    def skip(self, at: int, tag: int, depth: int = 0) -> int:
-        """Where the field whose `tag` was read just before `at` ends (a group: after its end
-        tag; unknown fields may be groups)."""
-        kind = tag & 7
-        if kind == 0:
-            return self.varint(at)[1]
-        if kind in (1, 5):
-            return at + (8 if kind == 1 else 4)
-        if kind == 2:
-            size, at = self.varint(at)
-            return at + size
-        if kind == 3:
-            if depth >= _MAX_GROUP_DEPTH:
-                raise DecodeError(f"groups nested over {_MAX_GROUP_DEPTH} deep")
-            while True:
-                inner, at = self.tag(at)
-                if inner & 7 == 4:
-                    if inner >> 3 != tag >> 3:
-                        raise DecodeError(f"group {tag >> 3} ended by {inner >> 3}")
-                    return at
-                at = self.skip(at, inner, depth + 1)
-                if at > len(self.data):
-                    raise DecodeError("group runs past the end")
-        raise DecodeError(f"wire type {kind}")
 
 
 def _split_items(data: bytes, max_items: int) -> tuple[bytes, list[memoryview]]:
@@ -210,21 +117,16 @@ def _split_items(data: bytes, max_items: int) -> tuple[bytes, list[memoryview]]:
     parse): the items are parsed one at a time when they are used. Stops at `max_items` + 1
     items (the request is refused for them; what it holds beyond is not read)."""
     view = memoryview(data)
-    fields = _Fields(data, max_items + 1 + _MAX_OTHER_FIELDS)
+    fields = wire_scan.Fields(data, max_items + 1 + _MAX_OTHER_FIELDS)
     rest: list[memoryview] = []
     items: list[memoryview] = []
-    at = 0
-    while at < len(data) and len(items) <= max_items:
-        start = at
-        tag, at = fields.tag(at)
-        body = at
-        at = fields.skip(at, tag)
-        if at > len(data):
-            raise DecodeError(f"field at byte {start} runs past the end")
-        if tag == _ITEMS_FIELD << 3 | 2:
-            items.append(view[fields.varint(body)[1]:at])  # after its length
+    for tag, start, body, end in fields.fields():
+        if tag == _ITEMS_FIELD << 3 | wire_scan.LENGTH_DELIMITED:
+            items.append(view[body:end])
+            if len(items) > max_items:
+                break
         else:
-            rest.append(view[start:at])
+            rest.append(view[start:end])
     return b"".join(rest), items
 
 
@@ -276,10 +178,9 @@ class _RequestItems(Sequence[TraceItem]):
 class AlignmentServicer:
     """Implements the Alignment RPCs on an engine."""
 
-    def __init__(self, engine: AlignmentEngine, max_inflight_request_bytes: int | None = None,
-                 work_threads: int = 2, max_working_bytes: int = 256 << 20) -> None:
+    def __init__(self, engine: AlignmentEngine, work_threads: int = 2,
+                 max_working_bytes: int = 256 << 20) -> None:
         self.engine = engine
-        self.budget = RequestBudget(max_inflight_request_bytes)
         self.work = WorkBudget(max_working_bytes)
         # Retokenize / AlignTrace run here: each working call holds a block of Encodings and
         # its answer, so how many run at once bounds memory as much as the budget does.
@@ -297,7 +198,7 @@ class AlignmentServicer:
         return wire.info_to_pb(info)
 
     def _register(self, request: pb.RegisterTokenizerRequest) -> TokenizerInfo:
-        with _trimmed(TRIM_AFTER_BYTES):  # a load parses the whole tokenizer.json
+        with _trimmed(memory.TRIM_AFTER_BYTES):  # a load parses the whole tokenizer.json
             return self.engine.register(request.tokenizer_id, request.path, request.overwrite,
                                         request.run_id)
 
@@ -314,12 +215,18 @@ class AlignmentServicer:
         return pb.ListTokenizersResponse(tokenizers=[wire.info_to_pb(i) for i in infos])
 
     @grpc_errors
-    async def Retokenize(self, requests: AsyncIterator[bytes],
-                         context: grpc.aio.ServicerContext) -> bytes:
-        """Reads its one request itself (`_received`) and answers the serialized
-        RetokenizeResponse (registered with a pass-through serializer: the answer is written
-        to the wire text by text)."""
-        data = await self._received(context, "texts")
+    async def Retokenize(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Takes its request as bytes and answers the serialized RetokenizeResponse
+        (registered with pass-through (de)serializers: the texts are counted from the
+        request's lengths before it is parsed, the answer is written to the wire text by
+        text)."""
+        try:
+            count = wire_scan.count_fields(data, _TEXTS_FIELD, self.engine.limits.max_batch,
+                                           len(data))
+        except DecodeError as err:
+            raise _unparsable(pb.RetokenizeRequest, err, "request") from None
+        if count > self.engine.limits.max_batch:  # before parsing them
+            raise _over_batch("texts", self.engine.limits.max_batch)
         request = _parse(pb.RetokenizeRequest, data)
         # A call over the limits is refused before it waits for the work budget.
         texts = list(request.texts)
@@ -347,19 +254,15 @@ class AlignmentServicer:
             return wire.retokenize_response_bytes(out)
 
     @grpc_errors
-    async def AlignTrace(self, requests: AsyncIterator[bytes],
-                         context: grpc.aio.ServicerContext) -> bytes:
-        """Reads its one request itself and answers the serialized AlignTraceResponse (as
+    async def AlignTrace(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Takes its request as bytes and answers the serialized AlignTraceResponse (as
         Retokenize)."""
-        data = await self._received(context, "items")
         try:
             rest, parts = _split_items(data, self.engine.limits.max_batch)
         except DecodeError as err:
             raise _unparsable(pb.AlignTraceRequest, err, "request") from None
         if len(parts) > self.engine.limits.max_batch:  # before parsing them
-            limit = self.engine.limits.max_batch
-            raise InvalidArgument("items", f"more than {limit} entries, over the limit of "
-                                  f"{limit} per call")
+            raise _over_batch("items", self.engine.limits.max_batch)
         request = _parse(pb.AlignTraceRequest, rest)
         if request.mode not in wire.MODE_FROM_PB:
             raise InvalidArgument("mode", f"unknown AlignMode {request.mode}")
@@ -374,22 +277,6 @@ class AlignmentServicer:
         await self._admitted(context, working_bytes(texts))
         return await asyncio.get_running_loop().run_in_executor(
             self._work, self._align_trace, request, items, len(data))
-
-    async def _received(self, context: grpc.aio.ServicerContext, field: str) -> bytes:
-        """The call's request, as bytes, its size held against the request budget until the
-        call is done. Registered as reading a stream (unary on the wire, as the proto says), so
-        that a call is refused before its body is read when the budget is full: a client
-        retrying a large request costs nothing then, not the request's bytes twice over (gRPC's
-        buffer and Python's)."""
-        self.budget.check_room(field)
-        data = await context.read()
-        if not isinstance(data, bytes):  # the client half-closed without a message
-            raise InvalidArgument("request", "no request message")
-        self.budget.take(len(data), field)
-        loop, size = asyncio.get_running_loop(), len(data)
-        context.add_done_callback(
-            lambda _: loop.call_soon_threadsafe(self.budget.release, size))
-        return data
 
     async def _admitted(self, context: grpc.aio.ServicerContext, need: int) -> None:
         """Wait until the call's working memory fits; it is held until the call is done."""
@@ -449,6 +336,11 @@ def _parse(message: type[M], data: bytes | memoryview, field: str = "request") -
         raise _unparsable(message, err, field) from None
 
 
+def _over_batch(field: str, limit: int) -> InvalidArgument:
+    return InvalidArgument(field, f"more than {limit} entries, over the limit of {limit} per "
+                           "call")
+
+
 def _unparsable(message: type[Message], err: DecodeError, field: str) -> InvalidArgument:
     refused = UnparsableRequest(message.DESCRIPTOR.full_name, str(err) or "DecodeError")
     return InvalidArgument(field, refused.message.removeprefix("request: "))
@@ -461,23 +353,19 @@ def _as_is(answer: bytes) -> bytes:
 _METHODS = (
     ("RegisterTokenizer", pb.RegisterTokenizerRequest, pb.TokenizerInfo.SerializeToString),
     ("ListTokenizers", pb.ListTokenizersRequest, pb.ListTokenizersResponse.SerializeToString),
-    ("Retokenize", None, _as_is),  # parsed and written by `Retokenize`
-    ("AlignTrace", None, _as_is),  # parsed and written by `AlignTrace`
+    ("Retokenize", None, _as_is),  # read, parsed and written by `Retokenize`
+    ("AlignTrace", None, _as_is),  # read, parsed and written by `AlignTrace`
     ("DeleteRun", runs_pb.DeleteRunRequest, runs_pb.DeleteRunResponse.SerializeToString),
 )
 
 
 def add_to_server(servicer: AlignmentServicer, server: grpc.aio.Server) -> None:
     """Register the servicer (the shared server answers unparsable bodies); Retokenize and
-    AlignTrace read their request themselves (`AlignmentServicer._received`)."""
-    handlers = {}
-    for name, req, serialize in _METHODS:
-        if req is None:
-            handlers[name] = grpc.stream_unary_rpc_method_handler(
-                getattr(servicer, name), response_serializer=serialize)
-        else:
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                getattr(servicer, name), request_deserializer=req.FromString,
-                response_serializer=serialize)
+    AlignTrace take their request as bytes."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=req.FromString if req else None,
+            response_serializer=serialize)
+        for name, req, serialize in _METHODS}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
                                                                           handlers),))

@@ -12,25 +12,27 @@ only checks, through GetRun, that its run exists and lists its policy
 
 from __future__ import annotations
 
-from typing import Any
-
-from mutualrl.common.auth import READ, Access, Rules, as_policies, as_policy
+from mutualrl.common.auth import READ, Rules, as_policies, as_policy
+from mutualrl.see.config import SeeLimits
+from mutualrl.see.store.runmetrics import MAX_ROWS
 from mutualrl.v1 import experience_pb2 as pb
 from mutualrl.v1 import run_metrics_pb2 as mpb
-
-
-def _publishers(request: Any) -> list[str]:
-    """The policies whose records a Publish carries (its handler receives the raw bytes)."""
-    msg = pb.PublishRequest.FromString(request) if isinstance(request, bytes) else request
-    return [r.policy_id for r in msg.records]
-
 
 _EXCHANGE = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
 _METRICS = mpb.DESCRIPTOR.services_by_name["RunMetrics"].full_name
 
+
+
+def access(limits: SeeLimits) -> Rules:
+    """SEE's rules; a policy's Publish or ReportMetrics with more entries than the limits
+    allow is refused before the rest of its body is scanned."""
+    return {**ACCESS,
+            f"/{_EXCHANGE}/Publish": as_policies("records", most=limits.max_batch_records)}
+
+
 ACCESS: Rules = {
     **{f"/{_EXCHANGE}/{name}": access for name, access in {
-        "Publish": Access(acts_as=_publishers),
+        "Publish": as_policies("records"),
         "FetchRollouts": as_policy(),
         "Ack": as_policy(),
         "GetRoundStats": as_policy(),
@@ -40,5 +42,9 @@ ACCESS: Rules = {
         "GetRunStats": READ,
         "Subscribe": READ,
     }.items()},
-    f"/{_METRICS}/ReportMetrics": as_policies("rows"),
+    f"/{_METRICS}/ReportMetrics": as_policies("rows", most=MAX_ROWS),
 }
+
+LARGE_REQUESTS = (f"/{_EXCHANGE}/Publish", f"/{_METRICS}/ReportMetrics")
+"""The methods whose requests may take up to `max_message_bytes`; every other SEE request is
+at most `max_request_bytes`."""

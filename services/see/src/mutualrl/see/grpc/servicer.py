@@ -6,22 +6,19 @@ records or runs is one page of at most `see.limits.max_response_bytes` (the stor
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from mutualrl.common import ids
+from mutualrl.common import ids, wire_scan
 from mutualrl.common.errors import (
     InvalidArgument,
-    NotFound,
     ServiceError,
     grpc_errors,
 )
-from mutualrl.see import metrics as m
 from mutualrl.see.grpc import requests
 from mutualrl.see.store import SeeStore
 from mutualrl.see.store.paging import make_token, read_token
@@ -30,6 +27,7 @@ from mutualrl.v1 import experience_pb2_grpc as pb_grpc
 from mutualrl.v1 import runs_pb2 as runs_pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
+_RECORDS_FIELD = pb.PublishRequest.DESCRIPTOR.fields_by_name["records"].number
 # Leave this much of the client's deadline to send the answer back.
 _DEADLINE_MARGIN_S = 0.05
 
@@ -42,15 +40,6 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     return time.monotonic() + max(0.0, remaining - _DEADLINE_MARGIN_S)
 
 
-@contextlib.contextmanager
-def _count_refusals(rpc: str) -> Iterator[None]:
-    try:
-        yield
-    except (InvalidArgument, NotFound):
-        m.INVALID.labels(rpc).inc()
-        raise
-
-
 class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     def __init__(self, store: SeeStore) -> None:
         self.store = store
@@ -58,100 +47,94 @@ class ExperienceExchangeServicer(pb_grpc.ExperienceExchangeServicer):
     @grpc_errors
     async def CreateRun(self, request: pb.CreateRunRequest,
                         context: grpc.aio.ServicerContext) -> pb.Run:
-        with _count_refusals("CreateRun"):
-            return await self.store.create_run(request.config, request.exist_ok)
+        return await self.store.create_run(request.config, request.exist_ok)
 
     @grpc_errors
     async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
-        with _count_refusals("GetRun"):
-            return await self.store.get_run(request.run_id, use_cache=False)
+        return await self.store.get_run(request.run_id, use_cache=False)
 
     @grpc_errors
     async def ListRuns(self, request: pb.ListRunsRequest,
                        context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
-        with _count_refusals("ListRuns"):
-            size = requests.check_page_size(request.page_size)
-            after = read_token(request.page_token, "runs")
-            if after is not None:
-                ids.check_run_id(after, "page_token")
-            runs, last = await self.store.list_runs_page(size, after)
+        size = requests.check_page_size(request.page_size)
+        after = read_token(request.page_token, "runs")
+        if after is not None:
+            ids.check_run_id(after, "page_token")
+        runs, last = await self.store.list_runs_page(size, after)
         return pb.ListRunsResponse(runs=runs, next_page_token=make_token("runs", last)
                                    if last is not None else "")
 
     @grpc_errors
     async def Publish(self, request: bytes, context: grpc.aio.ServicerContext
                       ) -> pb.PublishResponse:
-        """Registered without a request deserializer (see `add_to_server`): the request's size
-        is held against the in-flight budget before it is parsed."""
-        with _count_refusals("Publish"), self.store.publish_bytes.hold(len(request)):
-            limits = self.store.cfg.limits
-            try:
-                req = pb.PublishRequest.FromString(request)
-            except DecodeError as err:
-                raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
-            requests.check_publish(req, limits.max_batch_records)
-            return await self.store.publish(req.run_id, req.records, batch_bytes=len(request))
+        """Registered without a request deserializer (see `add_to_server`): the store sizes the
+        batch from its bytes."""
+        most = self.store.cfg.limits.max_batch_records
+        try:
+            # Counted from the lengths first: a batch over the limit is refused unparsed.
+            count = wire_scan.count_fields(request, _RECORDS_FIELD, most, len(request))
+            if count > most:
+                raise InvalidArgument("records", f"more than {most} records: at most {most} "
+                                      "per call")
+            req = pb.PublishRequest.FromString(request)
+        except DecodeError as err:
+            raise InvalidArgument("records", f"malformed PublishRequest: {err}") from None
+        requests.check_publish(req, most)
+        return await self.store.publish(req.run_id, req.records, batch_bytes=len(request))
 
     @grpc_errors
     async def FetchRollouts(self, request: pb.FetchRolloutsRequest,
                             context: grpc.aio.ServicerContext) -> pb.FetchRolloutsResponse:
-        with _count_refusals("FetchRollouts"):
-            requests.check_fetch(request, await self.store.get_run(request.run_id))
-            if request.current_round >= 0:
-                await self.store.runs.check_round(request.run_id, request.current_round,
-                                                  "current_round")
-            return await self.store.fetch_rollouts(request, _deadline(context))
+        requests.check_fetch(request, await self.store.get_run(request.run_id))
+        if request.current_round >= 0:
+            await self.store.runs.check_round(request.run_id, request.current_round,
+                                              "current_round")
+        return await self.store.fetch_rollouts(request, _deadline(context))
 
     @grpc_errors
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext
                   ) -> pb.AckResponse:
-        with _count_refusals("Ack"):
-            requests.check_ack(request, await self.store.get_run(request.run_id))
-            n = await self.store.ack(request.run_id, request.policy_id, request.delivery_ids)
+        requests.check_ack(request, await self.store.get_run(request.run_id))
+        n = await self.store.ack(request.run_id, request.policy_id, request.delivery_ids)
         return pb.AckResponse(acked=n)
 
     @grpc_errors
     async def GetRoundStats(self, request: pb.RoundStatsRequest,
                             context: grpc.aio.ServicerContext) -> pb.RoundStatsResponse:
-        with _count_refusals("GetRoundStats"):
-            requests.check_round_stats(request, await self.store.get_run(request.run_id))
-            await self.store.runs.check_round(request.run_id, request.round, "round")
-            return await self.store.round_stats(request, _deadline(context))
+        requests.check_round_stats(request, await self.store.get_run(request.run_id))
+        await self.store.runs.check_round(request.run_id, request.round, "round")
+        return await self.store.round_stats(request, _deadline(context))
 
     @grpc_errors
     async def GetVerifiedSuccesses(self, request: pb.SuccessesRequest,
                                    context: grpc.aio.ServicerContext) -> pb.SuccessesResponse:
-        with _count_refusals("GetVerifiedSuccesses"):
-            requests.check_successes(request, await self.store.get_run(request.run_id))
-            if request.min_round > 0:  # (0 or below: no filter, as before)
-                await self.store.runs.check_round(request.run_id, request.min_round,
-                                                  "min_round")
-            return await self.store.successes(request)
+        requests.check_successes(request, await self.store.get_run(request.run_id))
+        if request.min_round > 0:  # (0 or below: no filter, as before)
+            await self.store.runs.check_round(request.run_id, request.min_round,
+                                              "min_round")
+        return await self.store.successes(request)
 
     @grpc_errors
     async def Subscribe(self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[pb.ExperienceEvent]:
-        with _count_refusals("Subscribe"):
-            await self.store.get_run(request.run_id)
-            requests.check_subscribe(request)
-            stream = self.store.subscribe(request)
-            try:
-                async for event in stream:
-                    yield event
-            finally:  # client cancelled (CancelledError) or server stopping: release the read
-                await stream.aclose()
+        await self.store.get_run(request.run_id)
+        requests.check_subscribe(request)
+        stream = self.store.subscribe(request)
+        try:
+            async for event in stream:
+                yield event
+        finally:  # client cancelled (CancelledError) or server stopping: release the read
+            await stream.aclose()
 
     @grpc_errors
     async def GetRunStats(self, request: pb.RunStatsRequest,
                           context: grpc.aio.ServicerContext) -> pb.RunStats:
-        with _count_refusals("GetRunStats"):
-            return await self.store.run_stats(request.run_id, request.page_token)
+        return await self.store.run_stats(request.run_id, request.page_token)
 
     @grpc_errors
     async def DeleteRun(self, request: runs_pb.DeleteRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb.DeleteRunResponse:
-        with _count_refusals("DeleteRun"):
-            deleted = await self.store.delete_run(request.run_id)
+        deleted = await self.store.delete_run(request.run_id)
         return runs_pb.DeleteRunResponse(run_id=request.run_id, deleted=deleted)
 
 
@@ -160,7 +143,7 @@ __all__ = ["SERVICE_NAME", "ExperienceExchangeServicer", "ServiceError"]
 
 def add_to_server(servicer: ExperienceExchangeServicer, server: grpc.aio.Server) -> None:
     """Register the service like the generated helper does, except Publish, which takes the
-    request as bytes (its size is held against the in-flight budget before it is parsed)."""
+    request as bytes (the store sizes the batch from them)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     sym = pb.DESCRIPTOR.services_by_name["ExperienceExchange"]
     for method in sym.methods:

@@ -20,7 +20,7 @@ from mutualrl.common import bounds
 from mutualrl.common.records import validate_records
 from mutualrl.see.config import SeeConfig
 from mutualrl.see.keys import KINDS, RunKeys
-from mutualrl.see.store.blocking import BlockingReads, ByteBudget
+from mutualrl.see.store.blocking import BlockingReads
 from mutualrl.see.store.connect import redis_client
 from mutualrl.see.store.inspection import Inspection, RecordPage
 from mutualrl.see.store.paging import Budget
@@ -45,7 +45,6 @@ class SeeStore:
         self.blocking = BlockingReads(
             client if client is not None else redis_client(cfg, blocking=True),
             cfg.redis_max_blocking_reads)
-        self.publish_bytes = ByteBudget(cfg.limits.max_inflight_publish_bytes, "records")
         self.stopping = asyncio.Event()
         self.runs = RunRegistry(cfg, self.r)
         self.publisher = Publisher(self.runs)

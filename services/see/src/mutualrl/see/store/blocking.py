@@ -1,5 +1,4 @@
-"""Bounded resources of one SEE process: blocking Redis reads on their own pool, and the
-Publish bytes worked on at once (`ByteBudget`).
+"""Blocking Redis reads of one SEE process, on their own pool.
 
 A blocked XREADGROUP holds its connection for up to 30 s. On the pool Publish uses, 80 waiting
 fetches took all 64 connections and Publish failed; on a socket timeout shorter than the wait,
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from mutualrl.common.errors import ResourceExhausted
@@ -42,24 +41,3 @@ class BlockingReads:
 
     async def aclose(self) -> None:
         await self.r.aclose()
-
-
-class ByteBudget:
-    """Request bytes worked on at once, at most `limit` (one request alone always passes)."""
-
-    def __init__(self, limit: int, field: str) -> None:
-        self.limit = limit
-        self.field = field
-        self.in_use = 0
-
-    @contextlib.contextmanager
-    def hold(self, size: int) -> Iterator[None]:
-        if self.in_use and self.in_use + size > self.limit:
-            raise ResourceExhausted(self.field, f"this SEE process is working on {self.in_use} B "
-                                                f"of requests (at most {self.limit} B at once); "
-                                                "retry later")
-        self.in_use += size
-        try:
-            yield
-        finally:
-            self.in_use -= size

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.common import ids
-from mutualrl.experiment.config import ExperimentConfig, RegimeSpec, config_hash, deep_merge
+from mutualrl.experiment.config import (
+    ARM_SECTIONS,
+    ExperimentConfig,
+    RegimeSpec,
+    config_hash,
+    deep_merge,
+)
 
 # Fields the experiment owns in every run's `trainer:` section (a regime's `trainer:` may not
 # set them: they are what makes the runs of a grid paired and separate).
@@ -137,6 +143,9 @@ def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, pr
                     "checkpoint": {"every": 0, "keep": 1}}, spec.trainer)
     arm = cfg.arm_fields(probe)
     kind = arm.pop("kind")
+    for section in ARM_SECTIONS:
+        if section in arm:
+            t[section] = deep_merge(t.get(section) or {}, arm.pop(section))
     probe_cfg = deep_merge(t.get("probe") or {}, spec.probe_overrides.get(kind, {}))
     probe_cfg = deep_merge(deep_merge(probe_cfg, arm), spec.probe_overrides.get(probe, {}))
     probe_cfg["kind"] = kind

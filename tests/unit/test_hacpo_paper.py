@@ -72,7 +72,7 @@ def test_an_all_wrong_own_group_beside_a_mixed_peer_group_learns_from_the_joint_
     assert group_advantages(data.rewards)[0].abs().max() == 0
 
 
-def test_the_paper_arm_reads_the_same_round_and_runs_gspo_on_two_mini_batches() -> None:
+def test_the_paper_arm_reads_the_same_round_and_runs_gspo_on_four_mini_batches() -> None:
     cfg, _ = load_experiment(ROOT / "configs" / "published-methods.yaml")
     plan = build_plan(cfg, Path("/tmp/pm-plan"))
     by_probe = {r.probe: r for r in plan.runs if r.regime == "short" and r.seed == 0}
@@ -81,7 +81,7 @@ def test_the_paper_arm_reads_the_same_round_and_runs_gspo_on_two_mini_batches() 
     assert paper.exchange.staleness == 0 and stale.exchange.staleness == 1
     g = paper.grpo
     assert (g.importance_sampling_level, g.eps_lo, g.eps_hi, g.mini_batches, g.aggregation,
-            g.max_log_ratio) == ("sequence", 3e-4, 4e-4, 2, "sequence_mean", 10.0)
+            g.max_log_ratio) == ("sequence", 3e-4, 4e-4, 4, "sequence_mean", 10.0)
     assert (stale.grpo.importance_sampling_level, stale.grpo.mini_batches) == ("token", 1)
     nofloor = TrainerConfig.model_validate(by_probe["hacpo-nofloor"].trainer).probe
     assert (nofloor.hacpo_delta, nofloor.hacpo_alpha, nofloor.hacpo_delta_step) == (1, 0, 0)

@@ -15,7 +15,7 @@ response of policy j:
   learner's own mean (the authors' guard for 0/1 rewards);
 - own rows: the run's GRPO token loss; the paper's configuration (the experiment's `hacpo`
   arm) sets it to GSPO's sequence ratio with GSPO's clip radii and a row mean, splits the
-  round into two mini-batches, clamps every row's log ratio to ±10, and reads the peers of the
+  round into four mini-batches, clamps every row's log ratio to ±10, and reads the peers of the
   same round, so the joint baseline above reaches own rows (with a lag own rows take GRPO's
   advantages: `probes.base.delayed`);
 - peer rows: s = exp(mean_t log π_k(y_t) − mean_u log π_j,old(y_u)), the first mean over the

@@ -81,7 +81,9 @@ class GRPOSettings(Config):
     (temperature-scaled, untruncated) policy over the policy-gradient rows' tokens, a token
     mean whatever `aggregation` is (TRL's `entropy_coef`). 0 computes no entropy."""
     filter_zero_variance: bool = False
-    """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
+    """Drop groups whose rewards are all equal from the loss when their advantages are 0 too
+    (always under GRPO's own baseline; a shared baseline, HACPO's or XGRPO's, can give equal
+    own rewards a signal, and such a group stays)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm (torch.nn.utils.clip_grad_norm_)."""
     temperature: float = Field(1.0, gt=0)

@@ -28,8 +28,9 @@ HACPO_PAPER: dict[str, Any] = {
     # Own rows are GSPO with GSPO's clip radii, the round takes the recipe's four optimizer
     # steps (128 own and 128 peer prompts' rows in mini-batches of 64 prompts') so the stepwise
     # lower clip of peer ratios tightens, the loss is a mean over rows and every row's log
-    # ratio is clamped to +-10 (the recipe's `compute_hacpo_loss`); peers are read in the same round, so the capability-weighted
-    # baseline reaches own rows (docs/algorithms.md, "HACPO as its paper runs it").
+    # ratio is clamped to +-10 (the recipe's `compute_hacpo_loss`); peers are read in the
+    # same round, so the capability-weighted baseline reaches own rows (docs/algorithms.md,
+    # "As its paper runs it").
     "grpo": {"importance_sampling_level": "sequence", "eps_lo": 3e-4, "eps_hi": 4e-4,
              "mini_batches": 4, "aggregation": "sequence_mean", "max_log_ratio": 10.0},
     "exchange": {"staleness": 0},

@@ -506,24 +506,27 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
     return out
 
 
+def diagnostic_rows(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str],
+                    names: Sequence[str]) -> list[list[str]]:
+    """[probe, policy, the seed mean of each of `names`] for the arms and policies that report
+    any of them ("—" for one not reported)."""
+    rows: list[list[str]] = []
+    for p in probes:
+        for pol in pols:
+            d = reg["probes"][p]["policies"][pol]["diagnostics"]
+            if any(n in d for n in names):
+                rows.append([p, pol, *("—" if d.get(n) is None else f"{d[n]['mean']:.3g}"
+                                       for n in names)])
+    return rows
+
+
 def collab_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str]
                     ) -> list[str]:
     """The published methods' own diagnostics (per-round means, averaged over seeds), for the
     arms that report them: HACPO's share of peer ratios below the clip band, mean log ratio and
     row weight; SAPO's peer groups taken and dropped; F-TIS's truncated chunks, KL estimate
     and filtered rows."""
-    rows: list[list[str]] = []
-    for p in probes:
-        for pol in pols:
-            d = reg["probes"][p]["policies"][pol]["diagnostics"]
-            if not any(n in d for n in COLLAB):
-                continue
-
-            def g(name: str, d: dict[str, Any] = d) -> str:
-                v = d.get(name)
-                return "—" if not v else f"{v['mean']:.3g}"
-
-            rows.append([p, pol, *(g(n) for n in COLLAB)])
+    rows = diagnostic_rows(reg, probes, pols, COLLAB)
     if not rows:
         return []
     return ["### HACPO, SAPO and F-TIS diagnostics (per-round means, averaged over seeds)", "",
@@ -536,18 +539,7 @@ def gradient_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence
                       ) -> list[str]:
     """`GRADIENT` per arm and policy (per-round means, averaged over seeds), for the arms that
     train on peer rows."""
-    rows: list[list[str]] = []
-    for p in probes:
-        for pol in pols:
-            d = reg["probes"][p]["policies"][pol]["diagnostics"]
-            if not any(n in d for n in GRADIENT):
-                continue
-
-            def g(name: str, d: dict[str, Any] = d) -> str:
-                v = d.get(name)
-                return "—" if v is None else f"{v['mean']:.3g}"
-
-            rows.append([p, pol, *(g(n) for n in GRADIENT)])
+    rows = diagnostic_rows(reg, probes, pols, GRADIENT)
     if not rows:
         return []
     return ["### Peer data that carries gradient (per-round means, averaged over seeds)", "",

@@ -115,7 +115,8 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                     key = config_hash({k: v for k, v in sft.items()
                                        if k not in ("cache_dir", "progress", "out_dir")})
                     if key not in by_key:
-                        d = (warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
+                        d = cached_warm_start(warm_dir, key) or (
+                            warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
                         by_key[key] = WarmStart(regime, name, ws, {**sft, "out_dir": str(d)}, d)
                     warm[(regime, name, ws)] = by_key[key]
             for probe in cfg.regime_probes(regime):
@@ -133,6 +134,13 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                     rounds=rounds, trainer=trainer, warm=mine,
                     eta_s=(rounds * sec + spec.startup_seconds) / cfg.parallel_runs))
     return ExperimentPlan(warm_starts=list(by_key.values()), runs=runs)
+
+
+def cached_warm_start(warm_dir: Path, key: str) -> Path | None:
+    """A finished warm start of SFT config `key` in `warm_dir`, whichever regime and policy
+    named its directory (a regime run on its own reuses one another regime made)."""
+    done = sorted(d for d in warm_dir.glob(f"*-{key}") if (d / "sft_eval.json").exists())
+    return done[0].resolve() if done else None
 
 
 def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, probe: str,

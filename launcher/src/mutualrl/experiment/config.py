@@ -44,12 +44,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "hacpo-nofloor": {**HACPO_PAPER, "hacpo_delta": 1.0, "hacpo_alpha": 0.0,
                       "hacpo_delta_step": 0.0},
     "hacpo-samelen": {**HACPO_PAPER, "hacpo_ratio_length": "learner"},
+    "hacpo-grpo": {"kind": "hacpo", "exchange": {"staleness": 0}},
 }
 """Built-in arms besides the probe kinds: PRP at either weight level; HACPO in its paper's
 configuration (`hacpo`, `hacpo-naive`), the variant on the regime's own settings with the
 peers' round before (`hacpo-stale`), and two ablations of the paper's: no lower clip and no
 sg(s)^alpha factor (`hacpo-nofloor`), one length on both sides of the sequence ratio
-(`hacpo-samelen`). Besides ProbeSettings fields an arm may set `grpo` and `exchange` fields
+(`hacpo-samelen`); and the paper's same-round joint baseline with own rows on the regime's
+GRPO loss and one update a round (`hacpo-grpo`), which separates the baseline from GSPO's
+settings. Besides ProbeSettings fields an arm may set `grpo` and `exchange` fields
 (a method's own optimisation settings), merged over the regime's."""
 ARM_SECTIONS = ("grpo", "exchange")
 """Trainer sections an arm may set besides its ProbeSettings fields."""

@@ -71,7 +71,10 @@ def round_loss(
     stats: dict[str, float] = {}
 
     if grpo.filter_zero_variance:
-        keep = nonzero_variance_groups(data.rewards).reshape(-1, 1).to(mask.dtype)
+        # A group goes when its rewards are equal and its advantages are 0 (a shared baseline
+        # can give equal rewards a signal).
+        signal = (plan.advantages.abs() > 1e-6).any(-1, keepdim=True)
+        keep = (nonzero_variance_groups(data.rewards) | signal).reshape(-1, 1).to(mask.dtype)
         mask = torch.cat([mask[:n_own] * keep, mask[n_own:]])
         stats["filtered_groups"] = float(p_n - int(keep.reshape(p_n, g_n)[:, 0].sum()))
 

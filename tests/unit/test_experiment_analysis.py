@@ -223,3 +223,21 @@ def test_an_arm_with_no_finished_run_reports_with_a_dash() -> None:
                           "warm_starts": {}, "runs": [], "regimes": {"short": s}})
     assert "## Regime `short`" in md
     assert any(line.startswith("| sgt | A | — | —") for line in md.splitlines()), md
+
+
+def test_peer_data_that_carries_gradient_gets_its_table() -> None:
+    """The share of live peer groups and of peer rows with gradient per row class, averaged
+    per round then over seeds, for the arms that train on peer rows only."""
+    runs = []
+    for seed in (0, 1, 2):
+        runs.append(_run("none", seed, a_rev=0.0, b_add=0.0))
+        runs.append(_run("sapo", seed, a_rev=0.1, b_add=0.0, peer_groups_live=0.125,
+                         peer_rows_rescue=4.0, peer_grad_share_rescue=0.0,
+                         peer_rows_other=12.0, peer_grad_share_other=0.5 + 0.1 * seed))
+    s = summarize_regime(runs, ["A", "B"], WARM, ["none", "sapo"])
+    d = s["probes"]["sapo"]["policies"]["B"]["diagnostics"]
+    assert d["peer_grad_share_other"]["mean"] == pytest.approx(0.6)
+    md = render_markdown({"experiment": "x", "regimes": {"short": s}, "meta": {}})
+    table = md.split("### Peer data that carries gradient")[1].split("###")[0]
+    assert "| sapo | A | 0.125 | 4 | 0 | 12 | 0.6 |" in table
+    assert "| none |" not in table

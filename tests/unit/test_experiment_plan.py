@@ -34,7 +34,8 @@ def test_default_config_is_the_papers_comparison_within_75_minutes() -> None:
     published HACPO and SAPO, in both two-policy regimes over 3 paired seeds, in the
     deterministic exchange mode; its estimate (the paces measured on the 2-core machine) fits
     its own time budget, which leaves the warm starts and services (10 min) room within 75
-    minutes. HACPO's ablation and F-TIS are opt-in arms."""
+    minutes. HACPO's ablation and F-TIS are opt-in arms; `hacpo` is its paper's
+    configuration."""
     cfg, raw = load_experiment(CONFIG)
     plan = build_plan(cfg, Path("/tmp/x"))
     assert cfg.probes == ["none", "xgrpo", "sgt", "sgt-self", "oracle", "prp-seq", "prp-chunk",
@@ -45,7 +46,9 @@ def test_default_config_is_the_papers_comparison_within_75_minutes() -> None:
         assert cfg.regime_probes(regime) == ["none", "xgrpo", "sgt", "sgt-self", "prp-seq",
                                              "hacpo", "sapo"]
     assert len(plan.runs) == 2 * 7 * len(cfg.seeds)
-    assert all(r.trainer["exchange"] == {"mode": "deterministic", "staleness": 1}
+    # HACPO as its paper runs it reads the peers' same round; every other arm the round before.
+    assert all(r.trainer["exchange"] == {"mode": "deterministic",
+                                         "staleness": 0 if r.probe == "hacpo" else 1}
                for r in plan.runs)
     # One warm start per (policy, SFT config), reused by every seed, arm and regime.
     assert len(plan.warm_starts) == 4
@@ -236,3 +239,22 @@ def test_prp_levels_config_runs_both_levels_in_both_regimes() -> None:
         assert r.trainer["exchange"]["mode"] == "asynchronous"
     assert cfg.time_budget_s is not None and plan.eta_s < cfg.time_budget_s
     assert {"see", "thl", "mwra"} <= set(raw)
+
+
+def test_a_regime_on_its_own_reuses_a_finished_warm_start_of_the_same_sft_config(
+        tmp_path: Path) -> None:
+    """`same` warm-starts gpt2-bpe exactly as `short` does: run alone after `short`, it takes
+    short's finished checkpoint instead of training a copy; an unfinished one is not taken."""
+    cfg, _ = load_experiment(CONFIG.parent / "published-methods.yaml")
+    cfg = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(
+        update={"cache_dir": tmp_path})})
+    short = {w.policy: w for w in build_plan(cfg.model_copy(update={"only_regimes": ["short"]}),
+                                             tmp_path).warm_starts}
+    alone = cfg.model_copy(update={"only_regimes": ["same"]})
+    fresh = {w.policy: w.out_dir for w in build_plan(alone, tmp_path).warm_starts}
+    assert fresh["gpt2-bpe"] != short["gpt2-bpe"].out_dir  # nothing finished yet
+    short["gpt2-bpe"].out_dir.mkdir(parents=True)
+    (short["gpt2-bpe"].out_dir / "sft_eval.json").write_text("{}")
+    reused = {w.policy: w.out_dir for w in build_plan(alone, tmp_path).warm_starts}
+    assert reused["gpt2-bpe"] == short["gpt2-bpe"].out_dir
+    assert reused["gpt2-bpe-b"] == fresh["gpt2-bpe-b"]

@@ -55,10 +55,21 @@ DIAGNOSTICS: dict[str, str] = {
     "ftis_truncated": "ftis_truncated",
     "ftis_kl": "ftis_kl",
     "ftis_filtered": "ftis_filtered",
+    "peer_groups_live": "peer_groups_live",
+    "peer_rows_rescue": "peer_rows_rescue",
+    "peer_grad_share_rescue": "peer_grad_share_rescue",
+    "peer_rows_other": "peer_rows_other",
+    "peer_grad_share_other": "peer_grad_share_other",
 }
 COLLAB = ("hacpo_s_below", "hacpo_log_s", "hacpo_row_weight", "sapo_groups",
           "sapo_groups_dropped", "ftis_truncated", "ftis_kl", "ftis_filtered")
 """The published collaborative methods' diagnostics (HACPO, SAPO, F-TIS)."""
+GRADIENT = ("peer_groups_live", "peer_rows_rescue", "peer_grad_share_rescue",
+            "peer_rows_other", "peer_grad_share_other")
+"""Which peer data carries a learning signal, for every arm that trains on peer rows: the
+share of (prompt, peer) groups with a non-zero advantage, and per row class (a verified
+success on a prompt the learner failed / every other row) the rows per update and the share
+of them whose policy-gradient term has a non-zero gradient."""
 
 
 @dataclass
@@ -477,6 +488,7 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
                        "rescues/round", "baseline shift", "peer samples/round", "PRP w mean",
                        "PRP w var", "PRP kept", "PRP clipped", "THL residual"], rows), ""]
     out += collab_markdown(reg, probes, pols)
+    out += gradient_markdown(reg, probes, pols)
     rows = []
     for p in probes:
         see = reg["probes"][p].get("see") or {}
@@ -494,30 +506,49 @@ def _regime_markdown(regime: str, reg: dict[str, Any], results: dict[str, Any]) 
     return out
 
 
+def diagnostic_rows(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str],
+                    names: Sequence[str]) -> list[list[str]]:
+    """[probe, policy, the seed mean of each of `names`] for the arms and policies that report
+    any of them ("—" for one not reported)."""
+    rows: list[list[str]] = []
+    for p in probes:
+        for pol in pols:
+            d = reg["probes"][p]["policies"][pol]["diagnostics"]
+            if any(n in d for n in names):
+                rows.append([p, pol, *("—" if d.get(n) is None else f"{d[n]['mean']:.3g}"
+                                       for n in names)])
+    return rows
+
+
 def collab_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str]
                     ) -> list[str]:
     """The published methods' own diagnostics (per-round means, averaged over seeds), for the
     arms that report them: HACPO's share of peer ratios below the clip band, mean log ratio and
     row weight; SAPO's peer groups taken and dropped; F-TIS's truncated chunks, KL estimate
     and filtered rows."""
-    rows: list[list[str]] = []
-    for p in probes:
-        for pol in pols:
-            d = reg["probes"][p]["policies"][pol]["diagnostics"]
-            if not any(n in d for n in COLLAB):
-                continue
-
-            def g(name: str, d: dict[str, Any] = d) -> str:
-                v = d.get(name)
-                return "—" if not v else f"{v['mean']:.3g}"
-
-            rows.append([p, pol, *(g(n) for n in COLLAB)])
+    rows = diagnostic_rows(reg, probes, pols, COLLAB)
     if not rows:
         return []
     return ["### HACPO, SAPO and F-TIS diagnostics (per-round means, averaged over seeds)", "",
             *md_table(["probe", "policy", "HACPO s < l₀", "HACPO log s", "HACPO row w",
                        "SAPO groups", "SAPO dropped", "F-TIS truncated", "F-TIS KL",
                        "F-TIS filtered"], rows), ""]
+
+
+def gradient_markdown(reg: dict[str, Any], probes: Sequence[str], pols: Sequence[str]
+                      ) -> list[str]:
+    """`GRADIENT` per arm and policy (per-round means, averaged over seeds), for the arms that
+    train on peer rows."""
+    rows = diagnostic_rows(reg, probes, pols, GRADIENT)
+    if not rows:
+        return []
+    return ["### Peer data that carries gradient (per-round means, averaged over seeds)", "",
+            "Rescue rows: verified peer successes on prompts the learner failed; other: every "
+            "other peer row. A row carries gradient when its policy-gradient term's gradient "
+            "in its log-probs is non-zero (counted per update).", "",
+            *md_table(["probe", "policy", "peer groups with A ≠ 0", "rescue rows/update",
+                       "rescue rows with gradient", "other rows/update",
+                       "other rows with gradient"], rows), ""]
 
 
 def transfer_summary(reg: dict[str, Any]) -> dict[str, list[tuple[str, str, float]]]:

@@ -23,11 +23,39 @@ from mutualrl.trainer.config.run import ProbeKind
 PROBES: tuple[str, ...] = get_args(ProbeKind)
 """Probe kinds (ProbeSettings.kind)."""
 CONTROL = "none"
+HACPO_PAPER: dict[str, Any] = {
+    "kind": "hacpo",
+    # Own rows are GSPO with GSPO's clip radii, the round takes the recipe's four optimizer
+    # steps (128 own and 128 peer prompts' rows in mini-batches of 64 prompts') so the stepwise
+    # lower clip of peer ratios tightens, the loss is a mean over rows and every row's log
+    # ratio is clamped to +-10 (the recipe's `compute_hacpo_loss`); peers are read in the
+    # same round, so the capability-weighted baseline reaches own rows (docs/algorithms.md,
+    # "As its paper runs it").
+    "grpo": {"importance_sampling_level": "sequence", "eps_lo": 3e-4, "eps_hi": 4e-4,
+             "mini_batches": 4, "aggregation": "sequence_mean", "max_log_ratio": 10.0},
+    "exchange": {"staleness": 0},
+}
 ARMS: dict[str, dict[str, Any]] = {
     "prp-seq": {"kind": "prp", "prp_level": "sequence"},
     "prp-chunk": {"kind": "prp", "prp_level": "chunk"},
+    "hacpo": HACPO_PAPER,
+    "hacpo-naive": {**HACPO_PAPER, "kind": "hacpo-naive"},
+    "hacpo-stale": {"kind": "hacpo"},
+    "hacpo-nofloor": {**HACPO_PAPER, "hacpo_delta": 1.0, "hacpo_alpha": 0.0,
+                      "hacpo_delta_step": 0.0},
+    "hacpo-samelen": {**HACPO_PAPER, "hacpo_ratio_length": "learner"},
+    "hacpo-grpo": {"kind": "hacpo", "exchange": {"staleness": 0}},
 }
-"""Built-in arms besides the probe kinds: PRP at either weight level, in any regime."""
+"""Built-in arms besides the probe kinds: PRP at either weight level; HACPO in its paper's
+configuration (`hacpo`, `hacpo-naive`), the variant on the regime's own settings with the
+peers' round before (`hacpo-stale`), and two ablations of the paper's: no lower clip and no
+sg(s)^alpha factor (`hacpo-nofloor`), one length on both sides of the sequence ratio
+(`hacpo-samelen`); and the paper's same-round joint baseline with own rows on the regime's
+GRPO loss and one update a round (`hacpo-grpo`), which separates the baseline from GSPO's
+settings. Besides ProbeSettings fields an arm may set `grpo` and `exchange` fields
+(a method's own optimisation settings), merged over the regime's."""
+ARM_SECTIONS = ("grpo", "exchange")
+"""Trainer sections an arm may set besides its ProbeSettings fields."""
 
 
 class PolicySpec(Config):

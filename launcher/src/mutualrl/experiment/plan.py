@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.common import ids
-from mutualrl.experiment.config import ExperimentConfig, RegimeSpec, config_hash, deep_merge
+from mutualrl.experiment.config import (
+    ARM_SECTIONS,
+    ExperimentConfig,
+    RegimeSpec,
+    config_hash,
+    deep_merge,
+)
 
 # Fields the experiment owns in every run's `trainer:` section (a regime's `trainer:` may not
 # set them: they are what makes the runs of a grid paired and separate).
@@ -109,7 +115,8 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
                     key = config_hash({k: v for k, v in sft.items()
                                        if k not in ("cache_dir", "progress", "out_dir")})
                     if key not in by_key:
-                        d = (warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
+                        d = cached_warm_start(warm_dir, key) or (
+                            warm_dir / f"{regime}-{name}-s{ws}-{key}").resolve()
                         by_key[key] = WarmStart(regime, name, ws, {**sft, "out_dir": str(d)}, d)
                     warm[(regime, name, ws)] = by_key[key]
             for probe in cfg.regime_probes(regime):
@@ -129,6 +136,13 @@ def build_plan(cfg: ExperimentConfig, out: Path, warm_dir: Path | None = None) -
     return ExperimentPlan(warm_starts=list(by_key.values()), runs=runs)
 
 
+def cached_warm_start(warm_dir: Path, key: str) -> Path | None:
+    """A finished warm start of SFT config `key` in `warm_dir`, whichever regime and policy
+    named its directory (a regime run on its own reuses one another regime made)."""
+    done = sorted(d for d in warm_dir.glob(f"*-{key}") if (d / "sft_eval.json").exists())
+    return done[0].resolve() if done else None
+
+
 def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, probe: str,
                         seed: int, run_id: str, runs_dir: Path,
                         checkpoints: dict[str, Path]) -> dict[str, Any]:
@@ -137,6 +151,9 @@ def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, pr
                     "checkpoint": {"every": 0, "keep": 1}}, spec.trainer)
     arm = cfg.arm_fields(probe)
     kind = arm.pop("kind")
+    for section in ARM_SECTIONS:
+        if section in arm:
+            t[section] = deep_merge(t.get(section) or {}, arm.pop(section))
     probe_cfg = deep_merge(t.get("probe") or {}, spec.probe_overrides.get(kind, {}))
     probe_cfg = deep_merge(deep_merge(probe_cfg, arm), spec.probe_overrides.get(probe, {}))
     probe_cfg["kind"] = kind

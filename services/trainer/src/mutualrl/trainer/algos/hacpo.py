@@ -13,10 +13,15 @@ response of policy j:
   `scale_rewards`); a group whose rewards are all equal keeps the plain mean (the weights must
   not create a signal), and a weighted mean above `hacpo_baseline_cap` falls back to the
   learner's own mean (the authors' guard for 0/1 rewards);
-- own rows: the run's GRPO token loss (the paper's configuration is GSPO, a sequence ratio);
+- own rows: the run's GRPO token loss; the paper's configuration (the experiment's `hacpo`
+  arm) sets it to GSPO's sequence ratio with GSPO's clip radii and a row mean, splits the
+  round into four mini-batches, clamps every row's log ratio to ±10, and reads the peers of the
+  same round, so the joint baseline above reaches own rows (with a lag own rows take GRPO's
+  advantages: `probes.base.delayed`);
 - peer rows: s = exp(mean_t log π_k(y_t) − mean_u log π_j,old(y_u)), the first mean over the
-  learner's tokens and the second over the sender's (so it is defined across tokenizers),
-  clamped to ±`hacpo_max_log_ratio` in log space; the objective is
+  learner's tokens and the second over the sender's (`hacpo_ratio_length: learner` takes the
+  learner's count for both, an ablation), clamped to ±`hacpo_max_log_ratio` in log space; the
+  objective is
   clip(s, l_m, 1) · sg(clip(s, l_m, 1))^α · clip(P_j / P_k, lo, hi) · A with the lower bound
   l_m = min(1, 1 − δ + m · δ_step) tightening with the round's update index m (stepwise
   clipping); no KL term on peer rows (the authors' recipe applies the KL to own rows only).
@@ -31,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -55,6 +60,7 @@ class HacpoSettings(Protocol):
     hacpo_delta_step: float
     hacpo_max_log_ratio: float
     hacpo_baseline_cap: float | None
+    hacpo_ratio_length: Literal["sender", "learner"]
 
 
 # 1. Capability -----------------------------------------------------------------------------
@@ -211,17 +217,25 @@ class CrossRows:
     stats: dict[str, float]
 
 
-def sender_mean_logp(rows: HacpoRows) -> Tensor:
-    """[M] the sender's mean log-prob over its own tokens."""
-    if rows.sender_tokens is None:
+def sender_mean_logp(rows: HacpoRows, learner_tokens: Tensor,
+                     length: Literal["sender", "learner"] = "sender") -> Tensor:
+    """[M] the sender's log-prob of each row divided by a token count: its own (`sender`,
+    eq. (59): the mean in the sender's tokenizer) or the learner's (`learner`, ``[M]``
+    ``learner_tokens``: one length on both sides of the ratio, as PRP's sequence weight)."""
+    if length == "learner":
+        count = learner_tokens.to(rows.sender_logp_sum)
+    elif rows.sender_tokens is None:
         raise ValueError("HACPO's peer rows need the sender's token count")
-    return rows.sender_logp_sum / rows.sender_tokens.to(rows.sender_logp_sum).clamp(min=1.0)
+    else:
+        count = rows.sender_tokens.to(rows.sender_logp_sum)
+    return rows.sender_logp_sum / count.clamp(min=1.0)
 
 
 def cross_rows(logp_old: Tensor, mask: Tensor, rows: HacpoRows, s: HacpoSettings) -> CrossRows:
     """Row weights and behaviour of the peer rows, and the pre-step ratio statistics
     (`hacpo_s_*`: the shares below l_0 and above 1, the mean log s, the mean row weight)."""
-    send = sender_mean_logp(rows).to(logp_old).unsqueeze(-1).expand_as(logp_old)
+    send = sender_mean_logp(rows, mask.sum(-1), s.hacpo_ratio_length)
+    send = send.to(logp_old).unsqueeze(-1).expand_as(logp_old)
     cap = (torch.ones(logp_old.shape[0], dtype=logp_old.dtype) if rows.capability is None
            else rows.capability.to(logp_old))
     log_s = log_sequence_ratio(logp_old.detach(), send, mask, s.hacpo_max_log_ratio).squeeze(-1)

@@ -176,6 +176,8 @@ class TokenLossSettings(Protocol):
     """Weight of the k3 KL to the reference."""
     importance_sampling_level: RatioLevel
     """The ratio per token or per sequence (`RATIOS`)."""
+    max_log_ratio: float | None
+    """log rho is clamped to +-this before exp (None: not clamped)."""
 
 
 def token_loss(
@@ -190,7 +192,8 @@ def token_loss(
     """GRPO loss per token: -min(rho A, clip(rho, 1-eps_lo, 1+eps_hi) A) + beta * KL_t, with
     log rho the ratio of logp - logp_old that `s.importance_sampling_level` names
     (docs/design.md (2), (3); GSPO: the mean over the row's ``mask``ed tokens, every token of a
-    row then carries the same value); the knobs are `s`'s.
+    row then carries the same value), clamped to +-`s.max_log_ratio` when set; the knobs are
+    `s`'s.
 
     ``advantages`` is ``[B]`` (one per sequence) or ``[B, T]``. ``weights`` (``[B]`` or
     ``[B, T]``, treated as constants) multiply the policy-gradient part: PRP's importance
@@ -198,7 +201,10 @@ def token_loss(
     """
     eps_lo, eps_hi, beta = s.eps_lo, s.eps_hi, s.beta
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    rho = torch.exp(RATIOS[s.importance_sampling_level](logp - logp_old, mask))
+    log_rho = RATIOS[s.importance_sampling_level](logp - logp_old, mask)
+    if s.max_log_ratio is not None:
+        log_rho = log_rho.clamp(-s.max_log_ratio, s.max_log_ratio)
+    rho = torch.exp(log_rho)
     clipped = torch.clamp(rho, 1.0 - eps_lo, 1.0 + eps_hi)
     pg = (-torch.min(rho * adv, clipped * adv)).expand_as(logp)
     if weights is not None:

@@ -79,12 +79,17 @@ class GRPOSettings(Config):
     """The importance ratio rho: per token (GRPO, DAPO), or `sequence`, one per completion,
     exp of the mean of its tokens' log ratios, clipped as a whole (GSPO). TRL's
     `importance_sampling_level`."""
+    max_log_ratio: float | None = Field(None, gt=0)
+    """log rho is clamped to +-this before exp, on every row (HACPO's recipe: 10, its
+    `max_abs_log_ratio`); None: no clamp."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus: the loss subtracts entropy_coef x the mean entropy of the
     (temperature-scaled, untruncated) policy over the policy-gradient rows' tokens, a token
     mean whatever `aggregation` is (TRL's `entropy_coef`). 0 computes no entropy."""
     filter_zero_variance: bool = False
-    """Drop groups whose rewards are all equal from the loss (they carry zero advantage)."""
+    """Drop groups whose rewards are all equal from the loss when their advantages are 0 too
+    (always under GRPO's own baseline; a shared baseline, HACPO's or XGRPO's, can give equal
+    own rewards a signal, and such a group stays)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm (torch.nn.utils.clip_grad_norm_)."""
     temperature: float = Field(1.0, gt=0)
@@ -236,6 +241,11 @@ class ProbeSettings(Config):
     hacpo_max_log_ratio: float = Field(10.0, gt=0)
     """HACPO: the log of a peer row's sequence ratio is clamped to +-this before the clip (the
     recipe's max_abs_log_ratio)."""
+    hacpo_ratio_length: Literal["sender", "learner"] = "sender"
+    """HACPO: the token count the sender's mean log-prob of a peer row is taken over: its own
+    (`sender`, the paper's eq. (59): each side of the sequence ratio normalised in its own
+    tokenizer) or the learner's (`learner`, the ablation: one length on both sides, as PRP's
+    sequence weight, so two models that agree give s = 1 however their tokenizers split)."""
     hacpo_baseline_cap: float | None = 1.0
     """HACPO: a capability-weighted baseline above this falls back to the learner's own mean
     reward for the prompt (the recipe's binary_baseline_guard, for rewards in [0, 1]); None:

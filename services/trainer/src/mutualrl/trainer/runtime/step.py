@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mutualrl.trainer.algos.loss import nonzero_variance_groups, row_coefficients, token_loss
+from mutualrl.trainer.algos.loss import (
+    EPS,
+    nonzero_variance_groups,
+    row_coefficients,
+    token_loss,
+)
 from mutualrl.trainer.algos.methods import METHODS, PeerSettings, splice
 from mutualrl.trainer.algos.offpolicy import behaviour_weights
 from mutualrl.trainer.config.run import GRPOSettings, ProbeSettings
@@ -95,6 +100,9 @@ class Rows:
     behaviour: Tensor | None = None
     """[N, T] the sender's log-probs as the peer method's token loss takes them (HACPO);
     None when it has no token loss of its own."""
+    rescue: Tensor | None = None
+    """[N] bool: a peer row that is a verified success on a prompt this policy failed (the
+    row class the gradient diagnostic splits by); None without peer rows."""
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -124,7 +132,10 @@ def round_rows(prompt_ids: Sequence[Sequence[int]], data: RoundData, plan: LossI
     keep = [1.0] * len(own)
     stats: dict[str, float] = {}
     if grpo.filter_zero_variance:
-        nz = nonzero_variance_groups(data.rewards)
+        # Equal own rewards carry no signal under the group's own baseline, but a shared one
+        # (HACPO's, XGRPO's) can give them one: a group goes only when its advantages are 0 too.
+        nz = nonzero_variance_groups(data.rewards) | (
+            plan.advantages.abs() > EPS).any(-1, keepdim=True)
         keep = [float(v) for v in nz.reshape(-1)]
         stats["filtered_groups"] = float(p_n - int(nz[:, 0].sum()))
     groups = [-1] * len(own)
@@ -136,6 +147,10 @@ def round_rows(prompt_ids: Sequence[Sequence[int]], data: RoundData, plan: LossI
         keep += [1.0] * len(peers.token_ids)
         groups += [-1] * len(peers.token_ids)
     n_pg = len(completions)
+    rescue = None
+    if peers is not None and peers.rescue is not None and len(peers.token_ids):
+        rescue = torch.zeros(n_pg, dtype=torch.bool)
+        rescue[len(own):] = peers.rescue.to(torch.bool)
     demos = plan.demos
     if demos is not None and demos.token_ids:
         prompts += (demos.prompt_token_ids or [prompt_ids[i] for i in demos.prompt_index])
@@ -154,7 +169,9 @@ def round_rows(prompt_ids: Sequence[Sequence[int]], data: RoundData, plan: LossI
         weights=torch.ones(n, t, dtype=torch.float64),
         demo=torch.arange(n) >= n_pg, group=torch.tensor(groups, dtype=torch.long),
         own=torch.arange(n) < len(own),
-        peer_method=peers.method if peers is not None else "prp"), stats
+        peer_method=peers.method if peers is not None else "prp",
+        rescue=None if rescue is None else torch.cat(
+            [rescue, torch.zeros(n - n_pg, dtype=torch.bool)])), stats
 
 
 def micro_batches(rows: Rows, index: Sequence[int], budget: int) -> list[list[int]]:
@@ -298,7 +315,7 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
         rows.mask[idx], rows.demo[idx], rows.group[idx], grpo.aggregation, st.max_len,
         st.sgt_lambda).tolist(), strict=True))
     acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
-                         "clip_high", "approx_kl_sum", "entropy_sum"), 0.0)
+                         "clip_high", "approx_kl_sum", "entropy_sum", *PEER_GRADIENT), 0.0)
     # A row the mask leaves out entirely (a group filtered for zero variance, a peer row the
     # weight mode dropped) adds exactly 0 to the loss and its gradient: it takes no forward or
     # backward. One is kept if all are, so the step still sees a (zero) gradient.
@@ -344,6 +361,9 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
                                        st.weights, update)
                     parts = splice(parts, theirs, peer_rows.to(logp.device))
                 loss = (parts.total * m * c).sum()
+                if real and rows.rescue is not None and bool(peer_rows.any()):
+                    _count_peer_gradient(acc, (parts.pg * m * c).sum(), logp,
+                                         peer_rows.to(logp.device), rows.rescue[mb])
                 if entropy is not None:
                     loss = loss - entropy_c * (entropy * m).sum()
                     acc["entropy_sum"] += float((entropy.detach() * m).sum())
@@ -366,7 +386,28 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
             "clip_frac": (acc["clip_low"] + acc["clip_high"]) / n,
             "clip_frac_low": acc["clip_low"] / n, "clip_frac_high": acc["clip_high"] / n,
             "approx_kl": acc["approx_kl_sum"] / n,
-            **({"entropy": acc["entropy_sum"] / n} if with_entropy else {})}
+            **({"entropy": acc["entropy_sum"] / n} if with_entropy else {}),
+            **({k: acc[k] for k in PEER_GRADIENT} if rows.rescue is not None else {})}
+
+
+PEER_GRADIENT = ("peer_rows_rescue", "peer_grad_rescue", "peer_rows_other", "peer_grad_other")
+"""Per update: peer rows of each class (a verified success on a prompt the learner failed, or
+any other) and how many of them carried a policy gradient."""
+
+
+def _count_peer_gradient(acc: dict[str, float], pg: Tensor, logp: Tensor, peer: Tensor,
+                         rescue: Tensor) -> None:
+    """Adds to `acc` the micro-batch's peer rows by class and those whose policy-gradient term
+    has a non-zero gradient in the row's log-probs: a row with a zero advantage or weight, a
+    dropped or filtered row, or one whose ratio sits outside its method's clip carries none."""
+    (grad,) = torch.autograd.grad(pg, logp, retain_graph=True)
+    carries = (grad != 0).any(-1).cpu()
+    peer, rescue = peer.cpu(), rescue.cpu() & peer.cpu()
+    other = peer & ~rescue
+    acc["peer_rows_rescue"] += float(rescue.sum())
+    acc["peer_grad_rescue"] += float((carries & rescue).sum())
+    acc["peer_rows_other"] += float(other.sum())
+    acc["peer_grad_other"] += float((carries & other).sum())
 
 
 def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
@@ -397,7 +438,8 @@ def optimise(model: torch.nn.Module, ref_model: torch.nn.Module | None,
 
 def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
     """Round metrics over its updates: losses and grad norm averaged per update, ratio
-    statistics per token over all of them, `updates` counted."""
+    statistics per token over all of them, the peer rows of each class per update and the
+    share of them that carried gradient, `updates` counted."""
     if not updates:
         return {"updates": 0.0}
     n = len(updates)
@@ -408,8 +450,14 @@ def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
         if k in updates[0]}
     means = {k: sum(u[k] for u in updates) / n
              for k in ("loss", "loss_pg", "loss_sgt", "grad_norm")}
-    return {**means, **per_token, "tokens": updates[0]["tokens"] if n == 1 else tokens / n,
-            "updates": float(n)}
+    shares: dict[str, float] = {}
+    for cls in ("rescue", "other"):
+        rows = sum(u.get(f"peer_rows_{cls}", 0.0) for u in updates)
+        if rows:  # over the round's row-updates: a row may carry gradient in one, not the next
+            shares[f"peer_rows_{cls}"] = rows / n
+            shares[f"peer_grad_share_{cls}"] = sum(u[f"peer_grad_{cls}"] for u in updates) / rows
+    return {**means, **per_token, **shares,
+            "tokens": updates[0]["tokens"] if n == 1 else tokens / n, "updates": float(n)}
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

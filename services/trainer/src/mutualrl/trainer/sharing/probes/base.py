@@ -81,6 +81,9 @@ class PeerRows:
     """[M] how many sender tokens `sender_logp_sum` covers (HACPO's sender mean)."""
     capability: Tensor | None = None
     """[M] HACPO: the row weight clip(P_sender / P_receiver)."""
+    rescue: Tensor | None = None
+    """[M] bool: the row is a verified success (reward >= tau, not truncated) on a prompt this
+    policy failed (best own success < tau): the row class the gradient diagnostic splits by."""
 
 
 @dataclass

@@ -22,5 +22,5 @@ class FTISProbe(RolloutProbe):
         if not per_prompt:
             return LossInputs(advantages=own_adv, stats=stats)
         # Per THL chunk; with one tokenizer the chunks are single tokens.
-        peers = self.peer_rows(ex, per_prompt, peer_adv, stats, chunk=True)
+        peers = self.peer_rows(ex, per_prompt, peer_adv, stats, chunk=True, data=data)
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)

@@ -55,7 +55,8 @@ class HACPOProbe(RolloutProbe):
         chosen, _ = flatten(per_prompt)
         weights = torch.tensor([self.ratio(r.policy, self.policy) for r in chosen],
                                dtype=torch.float64)
-        peers = self.peer_rows(ex, per_prompt, peer_adv, stats, chunk=False, capability=weights)
+        peers = self.peer_rows(ex, per_prompt, peer_adv, stats, chunk=False, data=data,
+                               capability=weights)
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from mutualrl.trainer.algos.methods import METHODS
+from mutualrl.trainer.algos.sapo import source_groups
 from mutualrl.trainer.sharing.exchange import PeerExchange, PeerRollout
 from mutualrl.trainer.sharing.probes.base import (
     LossInputs,
@@ -18,6 +19,7 @@ from mutualrl.trainer.sharing.probes.base import (
     Probe,
     RoundData,
     index_of,
+    own_max,
 )
 from mutualrl.trainer.sharing.record_ids import parse_record_id
 
@@ -88,12 +90,37 @@ class RolloutProbe(Probe):
             for i in range(len(data.prompts))]
         return METHODS[self.kind].advantages(data.rewards, groups, self.scale, self.settings)
 
+    def diagnose(self, data: RoundData, per_prompt: dict[int, list[PeerRollout]],
+                 peer_adv: list[torch.Tensor], stats: dict[str, float],
+                 rewards: dict[int, list[float]] | None = None) -> torch.Tensor:
+        """Records in `stats` the share of (prompt, peer) groups whose advantages are not all
+        0 (`peer_groups_live`; a group of 0 advantages carries no signal whatever the weights)
+        and returns each row's class (`PeerRows.rescue`, in `flatten`'s order) from the
+        rewards the advantages were formed from (`rewards`: rescored ones)."""
+        best = own_max(data)
+        rescue: list[bool] = []
+        groups = live = 0
+        for i in sorted(per_prompt):
+            rs = per_prompt[i]
+            got = (rewards or {}).get(i, [r.reward for r in rs])
+            failed = best[data.prompts[i].id] < self.settings.tau
+            rescue += [failed and g >= self.settings.tau and not r.truncated
+                       for r, g in zip(rs, got, strict=True)]
+            for idx in source_groups([r.policy for r in rs]).values():
+                groups += 1
+                live += int(bool((peer_adv[i][idx] != 0).any()))
+        if groups:
+            stats["peer_groups_live"] = live / groups
+        return torch.tensor(rescue, dtype=torch.bool)
+
     def peer_rows(self, ex: PeerExchange, per_prompt: dict[int, list[PeerRollout]],
                   peer_adv: list[torch.Tensor], stats: dict[str, float], chunk: bool,
-                  **extra: Any) -> PeerRows:
+                  data: RoundData, **extra: Any) -> PeerRows:
         """The rollouts of `per_prompt` in this policy's tokens (THL), with their advantages
         and the sender's log-probs per sequence (and per chunk with `chunk`), for this probe's
-        method; records THL's residual in `stats`. `extra`: further PeerRows fields."""
+        method; records THL's residual and the live peer groups in `stats`. `extra`: further
+        PeerRows fields."""
+        rescue = self.diagnose(data, per_prompt, peer_adv, stats)
         chosen, prompt_index = flatten(per_prompt)
         aligned = ex.align(chosen, chunk_level=chunk)
         stats["thl_multi_token_chunk_share"] = sum(
@@ -108,7 +135,7 @@ class RolloutProbe(Probe):
             chunk_sender_logp=[a.chunk_sender_logp for a in aligned] if chunk else None,
             method=self.kind,
             sender_tokens=torch.tensor([a.sender_tokens for a in aligned], dtype=torch.float64),
-            **extra)
+            rescue=rescue, **extra)
 
     def state_dict(self) -> dict[str, Any]:
         # Plain dicts: resume state loads with torch.load(weights_only=True).
@@ -130,7 +157,7 @@ class PRPProbe(RolloutProbe):
         if not per_prompt:
             return LossInputs(advantages=own_adv, stats=stats)
         peers = self.peer_rows(ex, per_prompt, peer_adv, stats,
-                               chunk=self.settings.prp_level == "chunk")
+                               chunk=self.settings.prp_level == "chunk", data=data)
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 
 

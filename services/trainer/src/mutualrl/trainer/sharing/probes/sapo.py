@@ -30,6 +30,7 @@ class SAPOProbe(RolloutProbe):
         token_ids = ex.retokenize([r.text for r in chosen], ends) if chosen else []
         rewards = self.rescore(data, chosen, prompt_index, token_ids)
         own_adv, peer_adv = self.advantages(data, per_prompt, rewards=rewards)
+        rescue = self.diagnose(data, per_prompt, peer_adv, stats, rewards)
         # One group per (prompt, peer); which of them join (SAPO's drop and draw).
         groups = [(i, idx) for i in sorted(per_prompt)
                   for idx in source_groups([r.policy for r in per_prompt[i]]).values()]
@@ -51,6 +52,7 @@ class SAPOProbe(RolloutProbe):
             advantages=flat_adv[keep],
             sender_logp_sum=torch.zeros(len(keep), dtype=torch.float64),
             method=self.kind,
+            rescue=rescue[keep],
         )
         return LossInputs(advantages=own_adv, peers=peers, stats=stats)
 

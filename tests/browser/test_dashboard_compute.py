@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from service_loop import LoopThread, delete_keys
+from service_loop import see_server
 
 from mutualrl.client.see import SeeClient, metric_row
 
@@ -18,29 +18,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def see(redis_url: str, monkeypatch_module: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    from mutualrl.see.config import SeeConfig
-    from mutualrl.see.server import start_see
-
-    monkeypatch_module.delenv("MUTUALRL_AUTH_TOKEN", raising=False)
-    loop = LoopThread("dashboard-compute")
-    prefix = f"dc{uuid.uuid4().hex[:10]}"
-    server = loop.run(start_see(SeeConfig(port=0, rest_port=0, metrics_port=None,
-                                          auth_token=None, grace_seconds=0.2,
-                                          key_prefix=prefix, redis_url=redis_url)))
-    try:
+def see(redis_url: str) -> Iterator[tuple[str, str]]:
+    with see_server(redis_url, "dc", rest=True) as server:
         assert server.rest_url is not None
         yield server.address, server.rest_url
-    finally:
-        loop.run(server.stop(0.2))
-        loop.close()
-        delete_keys(redis_url, f"{prefix}:*")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 def test_threads_rollout_workers_and_overlap_per_policy(see: tuple[str, str],

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from service_loop import LoopThread, delete_keys
+from service_loop import in_process
 
 from mutualrl.client.mwra import MwraClient
 from mutualrl.mwra.config import MwraConfig
@@ -20,17 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def mwra(redis_url: str) -> Iterator[str]:
-    loop = LoopThread("allocator-rollouts")
-    prefix = f"arw{uuid.uuid4().hex[:10]}"
-    server = loop.run(start_mwra(MwraConfig(port=0, metrics_port=None, auth_token=None,
-                                            grace_seconds=0.2, key_prefix=prefix,
-                                            redis_url=redis_url, smoothing=1.0)))
-    try:
+    with in_process(redis_url, "arw", lambda prefix: start_mwra(MwraConfig(
+            port=0, metrics_port=None, auth_token=None, grace_seconds=0.2, key_prefix=prefix,
+            redis_url=redis_url, smoothing=1.0))) as server:
         yield server.address
-    finally:
-        loop.run(server.stop(0.2))
-        loop.close()
-        delete_keys(redis_url, f"{prefix}:*")
 
 
 def test_rollout_workers_and_their_costs_travel_both_ways(mwra: str) -> None:

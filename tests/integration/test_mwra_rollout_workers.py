@@ -67,6 +67,12 @@ async def test_a_slow_policy_gets_the_threads_its_peers_wait_with(server: MwraSe
         await c.report_step_cost(run_id, "qwen", 2, 1.0, units=1)
         fourth = {pid: await c.get_allocation(run_id, pid, 3) for pid in ids}
         assert {p: a.threads for p, a in fourth.items()} == {"smol": 1, "llama": 2, "qwen": 1}
+        # on a busy machine llama's round took 130 s on 2 threads, 60 s on 1: one it is
+        await c.report_step_cost(run_id, "smol", 3, 2.0, units=1)
+        await c.report_step_cost(run_id, "llama", 3, 130.0, units=2)
+        await c.report_step_cost(run_id, "qwen", 3, 1.0, units=1)
+        fifth = {pid: await c.get_allocation(run_id, pid, 4) for pid in ids}
+        assert {p: a.threads for p, a in fifth.items()} == dict.fromkeys(ids, 1)
 
 
 async def test_rollout_workers_split_by_measured_cost_and_move_when_a_peer_finishes(

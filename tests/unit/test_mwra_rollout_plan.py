@@ -14,6 +14,7 @@ from mutualrl.mwra.allocation import (
     Settings,
     plan_round,
     rollout_split,
+    scaling_cap,
     shared_makespan,
     shared_shares,
 )
@@ -33,6 +34,39 @@ def test_a_slow_policy_takes_the_threads_its_waiting_peers_leave_idle() -> None:
     assert plan.threads == {"smol": 2, "llama": 1, "qwen": 1}
     # the round's estimate falls from smol's 52 s alone to the pooled 64 / 2 = 32 s
     assert shared_makespan(plan.costs, plan.units, 2) == 32.0
+
+
+def test_threads_that_made_a_round_slower_go_back() -> None:
+    """On a busy machine smol's round took 116 s on 2 threads against 52 s on one: it keeps
+    one thread, however large its cost (unit-seconds) grew."""
+    slower = {1: 52.0, 2: 116.0}
+    pols = [PolicySpec("smol", cost=232.0, seconds_by_units=slower),
+            PolicySpec("llama", cost=11.0), PolicySpec("qwen", cost=1.0)]
+    pool = [PoolWorker("local", 2, cpu_slots=2)]
+    before = plan_round(None, [PolicySpec("smol", cost=52.0), *pols[1:]], pool,
+                        Settings(short_pool="shared"), 0)
+    assert before.units["smol"] == 2
+    plan = plan_round(before, pols, pool, Settings(short_pool="shared"), 1)
+    assert plan.units == {"smol": 1, "llama": 1, "qwen": 1}
+    # a faster round on 2 threads keeps them
+    faster = PolicySpec("smol", cost=64.0, seconds_by_units={1: 52.0, 2: 32.0})
+    assert plan_round(before, [faster, *pols[1:]], pool, Settings(short_pool="shared"),
+                      1).units["smol"] == 2
+
+
+@given(st.dictionaries(st.integers(1, 16), cost, max_size=6))
+def test_scaling_cap_is_the_last_count_that_paid(seconds: dict[int, float]) -> None:
+    cap = scaling_cap(seconds)
+    counts = sorted(seconds)
+    paid = all(seconds[b] < seconds[a] for i, a in enumerate(counts) for b in counts[i + 1:])
+    if paid:
+        assert cap is None
+    else:
+        assert cap in seconds and any(seconds[b] >= seconds[cap] for b in counts if b > cap)
+        # below the cap every step up paid
+        below = [u for u in counts if u < cap]
+        assert all(seconds[b] < seconds[a] for i, a in enumerate(below)
+                   for b in counts[i + 1:])
 
 
 @settings(max_examples=200, deadline=None)
@@ -106,7 +140,8 @@ def test_plans_conserve_units_and_split_each_policy_within_its_share(
         for p in pols:
             pid, units = p.policy_id, plan.units[p.policy_id]
             if pid in plan.active:
-                assert units >= min(p.min_units, total, max(sizes))
+                # shared: a policy's units lie on one worker, which may hold fewer than m_i
+                assert units >= (1 if plan.strategy == "shared" else min(p.min_units, total))
             r, n, t = plan.rollout_units[pid], plan.rollout_workers[pid], plan.rollout_threads[pid]
             assert 0 <= r <= max(units - 1, 0) and n <= min(p.max_rollout_workers, max(r, 0))
             assert (r == 0) == (n == 0)

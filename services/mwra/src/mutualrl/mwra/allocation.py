@@ -54,7 +54,12 @@ Policies (``Settings.strategy``)
                the fewest threads with ``c_i / u_i <= C / N``. A slow policy thus takes the
                threads its peers leave idle while they wait for its round, and equal costs
                keep everyone at the minimum. Hysteresis as in ``balanced``, on the makespan
-               estimate ``max(C / N, max_i c_i / u_i)`` (``shared_makespan``).
+               estimate ``max(C / N, max_i c_i / u_i)`` (``shared_makespan``). A policy whose
+               measured round got no faster on more threads keeps the fewest that paid
+               (``scaling_cap``), and is planned with the cost its rounds had there: on a
+               busy machine a trainer's threads can wait for each other's turns on the
+               cores, so more threads make its round slower, and the linear cost model would
+               grant it still more.
 
 Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
 ``plan_round`` is called only when a policy asks for a later round (between rounds), or, outside
@@ -130,6 +135,8 @@ class PolicySpec:
     """Smoothed unit-seconds of a round's rollouts (seconds times the units they ran on)."""
     update_cost: float | None = None
     """Smoothed unit-seconds of a round's update (seconds times the learner's units)."""
+    seconds_by_units: Mapping[int, float] = field(default_factory=dict)
+    """Smoothed seconds per round at each unit count the policy ran on (`scaling_cap`)."""
 
 
 @dataclass(frozen=True)
@@ -455,13 +462,31 @@ def balanced_shares(costs: Mapping[str, float], total: int,
 
 
 def shared_shares(costs: Mapping[str, float], total: int, minimums: Mapping[str, int],
-                  largest: int) -> dict[str, int]:
+                  largest: int, caps: Mapping[str, int] | None = None) -> dict[str, int]:
     """`shared`: ``u_i = min(W, max(m_i, ceil(N c_i / C)))``, the fewest threads with which
     policy i's own round ``c_i / u_i`` fits in the pooled round ``C / N`` (N = `total`, W =
-    `largest`, the most units one worker has). Costs are made safe as in `balanced_shares`."""
+    `largest`, the most units one worker has), and at most `caps` (`scaling_cap`) unless the
+    minimum asks for more. Costs are made safe as in `balanced_shares`."""
     safe = {p: _safe_cost(c) for p, c in costs.items()}
     pooled = sum(safe.values()) / total
-    return {p: max(1, min(largest, _need(c, pooled, int(minimums[p])))) for p, c in safe.items()}
+    cap = caps or {}
+    return {p: max(1, int(minimums[p]),
+                   min(largest, cap.get(p, largest), _need(c, pooled, int(minimums[p]))))
+            for p, c in safe.items()}
+
+
+def scaling_cap(seconds_by_units: Mapping[int, float]) -> int | None:
+    """The fewest units past which the policy's measured rounds got no faster: the least
+    measured count u with a larger measured count whose round took at least as long; None
+    while every step up paid. Over-committed CPU threads can make a trainer slower on more
+    threads (its threads wait for each other's turns on a busy core), which the linear model
+    of the cost cannot see: the cost then grows with the units, and the rule would grant
+    even more."""
+    measured = sorted(seconds_by_units.items())
+    for i, (units, seconds) in enumerate(measured):
+        if any(later >= seconds for _, later in measured[i + 1:]):
+            return units
+    return None
 
 
 def shared_makespan(costs: Mapping[str, float], units: Mapping[str, int], total: int) -> float:
@@ -707,8 +732,13 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
     if (strategy != "time-share" and sum(mins.values()) > total
             and settings.short_pool == "shared"):
         largest = max(w.units for w in pool)
-        units = shared_shares(costs, total, mins, largest)
-        kept = _kept_shared(previous, ids, costs, mins, total, largest, settings)
+        caps = {p.policy_id: c for p in pols
+                if (c := scaling_cap(p.seconds_by_units)) is not None}
+        # a capped policy costs what its rounds took on the capped units
+        at_cap = {**costs, **{p.policy_id: p.seconds_by_units[caps[p.policy_id]]
+                              * caps[p.policy_id] for p in pols if p.policy_id in caps}}
+        units = shared_shares(at_cap, total, mins, largest, caps)
+        kept = _kept_shared(previous, ids, at_cap, mins, total, largest, caps, settings)
         units = kept if kept is not None else units
         placement = shared_placement(units, pool)
         units = {p: sum(placement[p].values()) for p in ids}
@@ -775,17 +805,19 @@ def _kept_by_hysteresis(previous: PoolAssignment | None, active: Sequence[str],
 
 def _kept_shared(previous: PoolAssignment | None, ids: Sequence[str],
                  costs: Mapping[str, float], mins: Mapping[str, int], total: int,
-                 largest: int, settings: Settings) -> dict[str, int] | None:
+                 largest: int, caps: Mapping[str, int],
+                 settings: Settings) -> dict[str, int] | None:
     """`shared`: the previous shares when they were shared among the same policies, still
-    meet the minimums and their `shared_makespan` is within (1 + h) of the new shares'."""
+    meet the minimums and the caps, and their `shared_makespan` is within (1 + h) of the new
+    shares'."""
     if (previous is None or previous.strategy != "shared"
             or sorted(previous.policies) != sorted(ids)):
         return None
     old = {p: previous.units.get(p, 0) for p in ids}
-    if any(old[p] < mins[p] for p in ids):
+    if any(old[p] < mins[p] or old[p] > max(caps.get(p, old[p]), mins[p]) for p in ids):
         return None
     safe = {p: _safe_cost(c) for p, c in costs.items()}
-    new = shared_shares(costs, total, mins, largest)
+    new = shared_shares(costs, total, mins, largest, caps)
     if shared_makespan(safe, old, total) <= (1.0 + settings.hysteresis) * shared_makespan(
             safe, new, total):
         return old

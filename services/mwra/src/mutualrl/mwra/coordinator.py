@@ -187,7 +187,10 @@ class Coordinator:
                                   cost=cost.smoothed if cost else None,
                                   max_rollout_workers=rec.max_rollout_workers,
                                   rollout_cost=cost.rollout if cost else None,
-                                  update_cost=cost.update if cost else None))
+                                  update_cost=cost.update if cost else None,
+                                  seconds_by_units={int(u): t for u, t in
+                                                    (cost.seconds_by_units if cost else {})
+                                                    .items()}))
         return out
 
     @staticmethod

@@ -97,7 +97,13 @@ class CostRecord:
     """Smoothed unit-seconds of the rounds' updates (None until one was measured)."""
     last_rollout_seconds: float = 0.0
     last_update_seconds: float = 0.0
+    seconds_by_units: dict[str, float] = field(default_factory=dict)
+    """Smoothed seconds per round at each unit count the policy ran on (JSON keys are
+    strings), the last `MAX_UNIT_COUNTS` counts: whether more units made its rounds faster."""
 
+
+MAX_UNIT_COUNTS = 8
+"""Unit counts a policy's `CostRecord.seconds_by_units` keeps (the most recent)."""
 
 @dataclass
 class RunState:
@@ -294,6 +300,10 @@ class MwraStore:
                         await self.r.hset(k.seen, policy_id, now_ms())
                         return rec
                     rec.smoothed = ema(rec.smoothed, seconds * units, alpha)
+                    at = rec.seconds_by_units.pop(str(units), None)  # re-inserted: most recent
+                    rec.seconds_by_units[str(units)] = ema(at, seconds, alpha)
+                    while len(rec.seconds_by_units) > MAX_UNIT_COUNTS:
+                        rec.seconds_by_units.pop(next(iter(rec.seconds_by_units)))
                     if rollout_seconds > 0:
                         rec.rollout = ema(rec.rollout, rollout_seconds * rollout_on, alpha)
                     if update_seconds > 0:

@@ -105,6 +105,7 @@ class CostRecord:
 MAX_UNIT_COUNTS = 8
 """Unit counts a policy's `CostRecord.seconds_by_units` keeps (the most recent)."""
 
+
 @dataclass
 class RunState:
     """One consistent read of a run (one round trip)."""

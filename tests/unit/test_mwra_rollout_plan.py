@@ -150,3 +150,21 @@ def test_plans_conserve_units_and_split_each_policy_within_its_share(
             if p.max_rollout_workers == 0 or units < 2:
                 assert (r, n, t) == (0, 0, 0)
     assert plan is not None and PoolAssignment.from_json(plan.to_json()) == plan
+
+
+def test_shared_threads_do_not_move_for_a_small_gain() -> None:
+    """Two policies of nearly equal cost trade places: the old split's round (30 s) is within
+    the 10% hysteresis of the new one's (29.5 s), so the threads stay; without it they move."""
+    pool = [PoolWorker("local", 2, cpu_slots=2)]
+
+    def specs(smol: float, llama: float) -> list[PolicySpec]:
+        return [PolicySpec("smol", cost=smol), PolicySpec("llama", cost=llama),
+                PolicySpec("qwen", cost=1.0)]
+
+    first = plan_round(None, specs(30.0, 28.0), pool, Settings(short_pool="shared"), 0)
+    assert first.units == {"smol": 2, "llama": 1, "qwen": 1}
+    kept = plan_round(first, specs(28.0, 30.0), pool, Settings(short_pool="shared"), 1)
+    assert kept.units == first.units and kept.epoch == first.epoch
+    moved = plan_round(first, specs(28.0, 30.0), pool,
+                       Settings(short_pool="shared", hysteresis=0.0), 1)
+    assert moved.units == {"smol": 1, "llama": 2, "qwen": 1} and moved.epoch == 2

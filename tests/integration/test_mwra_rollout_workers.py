@@ -149,3 +149,26 @@ async def test_bad_rollout_fields_are_rejected_naming_the_field(server: MwraServ
                       c.report_step_cost(run_id, "p", 0, 1.0, units=2, rollout_units=-1))
         table = await c.list_allocations(run_id)
         assert [p.policy_id for p in table.policies] == ["p"] and table.policies[0].reports == 0
+
+
+async def test_inspect_allocation_shows_rollout_workers(server: MwraServer, run_id: str,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mutualrl.cli import main
+
+    monkeypatch.setenv("COLUMNS", "260")
+    async with _client(server) as c:
+        await c.register_worker(run_id, "local", cpu_slots=8)
+        await c.register_policy(run_id, "phi", trainer_id="pod-3", max_rollout_workers=1)
+        await c.get_allocation(run_id, "phi", 0)
+        await c.report_step_cost(run_id, "phi", 0, 2.0, units=8, rollout_seconds=1.5,
+                                 update_seconds=0.25, rollout_units=4)
+        await c.get_allocation(run_id, "phi", 1)
+    rc = await asyncio.to_thread(main, ["inspect", "allocation", "--run", run_id, "--addr",
+                                        server.address])
+    text = capsys.readouterr().out
+    assert rc == 0
+    # 6 thread-s of rollouts, 1 of update: on 6 or 7 of the 8 threads a round takes 1 s
+    # either way, and the rollout workers get the fewer
+    for needle in ("1 (6)", "6.000 / 1.000"):
+        assert needle in text, text

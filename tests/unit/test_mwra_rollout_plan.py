@@ -168,3 +168,21 @@ def test_shared_threads_do_not_move_for_a_small_gain() -> None:
     moved = plan_round(first, specs(28.0, 30.0), pool,
                        Settings(short_pool="shared", hysteresis=0.0), 1)
     assert moved.units == {"smol": 1, "llama": 2, "qwen": 1} and moved.epoch == 2
+
+
+def test_rollout_workers_move_when_a_worker_is_lost_or_a_peer_leaves() -> None:
+    a = PolicySpec("a", cost=8.0, rollout_cost=6.0, update_cost=2.0, max_rollout_workers=1)
+    b = PolicySpec("b", cost=8.0)
+    two = [PoolWorker("w0", 4, cpu_slots=4), PoolWorker("w1", 4, cpu_slots=4)]
+    plan = plan_round(None, [a, b], two, Settings(), 0)
+    assert (plan.units["a"], plan.rollout_threads["a"], plan.rollout_workers["a"]) == (4, 3, 1)
+    assert plan.rollout_workers["b"] == 0
+    # w1's lease lapsed: a holds 2 threads, one for its worker, one for its learner
+    plan = plan_round(plan, [a, b], two[:1], Settings(), 1)
+    assert (plan.units["a"], plan.rollout_threads["a"], plan.rollout_workers["a"]) == (2, 1, 1)
+    # b finished: a takes the pool and its worker most of it
+    plan = plan_round(plan, [a], two[:1], Settings(), 2)
+    assert (plan.units["a"], plan.rollout_threads["a"], plan.rollout_workers["a"]) == (4, 3, 1)
+    # one thread left: rollouts in-process
+    plan = plan_round(plan, [a], [PoolWorker("w0", 1, cpu_slots=1)], Settings(), 3)
+    assert (plan.units["a"], plan.rollout_threads["a"], plan.rollout_workers["a"]) == (1, 0, 0)

@@ -186,3 +186,21 @@ def test_rollout_workers_move_when_a_worker_is_lost_or_a_peer_leaves() -> None:
     # one thread left: rollouts in-process
     plan = plan_round(plan, [a], [PoolWorker("w0", 1, cpu_slots=1)], Settings(), 3)
     assert (plan.units["a"], plan.rollout_threads["a"], plan.rollout_workers["a"]) == (1, 0, 0)
+
+
+def test_the_rollout_split_keeps_still_for_a_small_gain() -> None:
+    """Rollouts 5.6 and update 2.4 unit-s on 8 units: 5 rollout units finish in 1.12 s, the
+    previous 6 in 1.2 s, within the 10% hysteresis: the split stays; without it, it moves."""
+    assert rollout_split(8, 5.6, 2.4, 1, devices=False) == (5, 1)
+    assert rollout_split(8, 5.6, 2.4, 1, devices=False, previous=6, hysteresis=0.1) == (6, 1)
+    assert rollout_split(8, 5.6, 2.4, 1, devices=False, previous=7, hysteresis=0.1) == (5, 1)
+    pool = [PoolWorker("w", 8, cpu_slots=8)]
+    first = plan_round(None, [PolicySpec("a", cost=8.0, rollout_cost=6.0, update_cost=2.0,
+                                         max_rollout_workers=1)], pool, Settings(), 0)
+    assert first.rollout_units["a"] == 6
+    drifted = [PolicySpec("a", cost=8.0, rollout_cost=5.6, update_cost=2.4,
+                          max_rollout_workers=1)]
+    kept = plan_round(first, drifted, pool, Settings(), 1)
+    assert kept.rollout_units["a"] == 6 and kept.epoch == first.epoch
+    moved = plan_round(first, drifted, pool, Settings(hysteresis=0.0), 1)
+    assert moved.rollout_units["a"] == 5 and moved.epoch == first.epoch + 1

@@ -82,11 +82,13 @@ finish together when the rollout workers hold
 
 units (rollout time R_i / r_i = update time U_i / (u_i - r_i) = (R_i + U_i) / u_i); the integer
 r_i in [1, u_i - 1] is whichever of floor and ceil has the smaller ``max(R_i / r, U_i / (u_i - r))``
-(u_i // 2 before the first measurement). On CPU pools (units are threads) the r_i threads go to
-``min(max_rollout_workers, r_i)`` workers; on GPU pools each rollout worker holds one device,
-so ``r_i = min(r_i, max_rollout_workers)`` workers, and the CPU threads split in the same
-ratio. A policy on one unit, or whose trainer runs none, generates in-process (0 workers). The
-split is part of the plan, so it moves with the units: a policy that finishes (its units go to
+(u_i // 2 before the first measurement); a policy whose units did not change keeps its
+previous r_i while that is within the hysteresis of the best (moving a GPU reloads a worker).
+On CPU pools (units are threads) the r_i threads go to ``min(max_rollout_workers, r_i)``
+workers; on GPU pools each rollout worker holds one device, so ``r_i = min(r_i,
+max_rollout_workers)`` workers, and the CPU threads split in the same ratio. A policy on one
+unit, or whose trainer runs none, generates in-process (0 workers). The split is part of the
+plan, so it moves with the units: a policy that finishes (its units go to
 the others at once), a worker whose lease lapsed (the pool shrinks at the next plan) and a
 policy that slows (its cost moves the balanced split past the hysteresis) all re-plan it.
 
@@ -496,22 +498,31 @@ def shared_makespan(costs: Mapping[str, float], units: Mapping[str, int], total:
 
 
 def rollout_split(units: int, rollout_cost: float | None, update_cost: float | None,
-                  max_workers: int, devices: bool) -> tuple[int, int]:
+                  max_workers: int, devices: bool, previous: int = 0,
+                  hysteresis: float = 0.0) -> tuple[int, int]:
     """(units of the policy's rollout workers, rollout workers) for a policy on `units` units.
 
     ``r = u R / (R + U)`` rounded to whichever neighbour has the smaller ``max(R / r,
     U / (u - r))``, within [1, u - 1]; u // 2 before both costs are measured. On GPUs
     (`devices`) each worker holds one device: r and the workers are at most `max_workers`.
-    (0, 0) when the trainer runs no worker or the policy holds fewer than 2 units."""
+    (0, 0) when the trainer runs no worker or the policy holds fewer than 2 units. The
+    `previous` split of these units stays while its ``max(R / r, U / (u - r))`` is within
+    (1 + `hysteresis`) of the best one's: moving a device reloads a worker's weights."""
     if max_workers <= 0 or units < 2:
         return 0, 0
     if rollout_cost is None or update_cost is None or rollout_cost <= 0 or update_cost <= 0:
         r = units // 2
     else:
         rc, uc = _safe_cost(rollout_cost), _safe_cost(update_cost)
+
+        def span(k: int) -> float:
+            return max(rc / k, uc / (units - k))
+
         exact = units * rc / (rc + uc)
         lo, hi = max(1, math.floor(exact)), min(units - 1, max(1, math.ceil(exact)))
-        r = min((lo, hi), key=lambda k: (max(rc / k, uc / (units - k)), k))
+        r = min((lo, hi), key=lambda k: (span(k), k))
+        if 1 <= previous < units and span(previous) <= (1.0 + hysteresis) * span(r):
+            r = previous
     r = min(max(r, 1), units - 1)
     if devices:
         r = min(r, max_workers)
@@ -519,16 +530,22 @@ def rollout_split(units: int, rollout_cost: float | None, update_cost: float | N
 
 
 def _with_rollouts(plan: PoolAssignment, policies: Sequence[PolicySpec],
-                   settings: Settings) -> PoolAssignment:
-    """The plan with each policy's rollout workers (`rollout_split`) and their threads: the
-    policy's threads in the ratio of its rollout units to its units, at least one each for
-    the learner and the workers."""
+                   settings: Settings, previous: PoolAssignment | None) -> PoolAssignment:
+    """The plan with each policy's rollout workers (`rollout_split`, keeping the `previous`
+    plan's split of the same units within the hysteresis) and their threads: the policy's
+    threads in the ratio of its rollout units to its units, at least one each for the learner
+    and the workers."""
     by_id = {p.policy_id: p for p in policies}
+    before = previous if previous is not None else PoolAssignment(
+        round=-1, epoch=0, strategy="", units={}, placement={}, active=[], pool_units=0,
+        workers=[], policies=[])
     plan.rollout_units, plan.rollout_workers, plan.rollout_threads = {}, {}, {}
     for pid in plan.policies:
         spec, units = by_id.get(pid), plan.units.get(pid, 0)
+        kept = before.rollout_units.get(pid, 0) if before.units.get(pid) == units else 0
         r, n = (rollout_split(units, spec.rollout_cost, spec.update_cost,
-                              spec.max_rollout_workers, settings.unit == "gpu")
+                              spec.max_rollout_workers, settings.unit == "gpu", kept,
+                              settings.hysteresis)
                 if spec is not None and pid in plan.active else (0, 0))
         threads = plan.threads.get(pid, 0)
         plan.rollout_units[pid], plan.rollout_workers[pid] = r, n
@@ -622,7 +639,7 @@ def next_turn_plan(plan: PoolAssignment, policies: Sequence[PolicySpec],
                rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                         and any(w.worker_id in ws for ws in placement.values())},
                turns=plan.turns, turn=idx)
-    return _bump(plan, _with_rollouts(nxt, policies, settings or Settings()))
+    return _bump(plan, _with_rollouts(nxt, policies, settings or Settings(), plan))
 
 
 def admit_late(plan: PoolAssignment, policies: Sequence[PolicySpec],
@@ -647,7 +664,7 @@ def admit_late(plan: PoolAssignment, policies: Sequence[PolicySpec],
         placement={**plan.placement, **{p: {} for p in late}},
         threads={**plan.threads, **{p: 0 for p in late}},
         costs={**plan.costs, **{p: costs[p] for p in late}})
-    return _bump(plan, _with_rollouts(new, policies, settings))
+    return _bump(plan, _with_rollouts(new, policies, settings, plan))
 
 
 def place(units: Mapping[str, int], workers: Sequence[PoolWorker],
@@ -748,7 +765,7 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
                     costs=costs, threads=_threads(placement, pool),
                     rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                              and any(w.worker_id in ws for ws in placement.values())})
-        return _bump(previous, _with_rollouts(plan, pols, settings))
+        return _bump(previous, _with_rollouts(plan, pols, settings, previous))
     turns: list[list[str]] = []
     if strategy == "time-share" or sum(mins.values()) > total:
         strategy = "time-share"
@@ -775,7 +792,7 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
                 rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                          and any(w.worker_id in ws for ws in placement.values())},
                 turns=turns)
-    return _bump(previous, _with_rollouts(plan, pols, settings))
+    return _bump(previous, _with_rollouts(plan, pols, settings, previous))
 
 
 def _threads(placement: Mapping[str, Mapping[str, int]],

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,23 +42,32 @@ def delete_keys(redis_url: str, pattern: str) -> None:
 
 
 @contextlib.contextmanager
-def see_server(redis_url: str, name: str) -> Iterator[str]:
-    """An in-process SEE (gRPC on port 0, no REST, no auth) on a private key prefix; yields its
-    address, then stops it and deletes its keys."""
-    from mutualrl.see.config import SeeConfig
-    from mutualrl.see.server import start_see
-
+def in_process(redis_url: str, name: str, start: Callable[[str], Awaitable[Any]]) -> Iterator[Any]:
+    """A service `start(key_prefix)` starts on its own loop thread, on a private key prefix;
+    yields the server, then stops it and deletes its keys."""
     loop = LoopThread(name)
     prefix = f"{name}{uuid.uuid4().hex[:10]}"
-    server = loop.run(start_see(SeeConfig(redis_url=redis_url, rest_port=None, port=0,
-                                          metrics_port=None, auth_token=None,
-                                          grace_seconds=0.2, key_prefix=prefix)))
+    server = loop.run(start(prefix))
     try:
-        yield server.address
+        yield server
     finally:
         loop.run(server.stop(0.2))
         loop.close()
         delete_keys(redis_url, f"{prefix}:*")
+
+
+@contextlib.contextmanager
+def see_server(redis_url: str, name: str, rest: bool = False) -> Iterator[Any]:
+    """An in-process SEE (gRPC on port 0, no auth; with `rest`, its REST app on port 0 too) on
+    a private key prefix; yields its address (with `rest`, the server), then stops it and
+    deletes its keys."""
+    from mutualrl.see.config import SeeConfig
+    from mutualrl.see.server import start_see
+
+    with in_process(redis_url, name, lambda prefix: start_see(SeeConfig(
+            redis_url=redis_url, rest_port=0 if rest else None, port=0, metrics_port=None,
+            auth_token=None, grace_seconds=0.2, key_prefix=prefix))) as server:
+        yield server if rest else server.address
 
 
 @dataclass

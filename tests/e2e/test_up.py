@@ -116,9 +116,11 @@ def test_up_trains_three_policies_on_two_units_without_waiting(tmp_path: Path) -
                 .splitlines()]
         assert [r["round"] for r in rows] == list(range(6))
         # Round 0 waits for the slowest trainer to start (and may be planned before all three
-        # registered); from then on everyone holds one thread every round and nobody waits.
+        # registered); from then on everyone holds a thread every round (one whose round
+        # costs more than its peers' together holds both) and nobody waits.
         later = rows[1:]
-        assert all(r["threads"] == 1.0 and r["fallback"] == 0.0 for r in later), (name, rows)
+        assert all(1.0 <= r["threads"] <= 2.0 and r["fallback"] == 0.0 for r in later), \
+            (name, rows)
         # Before MWRA shared a short CPU pool, every round took over 5 s (a turn, then the
         # 5 s deadline); now it is a step's compute (0.3-0.5 s idle, up to ~3.5 s at load 12),
         # so no round may reach the deadline.

@@ -118,3 +118,32 @@ def test_a_policy_that_read_no_peer_in_any_round_fails_a_shared_run() -> None:
     assert nothing_shared({"a": none}) is None  # one policy alone has no peers
     reason = nothing_shared({"a": read, "b": none, "c": none})
     assert reason is not None and reason.startswith("b, c read no peer data in any round")
+
+
+def test_threads_and_rollout_workers_per_policy_reach_the_results(tmp_path: Path) -> None:
+    """`up`'s results carry what MWRA gave each policy: threads that moved, the rollout
+    workers and their threads, and the rollout / update seconds per round."""
+    from rich.console import Console
+
+    from mutualrl.launch.report import compute_table, results_markdown
+
+    plan = _plan(tmp_path)
+    rows = [{"round": k, "threads": t, "step_s": 10.0, "rollout_s": r, "update_s": 4.0,
+             "rollout_workers": w, "rollout_threads": w}
+            for k, (t, r, w) in enumerate(((1, 6.0, 0), (2, 5.0, 1), (2, 4.0, 1)))]
+    plan.metrics_files["a"].write_text(  # type: ignore[attr-defined]
+        "".join(json.dumps(r) + "\n" for r in rows))
+    res = results(plan)  # type: ignore[arg-type]
+    assert res["a"]["compute"] == {
+        "threads_first": 1, "threads_last": 2, "threads_min": 1, "threads_max": 2,
+        "rollout_workers": 1, "rollout_threads": 1, "mean_rollout_s": 5.0,
+        "mean_update_s": 4.0, "mean_step_s": 10.0}
+    assert res["b"]["compute"]["threads_last"] is None  # rows without MWRA's fields
+    md = results_markdown(res)
+    assert "| a | 2 (1-2) | 1 | 1 | 5.00 | 4.00 | 10.00 |" in md
+    assert "| b | - | 0 | 0 | - | - | - |" in md
+    console = Console(record=True, width=200)
+    table = compute_table(res)
+    assert table is not None and table.row_count == 2
+    console.print(table)
+    assert "2 (1-2)" in console.export_text()

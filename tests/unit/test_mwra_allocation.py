@@ -306,15 +306,16 @@ def test_cluster_mode_threads_and_rollout_addresses() -> None:
 @given(n_policies=st.integers(min_value=2, max_value=9), data=st.data())
 def test_short_cpu_pool_is_shared_by_every_policy_every_round(n_policies: int,
                                                               data: st.DataObject) -> None:
-    """`shared`: with fewer units than policies nobody sits a round out; each policy holds its
-    minimum on one live worker, spread over workers in proportion to their units."""
+    """`shared`: with fewer units than policies nobody sits a round out; at equal costs each
+    policy holds its minimum on one live worker, spread over workers in proportion to their
+    units."""
     sizes = data.draw(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3))
     total = sum(sizes)
     if total >= n_policies:
         sizes, total = [1] * (n_policies - 1), n_policies - 1
     workers = [PoolWorker(f"w{i}", u, cpu_slots=u) for i, u in enumerate(sizes)]
     ids = _ids(n_policies)
-    pols = [PolicySpec(p, cost=1.0 + i) for i, p in enumerate(ids)]
+    pols = [PolicySpec(p, cost=1.0) for p in ids]
     plan: PoolAssignment | None = None
     for k in range(3):
         plan = plan_round(plan, pols, workers, Settings(short_pool="shared"), k)

@@ -109,8 +109,69 @@ def results(plan: LaunchPlan, stats: dict[str, Any] | None = None) -> dict[str, 
             "records_published": shared[name]["total"] if name in shared else None,
             "records_taken": shared[name]["taken"] if name in shared else None,
             "publish_failed_rounds": sum(int(r.get("publish_failed", 0.0) > 0) for r in rows),
+            "compute": compute(rows),
         }
     return out
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if key in r]
+    return sum(values) / len(values) if values else None
+
+
+def compute(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What MWRA gave the policy and how it spent it: threads in the first and last round and
+    their range (they move when a peer waits for this policy or finishes), rollout workers and
+    their threads in the last round, and the mean seconds per round of rollouts, update and the
+    whole round. None without rounds."""
+    if not rows:
+        return None
+    threads = [int(r["threads"]) for r in rows if "threads" in r]
+    last = rows[-1]
+    return {
+        "threads_first": threads[0] if threads else None,
+        "threads_last": threads[-1] if threads else None,
+        "threads_min": min(threads, default=None),
+        "threads_max": max(threads, default=None),
+        "rollout_workers": int(last.get("rollout_workers", 0)),
+        "rollout_threads": int(last.get("rollout_threads", 0)),
+        "mean_rollout_s": _mean(rows, "rollout_s"),
+        "mean_update_s": _mean(rows, "update_s"),
+        "mean_step_s": _mean(rows, "step_s"),
+    }
+
+
+def _threads(c: dict[str, Any]) -> str:
+    lo, hi, last = c["threads_min"], c["threads_max"], c["threads_last"]
+    if last is None:
+        return "-"
+    return str(last) if lo == hi else f"{last} ({lo}-{hi})"
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+COMPUTE_HEAD = ("policy", "threads: last (range)", "rollout workers", "rollout threads",
+                "rollout s", "update s", "round s")
+
+
+def _compute_cells(c: dict[str, Any]) -> list[str]:
+    return [_threads(c), str(c["rollout_workers"]), str(c["rollout_threads"]),
+            _secs(c["mean_rollout_s"]), _secs(c["mean_update_s"]), _secs(c["mean_step_s"])]
+
+
+def compute_table(res: dict[str, Any]) -> Table | None:
+    """MWRA's plan as the policies lived it (`compute`); None when no policy ran a round."""
+    rows = [(name, r["compute"]) for name, r in res.items() if r.get("compute")]
+    if not rows:
+        return None
+    table = Table(title="compute per policy (MWRA): threads, rollout workers, seconds per round")
+    for i, col in enumerate(COMPUTE_HEAD):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for name, c in rows:
+        table.add_row(name, *_compute_cells(c))
+    return table
 
 
 def _before(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,6 +299,10 @@ def results_markdown(res: dict[str, Any]) -> str:
     if bench:
         lines += ["", "| policy | benchmark | metric | start | final |", "|---|---|---|---|---|"]
         lines += [f"| {n} | {b} | {m} | {_num(a)} | {v:.3f} |" for n, b, m, a, v in bench]
+    spent = [(name, r["compute"]) for name, r in res.items() if r.get("compute")]
+    if spent:
+        lines += ["", "| " + " | ".join(COMPUTE_HEAD) + " |", "|" + "---|" * len(COMPUTE_HEAD)]
+        lines += [f"| {n} | " + " | ".join(_compute_cells(c)) + " |" for n, c in spent]
     reads = [(name, r["sharing"]) for name, r in res.items() if r.get("sharing")]
     if reads:
         lines += ["", "| policy | rounds that read peer data | fraction |", "|---|---|---|"]
@@ -382,6 +447,9 @@ def final_report(plan: LaunchPlan, console: Any, failure: str | None = None) -> 
         console.print(bench)
     plot = plan.run_dir / "curves.png"
     plot_curves(plan, plot)
+    spent = compute_table(res)
+    if spent is not None:
+        console.print(spent)
     learned = learned_table(res)
     if learned is not None:
         console.print(learned)

@@ -77,23 +77,25 @@ class DeregisterWorkerResponse(_message.Message):
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
 
 class RegisterPolicyRequest(_message.Message):
-    __slots__ = ("run_id", "policy_id", "trainer_id", "min_units", "weight", "rollout_budget")
+    __slots__ = ("run_id", "policy_id", "trainer_id", "min_units", "weight", "rollout_budget", "max_rollout_workers")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_UNITS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROLLOUT_WORKERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     trainer_id: str
     min_units: int
     weight: float
     rollout_budget: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ...) -> None: ...
+    max_rollout_workers: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ..., max_rollout_workers: _Optional[int] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("run_id", "policy_id", "trainer_id", "smoothed_cost", "live", "last_seen_unix_ms", "min_units", "weight", "rollout_budget", "reports", "last_seconds", "last_tokens", "last_samples", "last_units", "last_round")
+    __slots__ = ("run_id", "policy_id", "trainer_id", "smoothed_cost", "live", "last_seen_unix_ms", "min_units", "weight", "rollout_budget", "reports", "last_seconds", "last_tokens", "last_samples", "last_units", "last_round", "max_rollout_workers", "smoothed_rollout_cost", "smoothed_update_cost", "last_rollout_seconds", "last_update_seconds")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,11 @@ class PolicyInfo(_message.Message):
     LAST_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LAST_UNITS_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROLLOUT_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHED_ROLLOUT_COST_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHED_UPDATE_COST_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROLLOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPDATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     trainer_id: str
@@ -124,7 +131,12 @@ class PolicyInfo(_message.Message):
     last_samples: int
     last_units: int
     last_round: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., smoothed_cost: _Optional[float] = ..., live: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ..., reports: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_tokens: _Optional[int] = ..., last_samples: _Optional[int] = ..., last_units: _Optional[int] = ..., last_round: _Optional[int] = ...) -> None: ...
+    max_rollout_workers: int
+    smoothed_rollout_cost: float
+    smoothed_update_cost: float
+    last_rollout_seconds: float
+    last_update_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., trainer_id: _Optional[str] = ..., smoothed_cost: _Optional[float] = ..., live: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., min_units: _Optional[int] = ..., weight: _Optional[float] = ..., rollout_budget: _Optional[int] = ..., reports: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_tokens: _Optional[int] = ..., last_samples: _Optional[int] = ..., last_units: _Optional[int] = ..., last_round: _Optional[int] = ..., max_rollout_workers: _Optional[int] = ..., smoothed_rollout_cost: _Optional[float] = ..., smoothed_update_cost: _Optional[float] = ..., last_rollout_seconds: _Optional[float] = ..., last_update_seconds: _Optional[float] = ...) -> None: ...
 
 class PolicyHeartbeatRequest(_message.Message):
     __slots__ = ("run_id", "policy_id")
@@ -149,7 +161,7 @@ class DeregisterPolicyResponse(_message.Message):
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
 
 class StepCostReport(_message.Message):
-    __slots__ = ("run_id", "policy_id", "round", "seconds", "tokens", "samples", "units")
+    __slots__ = ("run_id", "policy_id", "round", "seconds", "tokens", "samples", "units", "rollout_seconds", "update_seconds", "rollout_units")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +169,9 @@ class StepCostReport(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_UNITS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     round: int
@@ -164,7 +179,10 @@ class StepCostReport(_message.Message):
     tokens: int
     samples: int
     units: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., tokens: _Optional[int] = ..., samples: _Optional[int] = ..., units: _Optional[int] = ...) -> None: ...
+    rollout_seconds: float
+    update_seconds: float
+    rollout_units: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., tokens: _Optional[int] = ..., samples: _Optional[int] = ..., units: _Optional[int] = ..., rollout_seconds: _Optional[float] = ..., update_seconds: _Optional[float] = ..., rollout_units: _Optional[int] = ...) -> None: ...
 
 class StepCostAck(_message.Message):
     __slots__ = ("policy",)
@@ -183,7 +201,7 @@ class GetAllocationRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("run_id", "policy_id", "epoch", "round", "worker_ids", "units", "threads", "rollout_budget", "active", "strategy", "rollout_addresses", "slices", "pool_units")
+    __slots__ = ("run_id", "policy_id", "epoch", "round", "worker_ids", "units", "threads", "rollout_budget", "active", "strategy", "rollout_addresses", "slices", "pool_units", "rollout_workers", "rollout_threads", "rollout_units")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +215,9 @@ class Allocation(_message.Message):
     ROLLOUT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     SLICES_FIELD_NUMBER: _ClassVar[int]
     POOL_UNITS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_THREADS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_UNITS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_id: str
     epoch: int
@@ -210,7 +231,10 @@ class Allocation(_message.Message):
     rollout_addresses: _containers.RepeatedScalarFieldContainer[str]
     slices: _containers.RepeatedCompositeFieldContainer[WorkerSlice]
     pool_units: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., units: _Optional[int] = ..., threads: _Optional[int] = ..., rollout_budget: _Optional[int] = ..., active: _Optional[bool] = ..., strategy: _Optional[str] = ..., rollout_addresses: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[WorkerSlice, _Mapping]]] = ..., pool_units: _Optional[int] = ...) -> None: ...
+    rollout_workers: int
+    rollout_threads: int
+    rollout_units: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_id: _Optional[str] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., units: _Optional[int] = ..., threads: _Optional[int] = ..., rollout_budget: _Optional[int] = ..., active: _Optional[bool] = ..., strategy: _Optional[str] = ..., rollout_addresses: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[WorkerSlice, _Mapping]]] = ..., pool_units: _Optional[int] = ..., rollout_workers: _Optional[int] = ..., rollout_threads: _Optional[int] = ..., rollout_units: _Optional[int] = ...) -> None: ...
 
 class WorkerSlice(_message.Message):
     __slots__ = ("worker_id", "units", "rollout_address")

@@ -202,16 +202,20 @@ def _inspect(args: argparse.Namespace) -> int:
     allocs = {a.policy_id: a for a in table.allocations}
     pt = Table(title="policies")
     for col in ("policy", "trainer", "live", "active", "units", "threads", "budget", "workers",
-                "rollout servers", "cost (unit-s)", "last step s", "reports"):
+                "rollout servers", "rollout workers (threads)", "cost (unit-s)",
+                "rollout / update (unit-s)", "last step s", "reports"):
         pt.add_column(col)
     for p in table.policies:
         a = allocs[p.policy_id]
+        split = (f"{p.smoothed_rollout_cost:.3f} / {p.smoothed_update_cost:.3f}"
+                 if p.smoothed_rollout_cost or p.smoothed_update_cost else "-")
         pt.add_row(p.policy_id, p.trainer_id or "-", "yes" if p.live else "[red]no[/]",
                    "yes" if a.active else "no", str(a.units), str(a.threads),
                    str(a.rollout_budget),
                    ", ".join(f"{s.worker_id}:{s.units}" for s in a.slices) or "-",
                    ", ".join(a.rollout_addresses) or "-",
-                   f"{p.smoothed_cost:.3f}" if p.reports else "-",
+                   f"{a.rollout_workers} ({a.rollout_threads})" if a.rollout_workers else "-",
+                   f"{p.smoothed_cost:.3f}" if p.reports else "-", split,
                    f"{p.last_seconds:.3f}" if p.reports else "-", str(p.reports))
     console.print(pt)
     wt = Table(title="workers")

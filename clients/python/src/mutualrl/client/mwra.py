@@ -100,10 +100,12 @@ class AsyncMwraClient(AsyncClient):
 
     async def register_policy(self, run_id: str, policy_id: str, *, trainer_id: str = "",
                               min_units: int = 1, weight: float = 1.0,
-                              rollout_budget: int = 0) -> pb.PolicyInfo:
+                              rollout_budget: int = 0,
+                              max_rollout_workers: int = 0) -> pb.PolicyInfo:
         return await self._rpc("RegisterPolicy", pb.RegisterPolicyRequest(
             run_id=run_id, policy_id=policy_id, trainer_id=trainer_id, min_units=min_units,
-            weight=weight, rollout_budget=rollout_budget))
+            weight=weight, rollout_budget=rollout_budget,
+            max_rollout_workers=max_rollout_workers))
 
     async def policy_heartbeat(self, run_id: str, policy_id: str) -> pb.PolicyInfo:
         return await self._rpc("PolicyHeartbeat",
@@ -121,11 +123,15 @@ class AsyncMwraClient(AsyncClient):
         return bool(reply.removed)
 
     async def report_step_cost(self, run_id: str, policy_id: str, round: int, seconds: float, *,
-                               tokens: int = 0, samples: int = 0,
-                               units: int = 1) -> pb.PolicyInfo:
+                               tokens: int = 0, samples: int = 0, units: int = 1,
+                               rollout_seconds: float = 0.0, update_seconds: float = 0.0,
+                               rollout_units: int = 0) -> pb.PolicyInfo:
+        """`rollout_seconds` / `update_seconds`: the round's time generating and updating
+        (0 = not measured); `rollout_units`: of `units`, those the rollout workers held."""
         reply = await self._rpc("ReportStepCost", pb.StepCostReport(
             run_id=run_id, policy_id=policy_id, round=round, seconds=seconds, tokens=tokens,
-            samples=samples, units=units))
+            samples=samples, units=units, rollout_seconds=rollout_seconds,
+            update_seconds=update_seconds, rollout_units=rollout_units))
         return reply.policy
 
     async def get_allocation(self, run_id: str, policy_id: str, round: int) -> pb.Allocation:

@@ -38,13 +38,28 @@ Policies (``Settings.strategy``)
                ``balanced`` fall back to it when the pool is too small and
                ``Settings.short_pool`` is ``time-share``.
 ``shared``     the other fallback for a pool too small (``short_pool="shared"``, what MWRA uses
-               for CPU units): every policy stays active with its minimum (at least one
-               thread), placed on the workers in proportion to their units, so the units are
-               over-committed and the operating system time-slices the threads. For CPU threads
-               this is the cheap way to share: N single-threaded trainers on fewer cores take
-               about sum_i c_i / N_units a round, never more than running their steps one
-               after another (what turns cost), and every policy sees every peer's experience
-               of the round (under turns, earlier turns cannot see later ones').
+               for CPU units): every policy stays active, placed on the workers in proportion
+               to their units, so the units are over-committed and the operating system
+               time-slices the threads. For CPU threads this is the cheap way to share: the
+               trainers' threads on fewer cores take about sum_i c_i / N a round, never more
+               than running their steps one after another (what turns cost), and every policy
+               sees every peer's experience of the round (under turns, earlier turns cannot see
+               later ones'). The threads follow the costs (``shared_shares``): a round cannot
+               end before ``C / N`` (C = sum_j c_j, all the work on all N units) nor before the
+               slowest policy's own ``c_i / u_i``, so each policy gets
+
+                   u_i = min(W, max(m_i, ceil(N c_i / C)))
+
+               (W: the largest worker's units, since a policy's threads run on one worker):
+               the fewest threads with ``c_i / u_i <= C / N``. A slow policy thus takes the
+               threads its peers leave idle while they wait for its round, and equal costs
+               keep everyone at the minimum. Hysteresis as in ``balanced``, on the makespan
+               estimate ``max(C / N, max_i c_i / u_i)`` (``shared_makespan``). A policy whose
+               measured round got no faster on more threads keeps the fewest that paid
+               (``scaling_cap``), and is planned with the cost its rounds had there: on a
+               busy machine a trainer's threads can wait for each other's turns on the
+               cores, so more threads make its round slower, and the linear cost model would
+               grant it still more.
 
 Rounds: a ``PoolAssignment`` is made for one round and fixed once any policy asked for that round;
 ``plan_round`` is called only when a policy asks for a later round (between rounds), or, outside
@@ -54,6 +69,28 @@ round takes such a policy in with ``admit_late``: it gets turns after the planne
 trains in the current round too, and the turns already under way are left as they are. Outside
 time-share, a policy that left (its trainer finished and deregistered, or its lease lapsed) is
 taken out of the current round the same way, so its units go to the policies still training.
+
+Rollout workers (``rollout_split``)
+-----------------------------------
+A policy whose trainer can run rollout workers (``PolicySpec.max_rollout_workers`` > 0) and that
+holds u >= 2 units splits them between its learner and its rollout workers, which generate the
+next round while the learner updates. Its measured rollout and update costs R_i and U_i
+(unit-seconds: each phase's seconds times the units it ran on, smoothed like c_i) make the two
+finish together when the rollout workers hold
+
+    r_i = u_i R_i / (R_i + U_i)
+
+units (rollout time R_i / r_i = update time U_i / (u_i - r_i) = (R_i + U_i) / u_i); the integer
+r_i in [1, u_i - 1] is whichever of floor and ceil has the smaller ``max(R_i / r, U_i / (u_i - r))``
+(u_i // 2 before the first measurement); a policy whose units did not change keeps its
+previous r_i while that is within the hysteresis of the best (moving a GPU reloads a worker).
+On CPU pools (units are threads) the r_i threads go to ``min(max_rollout_workers, r_i)``
+workers; on GPU pools each rollout worker holds one device, so ``r_i = min(r_i,
+max_rollout_workers)`` workers, and the CPU threads split in the same ratio. A policy on one
+unit, or whose trainer runs none, generates in-process (0 workers). The split is part of the
+plan, so it moves with the units: a policy that finishes (its units go to
+the others at once), a worker whose lease lapsed (the pool shrinks at the next plan) and a
+policy that slows (its cost moves the balanced split past the hysteresis) all re-plan it.
 
 Cost of planning: O(P log P + P log N) for P policies and N units (``min_makespan``,
 ``apportion``); nothing steps through the units one by one, since N is a number clients send.
@@ -94,6 +131,14 @@ class PolicySpec:
     """Samples per active round, handed back in the allocation."""
     cost: float | None = None
     """Smoothed unit-seconds per round; None until the policy reported a step."""
+    max_rollout_workers: int = 0
+    """Rollout workers the policy's trainer can run (0: rollouts in-process only)."""
+    rollout_cost: float | None = None
+    """Smoothed unit-seconds of a round's rollouts (seconds times the units they ran on)."""
+    update_cost: float | None = None
+    """Smoothed unit-seconds of a round's update (seconds times the learner's units)."""
+    seconds_by_units: Mapping[int, float] = field(default_factory=dict)
+    """Smoothed seconds per round at each unit count the policy ran on (`scaling_cap`)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +164,8 @@ class Settings:
     """What `static` / `balanced` do when the pool cannot give every policy its minimum:
     take turns (`time-share`, for exclusive units such as GPUs) or over-commit the units
     (`shared`, for CPU threads; see `shared_placement`)."""
+    unit: Literal["cpu", "gpu"] = "cpu"
+    """What the pool counts: CPU threads, or GPUs (a rollout worker then holds one device)."""
 
 
 @dataclass
@@ -154,6 +201,12 @@ class PoolAssignment:
     """time-share: the round's turns in order (every live policy in exactly one)."""
     turn: int = 0
     """time-share: index of the active turn in `turns`."""
+    rollout_units: dict[str, int] = field(default_factory=dict)
+    """Units of each policy's that its rollout workers hold (`rollout_split`; 0: in-process)."""
+    rollout_workers: dict[str, int] = field(default_factory=dict)
+    """Rollout workers each policy runs this round (0: rollouts in-process)."""
+    rollout_threads: dict[str, int] = field(default_factory=dict)
+    """Of each policy's threads, those its rollout workers use (the learner keeps the rest)."""
 
     @property
     def idle_units(self) -> int:
@@ -410,6 +463,97 @@ def balanced_shares(costs: Mapping[str, float], total: int,
     return apportion(quotas, total, minimums, base=base, tiebreak=safe)
 
 
+def shared_shares(costs: Mapping[str, float], total: int, minimums: Mapping[str, int],
+                  largest: int, caps: Mapping[str, int] | None = None) -> dict[str, int]:
+    """`shared`: ``u_i = min(W, max(m_i, ceil(N c_i / C)))``, the fewest threads with which
+    policy i's own round ``c_i / u_i`` fits in the pooled round ``C / N`` (N = `total`, W =
+    `largest`, the most units one worker has), and at most `caps` (`scaling_cap`) unless the
+    minimum asks for more. Costs are made safe as in `balanced_shares`."""
+    safe = {p: _safe_cost(c) for p, c in costs.items()}
+    pooled = sum(safe.values()) / total
+    cap = caps or {}
+    return {p: max(1, int(minimums[p]),
+                   min(largest, cap.get(p, largest), _need(c, pooled, int(minimums[p]))))
+            for p, c in safe.items()}
+
+
+def scaling_cap(seconds_by_units: Mapping[int, float]) -> int | None:
+    """The fewest units past which the policy's measured rounds got no faster: the least
+    measured count u with a larger measured count whose round took at least as long; None
+    while every step up paid. Over-committed CPU threads can make a trainer slower on more
+    threads (its threads wait for each other's turns on a busy core), which the linear model
+    of the cost cannot see: the cost then grows with the units, and the rule would grant
+    even more."""
+    measured = sorted(seconds_by_units.items())
+    for i, (units, seconds) in enumerate(measured):
+        if any(later >= seconds for _, later in measured[i + 1:]):
+            return units
+    return None
+
+
+def shared_makespan(costs: Mapping[str, float], units: Mapping[str, int], total: int) -> float:
+    """Estimated round of an over-committed pool: ``max(C / N, max_i c_i / u_i)`` (inf when a
+    policy holds no unit)."""
+    return max(sum(costs.values()) / total, makespan(costs, units))
+
+
+def rollout_split(units: int, rollout_cost: float | None, update_cost: float | None,
+                  max_workers: int, devices: bool, previous: int = 0,
+                  hysteresis: float = 0.0) -> tuple[int, int]:
+    """(units of the policy's rollout workers, rollout workers) for a policy on `units` units.
+
+    ``r = u R / (R + U)`` rounded to whichever neighbour has the smaller ``max(R / r,
+    U / (u - r))``, within [1, u - 1]; u // 2 before both costs are measured. On GPUs
+    (`devices`) each worker holds one device: r and the workers are at most `max_workers`.
+    (0, 0) when the trainer runs no worker or the policy holds fewer than 2 units. The
+    `previous` split of these units stays while its ``max(R / r, U / (u - r))`` is within
+    (1 + `hysteresis`) of the best one's: moving a device reloads a worker's weights."""
+    if max_workers <= 0 or units < 2:
+        return 0, 0
+    if rollout_cost is None or update_cost is None or rollout_cost <= 0 or update_cost <= 0:
+        r = units // 2
+    else:
+        rc, uc = _safe_cost(rollout_cost), _safe_cost(update_cost)
+
+        def span(k: int) -> float:
+            return max(rc / k, uc / (units - k))
+
+        exact = units * rc / (rc + uc)
+        lo, hi = max(1, math.floor(exact)), min(units - 1, max(1, math.ceil(exact)))
+        r = min((lo, hi), key=lambda k: (span(k), k))
+        if 1 <= previous < units and span(previous) <= (1.0 + hysteresis) * span(r):
+            r = previous
+    r = min(max(r, 1), units - 1)
+    if devices:
+        r = min(r, max_workers)
+    return r, min(max_workers, r)
+
+
+def _with_rollouts(plan: PoolAssignment, policies: Sequence[PolicySpec],
+                   settings: Settings, previous: PoolAssignment | None) -> PoolAssignment:
+    """The plan with each policy's rollout workers (`rollout_split`, keeping the `previous`
+    plan's split of the same units within the hysteresis) and their threads: the policy's
+    threads in the ratio of its rollout units to its units, at least one each for the learner
+    and the workers."""
+    by_id = {p.policy_id: p for p in policies}
+    before = previous if previous is not None else PoolAssignment(
+        round=-1, epoch=0, strategy="", units={}, placement={}, active=[], pool_units=0,
+        workers=[], policies=[])
+    plan.rollout_units, plan.rollout_workers, plan.rollout_threads = {}, {}, {}
+    for pid in plan.policies:
+        spec, units = by_id.get(pid), plan.units.get(pid, 0)
+        kept = before.rollout_units.get(pid, 0) if before.units.get(pid) == units else 0
+        r, n = (rollout_split(units, spec.rollout_cost, spec.update_cost,
+                              spec.max_rollout_workers, settings.unit == "gpu", kept,
+                              settings.hysteresis)
+                if spec is not None and pid in plan.active else (0, 0))
+        threads = plan.threads.get(pid, 0)
+        plan.rollout_units[pid], plan.rollout_workers[pid] = r, n
+        plan.rollout_threads[pid] = (min(max(threads * r // units, 1), threads - 1)
+                                     if r and threads >= 2 else 0)
+    return plan
+
+
 def turn(policies: Sequence[str], minimums: Mapping[str, int], total: int,
          cursor: str | None, max_active: int | None = None) -> tuple[list[str], str | None]:
     """One round of the time-share ring: the active policies and the next cursor.
@@ -464,8 +608,8 @@ def round_done(plan: PoolAssignment, reported: Mapping[str, int], live: Sequence
 
 
 def next_turn_plan(plan: PoolAssignment, policies: Sequence[PolicySpec],
-                   workers: Sequence[PoolWorker],
-                   reported: Mapping[str, int]) -> PoolAssignment | None:
+                   workers: Sequence[PoolWorker], reported: Mapping[str, int],
+                   settings: Settings | None = None) -> PoolAssignment | None:
     """time-share: once every live policy of the active turn has reported `plan.round`, the plan
     of the round's next turn with live policies (same round, next epoch); None otherwise."""
     if plan.strategy != "time-share" or not plan.turns:
@@ -495,7 +639,7 @@ def next_turn_plan(plan: PoolAssignment, policies: Sequence[PolicySpec],
                rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                         and any(w.worker_id in ws for ws in placement.values())},
                turns=plan.turns, turn=idx)
-    return _bump(plan, nxt)
+    return _bump(plan, _with_rollouts(nxt, policies, settings or Settings(), plan))
 
 
 def admit_late(plan: PoolAssignment, policies: Sequence[PolicySpec],
@@ -520,7 +664,7 @@ def admit_late(plan: PoolAssignment, policies: Sequence[PolicySpec],
         placement={**plan.placement, **{p: {} for p in late}},
         threads={**plan.threads, **{p: 0 for p in late}},
         costs={**plan.costs, **{p: costs[p] for p in late}})
-    return _bump(plan, new)
+    return _bump(plan, _with_rollouts(new, policies, settings, plan))
 
 
 def place(units: Mapping[str, int], workers: Sequence[PoolWorker],
@@ -604,15 +748,24 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
     strategy: str = settings.strategy
     if (strategy != "time-share" and sum(mins.values()) > total
             and settings.short_pool == "shared"):
-        units = {p: mins[p] for p in ids}
+        largest = max(w.units for w in pool)
+        caps = {p.policy_id: c for p in pols
+                if (c := scaling_cap(p.seconds_by_units)) is not None}
+        # a capped policy costs what its rounds took on the capped units
+        at_cap = {**costs, **{p.policy_id: p.seconds_by_units[caps[p.policy_id]]
+                              * caps[p.policy_id] for p in pols if p.policy_id in caps}}
+        units = shared_shares(at_cap, total, mins, largest, caps)
+        kept = _kept_shared(previous, ids, at_cap, mins, total, largest, caps, settings)
+        units = kept if kept is not None else units
         placement = shared_placement(units, pool)
+        units = {p: sum(placement[p].values()) for p in ids}
         plan = PoolAssignment(round=round_, epoch=prev_epoch, strategy="shared", units=units,
                     placement=placement, active=list(ids), pool_units=total,
                     workers=[w.worker_id for w in pool], policies=ids, next_turn=cursor,
                     costs=costs, threads=_threads(placement, pool),
                     rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                              and any(w.worker_id in ws for ws in placement.values())})
-        return _bump(previous, plan)
+        return _bump(previous, _with_rollouts(plan, pols, settings, previous))
     turns: list[list[str]] = []
     if strategy == "time-share" or sum(mins.values()) > total:
         strategy = "time-share"
@@ -639,7 +792,7 @@ def plan_round(previous: PoolAssignment | None, policies: Sequence[PolicySpec],
                 rollout={w.worker_id: w.rollout_address for w in pool if w.rollout_address
                          and any(w.worker_id in ws for ws in placement.values())},
                 turns=turns)
-    return _bump(previous, plan)
+    return _bump(previous, _with_rollouts(plan, pols, settings, previous))
 
 
 def _threads(placement: Mapping[str, Mapping[str, int]],
@@ -667,10 +820,32 @@ def _kept_by_hysteresis(previous: PoolAssignment | None, active: Sequence[str],
     return None
 
 
+def _kept_shared(previous: PoolAssignment | None, ids: Sequence[str],
+                 costs: Mapping[str, float], mins: Mapping[str, int], total: int,
+                 largest: int, caps: Mapping[str, int],
+                 settings: Settings) -> dict[str, int] | None:
+    """`shared`: the previous shares when they were shared among the same policies, still
+    meet the minimums and the caps, and their `shared_makespan` is within (1 + h) of the new
+    shares'."""
+    if (previous is None or previous.strategy != "shared"
+            or sorted(previous.policies) != sorted(ids)):
+        return None
+    old = {p: previous.units.get(p, 0) for p in ids}
+    if any(old[p] < mins[p] or old[p] > max(caps.get(p, old[p]), mins[p]) for p in ids):
+        return None
+    safe = {p: _safe_cost(c) for p, c in costs.items()}
+    new = shared_shares(costs, total, mins, largest, caps)
+    if shared_makespan(safe, old, total) <= (1.0 + settings.hysteresis) * shared_makespan(
+            safe, new, total):
+        return old
+    return None
+
+
 def _bump(previous: PoolAssignment | None, plan: PoolAssignment) -> PoolAssignment:
     if previous is None:
         plan.epoch = 1
     elif (previous.placement != plan.placement or previous.active != plan.active
-          or previous.units != plan.units):
+          or previous.units != plan.units or previous.rollout_units != plan.rollout_units
+          or previous.rollout_workers != plan.rollout_workers):
         plan.epoch = previous.epoch + 1
     return plan

@@ -90,9 +90,11 @@ class MwraConfig(ServiceConfig):
     short_pool: Annotated[Literal["auto", "shared", "time-share"],
                           BeforeValidator(_short_pool_alias)] = "auto"
     """When the pool has fewer units than the live policies need (`static`, `balanced`):
-    `shared` (also accepted as `share`, its earlier name) keeps every policy active with its
-    minimum and over-commits the units (the OS time-slices CPU threads: N trainers cost about
-    the sum of their steps over the cores, never more than one after another); `time-share`
+    `shared` (also accepted as `share`, its earlier name) keeps every policy active and
+    over-commits the units (the OS time-slices CPU threads: N trainers cost about the sum of
+    their steps over the cores, never more than one after another), each policy with the
+    fewest threads that finish its round within that pooled time (at least its minimum: a
+    slow policy takes the threads its peers leave idle while they wait for it); `time-share`
     makes policies take turns within each round (exclusive units such as GPUs: a round costs
     the turns' steps one after another); `auto`: `shared` for CPU units, `time-share` for
     GPUs. Plans report `shared` as their strategy."""

@@ -173,7 +173,7 @@ class Coordinator:
         pool = [PoolWorker(w.worker_id, w.gpu_count if unit == "gpu" else w.cpu_slots,
                            cpu_slots=w.cpu_slots, rollout_address=w.rollout_address)
                 for w in live]
-        return pool, dataclasses.replace(self.settings, short_pool=short)
+        return pool, dataclasses.replace(self.settings, short_pool=short, unit=unit)
 
     def _live_policies(self, state: RunState, now: int) -> list[PolicySpec]:
         horizon = now - int(self.cfg.policy_lease_seconds * 1000)
@@ -184,7 +184,13 @@ class Coordinator:
             cost = state.costs.get(pid)
             out.append(PolicySpec(pid, min_units=rec.min_units, weight=rec.weight,
                                   rollout_budget=rec.rollout_budget,
-                                  cost=cost.smoothed if cost else None))
+                                  cost=cost.smoothed if cost else None,
+                                  max_rollout_workers=rec.max_rollout_workers,
+                                  rollout_cost=cost.rollout if cost else None,
+                                  update_cost=cost.update if cost else None,
+                                  seconds_by_units={int(u): t for u, t in
+                                                    (cost.seconds_by_units if cost else {})
+                                                    .items()}))
         return out
 
     @staticmethod
@@ -275,9 +281,9 @@ class Coordinator:
             if state.plan is None:
                 return
             now = now_ms()
-            pool, _ = self.pool(state, now)
+            pool, settings = self.pool(state, now)
             new = next_turn_plan(state.plan, self._live_policies(state, now), pool,
-                                 self._reported(state))
+                                 self._reported(state), settings)
             if new is None:
                 return
             if await self.store.commit_plan(run_id, self.replica, state.version, new) < 0:

@@ -79,6 +79,7 @@ def check_policy(request: pb.RegisterPolicyRequest, cfg: MwraConfig) -> float:
     nonneg("min_units", request.min_units, cfg.max_units)
     weight = finite("weight", request.weight, limit=cfg.max_weight) or 1.0
     nonneg("rollout_budget", request.rollout_budget)
+    nonneg("max_rollout_workers", request.max_rollout_workers, cfg.max_units)
     return weight
 
 
@@ -91,4 +92,10 @@ def check_cost(request: pb.StepCostReport, cfg: MwraConfig) -> float:
     if request.units < 1:
         raise InvalidArgument("units", f"must be >= 1, got {request.units}")
     nonneg("units", request.units, cfg.max_units)
+    finite("rollout_seconds", request.rollout_seconds, limit=cfg.max_step_seconds)
+    finite("update_seconds", request.update_seconds, limit=cfg.max_step_seconds)
+    nonneg("rollout_units", request.rollout_units)
+    if request.rollout_units >= request.units:
+        raise InvalidArgument("rollout_units", f"must be < units ({request.units}): the "
+                              f"learner keeps at least one, got {request.rollout_units}")
     return seconds

@@ -68,7 +68,10 @@ def _allocation(run_id: str, policy_id: str, plan: PoolAssignment | None,
         threads=plan.threads.get(policy_id, 0), rollout_budget=budget if active else 0,
         active=active, strategy=plan.strategy,
         rollout_addresses=[s.rollout_address for s in slices if s.rollout_address],
-        slices=slices, pool_units=plan.pool_units)
+        slices=slices, pool_units=plan.pool_units,
+        rollout_workers=plan.rollout_workers.get(policy_id, 0) if active else 0,
+        rollout_threads=plan.rollout_threads.get(policy_id, 0) if active else 0,
+        rollout_units=plan.rollout_units.get(policy_id, 0) if active else 0)
 
 
 class AllocatorService(pb_grpc.AllocatorServicer):
@@ -113,13 +116,18 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         info = pb.PolicyInfo(
             run_id=run_id, policy_id=pid, trainer_id=rec.trainer_id,
             live=seen > now - int(self.cfg.policy_lease_seconds * 1000), last_seen_unix_ms=seen,
-            min_units=rec.min_units, weight=rec.weight, rollout_budget=rec.rollout_budget)
+            min_units=rec.min_units, weight=rec.weight, rollout_budget=rec.rollout_budget,
+            max_rollout_workers=rec.max_rollout_workers)
         if cost is not None:
             info.smoothed_cost = cost.smoothed or 0.0
             info.reports = cost.reports
             info.last_seconds, info.last_tokens = cost.last_seconds, cost.last_tokens
             info.last_samples, info.last_units = cost.last_samples, cost.last_units
             info.last_round = cost.last_round
+            info.smoothed_rollout_cost = cost.rollout or 0.0
+            info.smoothed_update_cost = cost.update or 0.0
+            info.last_rollout_seconds = cost.last_rollout_seconds
+            info.last_update_seconds = cost.last_update_seconds
         return info
 
     def _lease(self, worker_id: str, expires: int) -> pb.Lease:
@@ -172,7 +180,8 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                                     "(max_policies); deregister one first")
         rec = PolicyRecord(policy_id=pid, trainer_id=request.trainer_id,
                            min_units=request.min_units or 1, weight=weight,
-                           rollout_budget=request.rollout_budget, registered_ms=now_ms())
+                           rollout_budget=request.rollout_budget, registered_ms=now_ms(),
+                           max_rollout_workers=request.max_rollout_workers)
         await self.store.put_policy(run, rec)
         self.coordinator.track(run)
         log.info("run %s: policy %s registered (trainer %s)", run, pid, rec.trainer_id or "-")
@@ -194,7 +203,10 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         await self._touch(run, pid)
         await self.store.record_cost(run, pid, round_=request.round, seconds=seconds,
                                      tokens=request.tokens, samples=request.samples,
-                                     units=request.units, alpha=self.cfg.smoothing)
+                                     units=request.units, alpha=self.cfg.smoothing,
+                                     rollout_seconds=request.rollout_seconds,
+                                     update_seconds=request.update_seconds,
+                                     rollout_units=request.rollout_units)
         plan, _ = await self.store.load_plan(run)
         if plan is not None and plan.strategy == "time-share" and pid in plan.active:
             await self.coordinator.next_turn(run)
@@ -219,6 +231,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         if plan is not None and plan.strategy == "time-share" and plan.round < request.round:
             # Turns of an earlier round still train: this round's turn has not come yet.
             alloc.active, alloc.rollout_budget, alloc.threads = False, 0, 0
+            alloc.rollout_workers, alloc.rollout_threads, alloc.rollout_units = 0, 0, 0
         return alloc
 
     @redis_rpc

@@ -7,9 +7,11 @@ slot (the Lua scripts below touch several keys of one run). With the default pre
     mrl:mwra:{run}:workers   hash  worker_id -> JSON (capacity, labels, rollout_address)
     mrl:mwra:{run}:leases    hash  worker_id -> lease expiry (Unix ms)
     mrl:mwra:{run}:lost      set   workers whose lease lapsed (marked by the leader's reaper)
-    mrl:mwra:{run}:policies  hash  policy_id -> JSON (trainer_id, min_units, weight, budget)
+    mrl:mwra:{run}:policies  hash  policy_id -> JSON (trainer_id, min_units, weight, budget,
+                                   max_rollout_workers)
     mrl:mwra:{run}:seen      hash  policy_id -> last sign of life (Unix ms)
-    mrl:mwra:{run}:costs     hash  policy_id -> JSON (smoothed cost, last report, report count)
+    mrl:mwra:{run}:costs     hash  policy_id -> JSON (smoothed costs of the round, its
+                                   rollouts and its update; last report, report count)
     mrl:mwra:{run}:plan      hash  version -> n (bumped by every write), json -> the current
                                    PoolAssignment (who holds which units this round)
     mrl:mwra:{run}:want      str   highest round a follower was asked for (served by the leader)
@@ -77,6 +79,7 @@ class PolicyRecord:
     weight: float = 1.0
     rollout_budget: int = 0
     registered_ms: int = 0
+    max_rollout_workers: int = 0
 
 
 @dataclass
@@ -88,6 +91,19 @@ class CostRecord:
     last_samples: int = 0
     last_units: int = 0
     last_round: int = -1
+    rollout: float | None = None
+    """Smoothed unit-seconds of the rounds' rollouts (None until one was measured)."""
+    update: float | None = None
+    """Smoothed unit-seconds of the rounds' updates (None until one was measured)."""
+    last_rollout_seconds: float = 0.0
+    last_update_seconds: float = 0.0
+    seconds_by_units: dict[str, float] = field(default_factory=dict)
+    """Smoothed seconds per round at each unit count the policy ran on (JSON keys are
+    strings), the last `MAX_UNIT_COUNTS` counts: whether more units made its rounds faster."""
+
+
+MAX_UNIT_COUNTS = 8
+"""Unit counts a policy's `CostRecord.seconds_by_units` keeps (the most recent)."""
 
 
 @dataclass
@@ -262,11 +278,17 @@ class MwraStore:
         return await self._remove(policy_id, [k.policies, k.seen, k.costs], [])
 
     async def record_cost(self, run_id: str, policy_id: str, *, round_: int, seconds: float,
-                          tokens: int, samples: int, units: int, alpha: float) -> CostRecord:
-        """Fold one step into the policy's EMA (optimistic transaction: concurrent reports of the
-        run retry instead of losing an update). A round reported again (a client's retry after
-        a lost answer, a resumed trainer redoing the round) is folded once: the first report
-        stands."""
+                          tokens: int, samples: int, units: int, alpha: float,
+                          rollout_seconds: float = 0.0, update_seconds: float = 0.0,
+                          rollout_units: int = 0) -> CostRecord:
+        """Fold one step into the policy's EMAs (optimistic transaction: concurrent reports of
+        the run retry instead of losing an update). A round reported again (a client's retry
+        after a lost answer, a resumed trainer redoing the round) is folded once: the first
+        report stands. The rollouts ran on `rollout_units` of the `units` (0: all of them,
+        in-process), the update on the rest; a phase reported as 0 s was not measured and
+        leaves its EMA as it is."""
+        rollout_on = rollout_units or units
+        update_on = units - rollout_units if rollout_units else units
         k = self.keys(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
@@ -279,6 +301,16 @@ class MwraStore:
                         await self.r.hset(k.seen, policy_id, now_ms())
                         return rec
                     rec.smoothed = ema(rec.smoothed, seconds * units, alpha)
+                    at = rec.seconds_by_units.pop(str(units), None)  # re-inserted: most recent
+                    rec.seconds_by_units[str(units)] = ema(at, seconds, alpha)
+                    while len(rec.seconds_by_units) > MAX_UNIT_COUNTS:
+                        rec.seconds_by_units.pop(next(iter(rec.seconds_by_units)))
+                    if rollout_seconds > 0:
+                        rec.rollout = ema(rec.rollout, rollout_seconds * rollout_on, alpha)
+                    if update_seconds > 0:
+                        rec.update = ema(rec.update, update_seconds * update_on, alpha)
+                    rec.last_rollout_seconds = rollout_seconds
+                    rec.last_update_seconds = update_seconds
                     rec.reports += 1
                     rec.last_seconds, rec.last_tokens = seconds, tokens
                     rec.last_samples, rec.last_units, rec.last_round = samples, units, round_

@@ -56,6 +56,19 @@ class RoundAllocation:
     rollout_threads: int = 0
     """Of `threads`, those the rollout worker uses (the learner the rest); 0: the trainer's
     default split (half)."""
+    rollout_units: int = 0
+    """Of `units`, those the rollout workers hold (reported back with the round's cost)."""
+
+
+def fixed_allocation(threads: int, rollout_budget: int,
+                     max_rollout_workers: int) -> RoundAllocation:
+    """The allocation without MWRA's grants: the configured threads and budget, and every
+    rollout worker the trainer runs, on half the threads (none of its own on one thread: the
+    worker and the learner then share it)."""
+    half = threads // 2 if max_rollout_workers > 0 else 0
+    return RoundAllocation(threads=threads, rollout_budget=rollout_budget,
+                           rollout_workers=max_rollout_workers, rollout_threads=half,
+                           rollout_units=half)
 
 
 class AllocatorClient:
@@ -65,9 +78,9 @@ class AllocatorClient:
                  rollout_budget: int, token: str | None = None, timeout: float = 30.0,
                  active_wait_s: float = 60.0, peers: Sequence[str] = (),
                  peers_wait_s: float = 0.0, fixed_compute: bool = False,
-                 outage_budget: float | None = None) -> None:
+                 outage_budget: float | None = None, max_rollout_workers: int = 0) -> None:
         self.run_id, self.policy = run_id, policy
-        self.fixed = RoundAllocation(threads=threads, rollout_budget=rollout_budget)
+        self.fixed = fixed_allocation(threads, rollout_budget, max_rollout_workers)
         self.current = self.fixed
         self.active_wait_s = active_wait_s
         self.peers = [p for p in peers if p != policy]
@@ -89,7 +102,8 @@ class AllocatorClient:
         budget = {} if outage_budget is None else {"outage_budget": outage_budget}
         self.client = MwraClient(address, token=token, timeout=timeout, **budget)
         self.client.register_policy(run_id, policy, trainer_id=f"{policy}-{os.getpid()}",
-                                    rollout_budget=rollout_budget)
+                                    rollout_budget=rollout_budget,
+                                    max_rollout_workers=max_rollout_workers)
 
     def allocation(self, round_k: int) -> RoundAllocation:
         """The allocation for `round_k`. Under time-sharing a policy that sits the round out
@@ -124,11 +138,18 @@ class AllocatorClient:
         if a.strategy == "time-share" and a.active:
             table = self.client.list_allocations(self.run_id)
             peers = sorted({x.policy_id for x in table.allocations if x.active} | {self.policy})
-        granted = (self.fixed.threads, 0) if self.fixed_compute else (a.threads, a.rollout_budget)
+        f = self.fixed
+        # threads, budget, rollout workers, their threads and units
+        granted = ((f.threads, 0, f.rollout_workers, f.rollout_threads, f.rollout_units)
+                   if self.fixed_compute else
+                   (a.threads, a.rollout_budget, a.rollout_workers, a.rollout_threads,
+                    a.rollout_units))
         self.current = RoundAllocation(
             threads=max(int(granted[0]), 1),
-            rollout_budget=int(granted[1]) or self.fixed.rollout_budget,
-            units=max(int(a.units), 1), epoch=int(a.epoch), round_peers=peers)
+            rollout_budget=int(granted[1]) or f.rollout_budget,
+            units=max(int(a.units), 1), epoch=int(a.epoch), round_peers=peers,
+            rollout_workers=int(granted[2]), rollout_threads=int(granted[3]),
+            rollout_units=int(granted[4]))
         return self.current
 
     def _await_peers(self) -> None:
@@ -163,12 +184,18 @@ class AllocatorClient:
     def report(self, round_k: int, seconds: float, tokens: int, samples: int, *,
                rollout_s: float = 0.0, update_s: float = 0.0) -> None:
         """Report a round's cost: `seconds` of work, waits for peers, deadlines and turns
-        excluded (MWRA divides compute by it); `rollout_s` of it sampling (in a rollout
-        worker: beside the update) and `update_s` in the update (the optimizer steps)."""
+        excluded (MWRA divides compute by it); `rollout_s` and `update_s` the round's time
+        generating and updating (they overlap with rollout workers; 0 = not measured), from
+        which MWRA splits the policy's threads between its learner and its workers."""
         if self.client is not None:
+            units = self.current.units
+            # MWRA's units, when fixed compute ran the round on other threads than granted
+            rollout_units = min(self.current.rollout_units, units - 1)
             self.client.report_step_cost(self.run_id, self.policy, round_k, max(seconds, 1e-6),
-                                         tokens=tokens, samples=samples,
-                                         units=self.current.units)
+                                         tokens=tokens, samples=samples, units=units,
+                                         rollout_seconds=max(rollout_s, 0.0),
+                                         update_seconds=max(update_s, 0.0),
+                                         rollout_units=max(rollout_units, 0))
 
     def leave(self) -> None:
         """This policy trained its last round: deregister it, so MWRA hands its threads to the

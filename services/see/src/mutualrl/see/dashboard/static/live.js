@@ -5,6 +5,15 @@ import { enc, get } from "./api.js";
 
 export const POLL_MS = 1000;
 
+// Seconds a round's rollouts and update ran side by side, at least: what their sum exceeds the
+// round's own time (its waits for peers left out) by. 0 when they ran one after the other.
+export function withOverlap(v) {
+  const round = v.cost_s ?? v.step_s;
+  if (v.overlap_s === undefined && v.rollout_s !== undefined && v.update_s !== undefined && round !== undefined)
+    v.overlap_s = Math.max(0, v.rollout_s + v.update_s - round);
+  return v;
+}
+
 export class LiveMetrics {
   constructor(runId, policies) {
     this.runId = runId;
@@ -35,7 +44,7 @@ export class LiveMetrics {
         for (const row of r.rows) {
           if (!this.rows.has(row.policy_id)) this.rows.set(row.policy_id, new Map());
           // A round reported again (a resumed trainer) replaces the earlier row.
-          this.rows.get(row.policy_id).set(row.round, { ...row.values, _ms: row.unix_ms });
+          this.rows.get(row.policy_id).set(row.round, withOverlap({ ...row.values, _ms: row.unix_ms }));
           this.newestMs = Math.max(this.newestMs ?? 0, row.unix_ms);
           changed = true;
         }

@@ -1,8 +1,10 @@
 // Live curves per policy: train reward, pass rate, rescued prompts per round, held-out reward
-// (mean and per skill), benchmarks (avg@n, pass@k), then the optimisation figures. One line per policy in every panel.
+// (mean and per skill), benchmarks (avg@n, pass@k), the optimisation figures, then MWRA's
+// compute (threads, rollout workers, rollout / update overlap). One line per policy in every panel.
 
 import { ema, LinePanel } from "../charts.js";
 import { clear, h } from "../dom.js";
+import { COMPUTE, ComputeTable } from "./compute.js";
 
 const MAIN = [
   { metric: "reward_mean", title: "Train reward", subtitle: "mean over the round's G × prompts", smooth: true, yRange: [0, 1] },
@@ -28,6 +30,8 @@ export function curvesView(root, { policies, live }) {
   const skillGrid = h("div", { class: "grid four" });
   const moreGrid = h("div", { class: "grid small" });
   const benchGrid = h("div", { class: "grid four" });
+  const computeGrid = h("div", { class: "grid small", style: { marginTop: "14px" } });
+  const plan = new ComputeTable(policies);
   const select = h("select", { id: "smoothing", "aria-label": "smoothing" },
     [["0", "off"], ["0.6", "0.6"], ["0.8", "0.8"], ["0.95", "0.95"]].map(([v, l]) =>
       h("option", { value: v, selected: Number(v) === alpha }, l)));
@@ -42,11 +46,13 @@ export function curvesView(root, { policies, live }) {
     mainGrid,
     h("h2", { class: "section" }, "Held-out reward per skill"), skillGrid,
     h("h2", { class: "section" }, "Benchmarks"), benchGrid,
-    h("h2", { class: "section" }, "Optimisation"), moreGrid);
+    h("h2", { class: "section" }, "Optimisation"), moreGrid,
+    h("h2", { class: "section", id: "compute" }, "Compute (MWRA): threads, rollout workers, rollout ‖ update"),
+    plan.el, computeGrid);
 
   function panel(spec, grid) {
     if (!panels.has(spec.metric)) {
-      const p = new LinePanel({ ...spec, policies, height: grid === moreGrid ? 150 : 190 });
+      const p = new LinePanel({ ...spec, policies, height: grid === moreGrid || grid === computeGrid ? 150 : 190 });
       p.smooth = !!spec.smooth;
       panels.set(spec.metric, p);
       grid.append(p.el);
@@ -56,6 +62,7 @@ export function curvesView(root, { policies, live }) {
 
   MAIN.forEach((s) => panel(s, mainGrid));
   MORE.forEach((s) => panel(s, moreGrid));
+  COMPUTE.forEach((s) => panel(s, computeGrid));
   const skillNote = h("p", { class: "muted" }, "No held-out evaluation reported yet (trainers evaluate every eval.every rounds).");
   skillGrid.append(skillNote);
   const benchNote = h("p", { class: "muted" }, "No benchmark reported yet (eval.benchmarks, every eval.every rounds).");
@@ -70,6 +77,7 @@ export function curvesView(root, { policies, live }) {
     benchNote.hidden = bench.length > 0;
     for (const k of bench) panel({ metric: `bench/${k}`, title: `Benchmark · ${k.split("/").join(" · ")}`, markers: true, yRange: [0, 1] }, benchGrid);
     const anyRows = live.maxRound() !== null;
+    plan.update(live);
     for (const p of panels.values()) {
       p.update(policies.map((pol) => {
         const pts = live.series(pol, p.metric);

@@ -346,7 +346,8 @@ def build_session(
         None if local else svc.mwra, cfg.run_id, policy.name, policy.threads,
         g.group_size * g.prompts_per_round, svc.token, svc.timeout,
         peers=[p.name for p in cfg.policies], peers_wait_s=svc.peers_wait_s,
-        fixed_compute=deterministic, outage_budget=svc.outage_budget_s)
+        fixed_compute=deterministic, outage_budget=svc.outage_budget_s,
+        max_rollout_workers=0 if policy.rollout_worker is False else 1)
     session = Session(
         cfg=cfg, policy=policy, model=model, tokenizer=tok, ref_model=ref_model,
         optimizer=optimizer, scheduler=scheduler, engine=engine, task=task,

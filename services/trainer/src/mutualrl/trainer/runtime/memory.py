@@ -365,7 +365,7 @@ def _gib(n: int) -> str:
 
 def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     """The plan as a few aligned lines."""
-    per_rank = f", 1/{x.shards} per rank ({x.sharding()})" if x.ranks > 1 else ""
+    per_rank = f", 1/{x.shards} per rank" if x.ranks > 1 else ""
     master = f"{_DTYPE_NAMES[x.dtype_bytes]} master"
     rows = [
         ("parameters", p.items["weights"],

@@ -254,7 +254,7 @@ def _nodes_config(root: Path, warm: tuple[Path, Path], **policy: Any) -> Path:
     return path
 
 
-def _train_nodes(cfg: Path, *args: str, timeout: float = 240) -> list[str]:
+def _train_nodes(cfg: Path, *args: str, timeout: float = 480) -> list[str]:
     """Both nodes' launchers, started together; asserts each exits 0, returns their stderr."""
     endpoint = f"127.0.0.1:{free_port()}"
     procs = [subprocess.Popen(
@@ -286,7 +286,7 @@ def two_nodes(warm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
     return roots
 
 
-@pytest.mark.timeout(900)  # the 1-node and 2-node runs it compares
+@pytest.mark.timeout(1800)  # the 1-node and 2-node runs it compares
 @pytest.mark.parametrize("sharding", ["fsdp", "hsdp"])
 def test_two_nodes_train_what_two_ranks_of_one_node_train(
     runs: dict[int, Path], two_nodes: dict[str, Path], sharding: str,
@@ -306,6 +306,7 @@ def test_two_nodes_train_what_two_ranks_of_one_node_train(
     assert manifest["world"] == 2 and manifest["dcp"] is True
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("written_by", "resumed_on"), [("nodes", "one"), ("one", "nodes")])
 def test_resume_across_world_sizes(
     runs: dict[int, Path], two_nodes: dict[str, Path], warm: tuple[Path, Path],

@@ -66,7 +66,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         [*CLI, "sft", "--preset", "llama-char", "--regime", "short", "--steps", "25",
          "--batch", "16", "--lr", "3e-3", "--eval-every", "0", "--seed", "3",
          "--cache-dir", str(cache), "--out", str(out), "--no-progress"],
-        check=True, env=_env(), capture_output=True, timeout=180)
+        check=True, env=_env(), capture_output=True, timeout=400)
     return out, cache
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from tiny_up import metrics_rows, run_up, up_config, write_yaml
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROUNDS = 3
 ATOL = 1e-5
@@ -32,9 +32,22 @@ gradients; only the order of floating-point sums may differ."""
 POLICIES = ("gpt2-bpe", "llama-char")
 
 
-def _config(tmp_path: Path, run_id: str, nnodes: int, nproc: int, rounds: int = ROUNDS
-            ) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where `up` writes llama-char's warm start once (later runs reuse it)."""
+    return tmp_path_factory.mktemp("warm") / "llama-char"
+
+
+def _config(tmp_path: Path, warm: Path, run_id: str, nnodes: int, nproc: int,
+            rounds: int = ROUNDS) -> dict[str, Any]:
     cfg = up_config(tmp_path, run_id, rounds, deadline_seconds=5.0)
+    # A short warm start and a format reward: rewards vary within groups, so every round
+    # has gradients to get wrong.
+    cfg["up"]["warm_start"] = {"llama-char": {
+        "preset": "llama-char", "task": {"regime": "short", "skills": ["add", "rev"]},
+        "steps": 25, "batch": 16, "lr": 3.0e-3, "seed": 3, "eval_per_skill": 8,
+        "out_dir": str(warm)}}
+    cfg["trainer"]["task"]["format_reward"] = 0.5
     cfg["trainer"]["exchange"] = {"mode": "deterministic"}
     cfg["trainer"]["checkpoint"] = {"every": 1, "keep": 2}
     cfg["trainer"]["policies"][1].update(nnodes=nnodes, nproc=nproc)
@@ -69,12 +82,14 @@ def _check_sharing(run_dir: Path, summary: dict[str, Any], rounds: int) -> None:
                                                      "llama-char": {"gpt2-bpe"}}
 
 
-def test_two_nodes_train_what_one_node_trains_and_share_both_ways(tmp_path: Path) -> None:
+def test_two_nodes_train_what_one_node_trains_and_share_both_ways(tmp_path: Path,
+                                                                  warm: Path) -> None:
     finals = {}
     for run_id, nnodes, nproc in (("nodes", 2, 1), ("one-node", 1, 2)):
-        path = write_yaml(tmp_path / f"{run_id}.yaml", _config(tmp_path, run_id, nnodes, nproc))
+        path = write_yaml(tmp_path / f"{run_id}.yaml",
+                          _config(tmp_path, warm, run_id, nnodes, nproc))
         run_dir = tmp_path / "runs" / run_id
-        summary, _ = run_up(path, run_dir, timeout=600, env=_env())
+        summary, _ = run_up(path, run_dir, timeout=1000, env=_env())
         _check_sharing(run_dir, summary, ROUNDS)
         final = f"round-{ROUNDS:06d}"
         finals[run_id] = {p: _params(run_dir / p / "checkpoints" / final) for p in POLICIES}
@@ -99,9 +114,10 @@ def _wait(predicate: Any, proc: subprocess.Popen[str], what: str, within: float 
         time.sleep(0.2)
 
 
-def test_a_dead_node_restarts_its_policy_from_the_latest_checkpoint(tmp_path: Path) -> None:
+def test_a_dead_node_restarts_its_policy_from_the_latest_checkpoint(tmp_path: Path,
+                                                                    warm: Path) -> None:
     rounds = 6
-    cfg = _config(tmp_path, "node-dies", 2, 1, rounds=rounds)
+    cfg = _config(tmp_path, warm, "node-dies", 2, 1, rounds=rounds)
     cfg["up"].update(restart="on-failure", max_restarts=1)
     path = write_yaml(tmp_path / "dies.yaml", cfg)
     run_dir = tmp_path / "runs" / "node-dies"
@@ -112,10 +128,10 @@ def test_a_dead_node_restarts_its_policy_from_the_latest_checkpoint(tmp_path: Pa
                             env=env, cwd=tmp_path)
     try:
         _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, proc,
-              "two llama-char rounds")
+              "two llama-char rounds", within=1200)
         node1 = json.loads((run_dir / "up.json").read_text())["pids"]["trainer-llama-char-node1"]
         os.kill(node1, signal.SIGKILL)  # the launcher alone: its rank dies with it
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -87,7 +87,7 @@ def _config(root: Path, warm: tuple[Path, Path], rounds: int = ROUNDS, **grpo: A
     return path
 
 
-def _train(cfg: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _train(cfg: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([*CLI, "train", "-c", str(cfg), *args], env=_env(), text=True,
                           capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -34,19 +34,22 @@ POLICIES = ("gpt2-bpe", "llama-char")
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where `up` writes llama-char's warm start once (later runs reuse it)."""
-    return tmp_path_factory.mktemp("warm") / "llama-char"
+    """llama-char after 25 SFT steps: some answers well-formed, some not, so rewards vary
+    within groups and every round has gradients to get wrong."""
+    out = tmp_path_factory.mktemp("warm") / "llama-char"
+    subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "sft", "--preset", "llama-char", "--regime",
+         "short", "--steps", "25", "--batch", "16", "--lr", "3e-3", "--eval-every", "0",
+         "--seed", "0", "--cache-dir", str(out.parent / "presets"), "--out", str(out),
+         "--no-progress"], check=True, env={**os.environ, **_env()}, capture_output=True,
+        timeout=600)
+    return out
 
 
 def _config(tmp_path: Path, warm: Path, run_id: str, nnodes: int, nproc: int,
             rounds: int = ROUNDS) -> dict[str, Any]:
     cfg = up_config(tmp_path, run_id, rounds, deadline_seconds=5.0)
-    # A short warm start and a format reward: rewards vary within groups, so every round
-    # has gradients to get wrong.
-    cfg["up"]["warm_start"] = {"llama-char": {
-        "preset": "llama-char", "task": {"regime": "short", "skills": ["add", "rev"]},
-        "steps": 25, "batch": 16, "lr": 3.0e-3, "seed": 3, "eval_per_skill": 8,
-        "out_dir": str(warm)}}
+    cfg["trainer"]["policies"][1]["sft_checkpoint"] = str(warm)
     cfg["trainer"]["task"]["format_reward"] = 0.5
     cfg["trainer"]["exchange"] = {"mode": "deterministic"}
     cfg["trainer"]["checkpoint"] = {"every": 1, "keep": 2}

@@ -255,23 +255,27 @@ def _nodes_config(root: Path, warm: tuple[Path, Path], **policy: Any) -> Path:
 
 
 def _train_nodes(cfg: Path, *args: str, timeout: float = 480) -> list[str]:
-    """Both nodes' launchers, started together; asserts each exits 0, returns their stderr."""
+    """Both nodes' launchers, started together; asserts each exits 0, returns their logs
+    (files, not pipes: a pipe nobody reads while waiting on the other node fills and blocks
+    that node's ranks, and with them the collectives of both)."""
     endpoint = f"127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen(
-        [*CLI, "train", "-c", str(cfg), "--node-rank", str(k), "--rdzv-endpoint", endpoint,
-         *args], env=_env(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for k in (1, 0)]  # node 1 first: it waits for node 0's store
-    out = []
+    logs = [cfg.parent / f"node{k}.log" for k in (1, 0)]
+    procs = []
+    for k, log in zip((1, 0), logs, strict=True):  # node 1 first: it waits for node 0's store
+        with log.open("w") as fh:
+            procs.append(subprocess.Popen(
+                [*CLI, "train", "-c", str(cfg), "--node-rank", str(k), "--rdzv-endpoint",
+                 endpoint, *args], env=_env(), stdout=subprocess.DEVNULL, stderr=fh))
+    deadline = time.monotonic() + timeout
     try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, err[-3000:]
-            out.append(err)
+        for proc, log in zip(procs, logs, strict=True):
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert code == 0, log.read_text()[-3000:]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    return out
+    return [log.read_text() for log in logs]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@
 #   2. every kustomization (deploy/k8s/base, deploy/k8s/overlays/*) rendered by kustomize,
 #      validated against the Kubernetes OpenAPI schemas in strict mode (kubernetes-validate),
 #      its cross-references followed (deploy/k8s/references.py), and the overlays' security
-#      settings checked by checkov (deploy/k8s/checkov.yaml);
+#      settings checked by checkov (deploy/k8s/checkov.yaml); then the same for a run with a
+#      policy across two nodes (configs/demo-nodes.yaml as the base's run.yaml, its trainers
+#      written by deploy/k8s/trainers.py into a copy of deploy/k8s);
 #   3. the Dockerfiles linted by hadolint (deploy/docker/hadolint.yaml). Building them is
 #      `make compose-test`;
 #   4. generated files and copies up to date: deploy/k8s/base/trainers.yaml and
@@ -74,26 +76,40 @@ fi
 
 # ---- 2. Kubernetes -------------------------------------------------------------------------------
 mkdir -p "$WORK/overlays"
-for dir in "$K8S/base" "$K8S"/overlays/*/; do
-    dir="${dir%/}"
-    target="${dir#"$K8S"/}"
-    rendered="$WORK/$(printf '%s' "$target" | tr / _).yaml"
-    if ! out="$(kubectl kustomize "$dir" 2>&1 >"$rendered")"; then
-        fail "kubernetes $target: kustomize" "$out"
-        continue
-    fi
-    pass "kubernetes $target: kustomize ($(grep -c '^kind:' "$rendered") objects)"
-    # An unknown kind or apiVersion is only a WARN of kubernetes-validate (exit 0): a failure here.
-    out="$("$KUBERNETES_VALIDATE" --strict --quiet -k "$K8S_VERSION" - <"$rendered" 2>&1)"
-    if [ $? -ne 0 ] || grep -qE '^(ERROR|WARN|FATAL)' <<<"$out"; then
-        fail "kubernetes $target: schemas (kubernetes-validate --strict)" "$out"
-    else
-        pass "kubernetes $target: schemas (kubernetes-validate --strict)"
-    fi
-    run "kubernetes $target: references" "$PYTHON" "$K8S/references.py" "$target" "$rendered"
-    # The base is namespace-less on purpose: the overlays are what gets deployed.
-    [ "$target" = base ] || cp "$rendered" "$WORK/overlays/"
-done
+# `kubernetes K8S_DIR SUFFIX`: the base and every overlay of K8S_DIR, rendered, validated and
+# cross-checked (each check named with SUFFIX); the overlays are kept for checkov.
+kubernetes() {
+    local k8s="$1" suffix="$2" dir target rendered out
+    for dir in "$k8s/base" "$k8s"/overlays/*/; do
+        dir="${dir%/}"
+        target="${dir#"$k8s"/}$suffix"
+        rendered="$WORK/$(printf '%s' "$target" | tr -c 'a-z0-9-' _).yaml"
+        if ! out="$(kubectl kustomize "$dir" 2>&1 >"$rendered")"; then
+            fail "kubernetes $target: kustomize" "$out"
+            continue
+        fi
+        pass "kubernetes $target: kustomize ($(grep -c '^kind:' "$rendered") objects)"
+        # An unknown kind or apiVersion is only a WARN of kubernetes-validate (exit 0): a failure.
+        out="$("$KUBERNETES_VALIDATE" --strict --quiet -k "$K8S_VERSION" - <"$rendered" 2>&1)"
+        if [ $? -ne 0 ] || grep -qE '^(ERROR|WARN|FATAL)' <<<"$out"; then
+            fail "kubernetes $target: schemas (kubernetes-validate --strict)" "$out"
+        else
+            pass "kubernetes $target: schemas (kubernetes-validate --strict)"
+        fi
+        run "kubernetes $target: references" "$PYTHON" "$K8S/references.py" "$target" "$rendered"
+        # The base is namespace-less on purpose: the overlays are what gets deployed.
+        [ "${target%"$suffix"}" = base ] || cp "$rendered" "$WORK/overlays/"
+    done
+}
+kubernetes "$K8S" ""
+# A policy across two nodes: the same files, the trainers written for configs/demo-nodes.yaml.
+cp -r "$K8S" "$WORK/k8s-nodes"
+cp "$REPO/configs/demo-nodes.yaml" "$WORK/k8s-nodes/base/run.yaml"
+if out="$("$PYTHON" "$K8S/trainers.py" --base "$WORK/k8s-nodes/base" 2>&1)"; then
+    kubernetes "$WORK/k8s-nodes" " (two-node policy)"
+else
+    fail "generated: trainers of configs/demo-nodes.yaml" "$out"
+fi
 run "kubernetes overlays: security settings (checkov)" \
     "$CHECKOV" --config-file "$K8S/checkov.yaml" -d "$WORK/overlays"
 

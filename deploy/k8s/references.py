@@ -4,8 +4,11 @@
 
 Checks that a selector (workload, Service, PodDisruptionBudget) matches a pod template, that a
 Secret, ConfigMap or PersistentVolumeClaim a pod uses is created by the same kustomization,
-that a MUTUALRL_*_ADDR names a Service of it, and that a trainer runs one rank per GPU. Each
-problem is one `ERROR <where>: <what>` line; the exit status is 1 when there is any.
+that a MUTUALRL_*_ADDR names a Service of it, that a trainer runs one rank per GPU, and that
+a policy across nodes (a trainer with MUTUALRL_RDZV_ENDPOINT) is one set: its pods start
+together, each knows its index, the endpoint is pod 0's name through a headless Service, and
+a PodDisruptionBudget keeps every pod. Each problem is one `ERROR <where>: <what>` line; the
+exit status is 1 when there is any.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import yaml
 
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
+POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
 ADDR = re.compile(r"MUTUALRL_[A-Z]+_ADDR")
 
 
@@ -80,6 +84,8 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
             if nproc is not None and gpus is not None and str(nproc) != str(gpus):
                 errors.append(f"{at}: MUTUALRL_NPROC={nproc} ranks on nvidia.com/gpu={gpus} GPUs "
                               "(NCCL runs one rank per GPU)")
+            if "MUTUALRL_RDZV_ENDPOINT" in env:
+                errors += [f"{at}: {e}" for e in node_set(docs, obj, env)]
     for obj in docs:
         where = f"{str(obj.get('kind')).lower()}/{dig(obj, 'metadata', 'name')}"
         selector = (dig(obj, "spec", "selector") if obj.get("kind") == "Service" else
@@ -87,6 +93,38 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
                     if obj.get("kind") == "PodDisruptionBudget" else None)
         if selector and not any(matches(selector, labels) for labels in pod_labels):
             errors.append(f"{where}: selector {selector} matches no pod template")
+    return errors
+
+
+def node_set(docs: list[dict[str, Any]], workload: dict[str, Any],
+             env: dict[str, Any]) -> list[str]:
+    """What is wrong with a policy across nodes: `workload` (a StatefulSet of one pod per node)
+    and the objects of `docs` it needs."""
+    if workload["kind"] != "StatefulSet":
+        return [f"a policy across nodes runs as a StatefulSet, not a {workload['kind']}"]
+    name, spec = dig(workload, "metadata", "name"), workload["spec"]
+    service = dig(spec, "serviceName")
+    errors = []
+    endpoint = str(dig(env, "MUTUALRL_RDZV_ENDPOINT", "value"))
+    if endpoint.rsplit(":", 1)[0] != f"{name}-0.{service}":
+        errors.append(f"MUTUALRL_RDZV_ENDPOINT={endpoint} is not pod 0's name "
+                      f"({name}-0.{service}:<port>)")
+    if dig(env, "MUTUALRL_NODE_RANK", "valueFrom", "fieldRef", "fieldPath") != POD_INDEX:
+        errors.append(f"MUTUALRL_NODE_RANK is not the pod's index ({POD_INDEX})")
+    if spec.get("podManagementPolicy") != "Parallel":
+        errors.append("podManagementPolicy is not Parallel (the rendezvous waits for every pod)")
+    headless = [d for d in docs if d.get("kind") == "Service" and
+                dig(d, "metadata", "name") == service]
+    if not headless or dig(headless[0], "spec", "clusterIP") != "None" or \
+            not dig(headless[0], "spec", "publishNotReadyAddresses"):
+        errors.append(f"Service {service} is not headless with publishNotReadyAddresses "
+                      "(pod 0's name must resolve before the pods run)")
+    labels = dig(spec, "template", "metadata", "labels") or {}
+    budgets = [d for d in docs if d.get("kind") == "PodDisruptionBudget"
+               and matches(dig(d, "spec", "selector", "matchLabels") or {}, labels)]
+    if not any(dig(b, "spec", "minAvailable") == spec.get("replicas") for b in budgets):
+        errors.append(f"no PodDisruptionBudget keeps all {spec.get('replicas')} pods "
+                      "(minAvailable: replicas)")
     return errors
 
 

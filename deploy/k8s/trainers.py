@@ -4,7 +4,9 @@ Kustomize cannot repeat a resource per list item, so this writes, from
 deploy/k8s/base/run.yaml's `trainer.policies`:
 
 - base/trainers.yaml: trainer.template.yaml once per policy (a headless Service, the
-  StatefulSet with its run volume, a PodDisruptionBudget);
+  StatefulSet with its run volume, a PodDisruptionBudget), trainer-nodes.template.yaml for a
+  policy across nodes (`nnodes` > 1: one pod per node, a run volume they share, the
+  rendezvous at pod 0's name);
 - base/policy-tokens.env: each policy's token under auth.env's secret (the trainers' Secret).
 
 A run with other policies deploys by replacing run.yaml and running this again:
@@ -31,25 +33,32 @@ LABEL_MAX = 63 - len("trainer-")
 GENERATED = "# Written by deploy/k8s/trainers.py from {source}; do not edit.\n"
 
 
-def policies(run_yaml: Path) -> list[str]:
-    """The run's policy names, each usable in a Kubernetes object name."""
-    names = [p.name for p in load_trainer_config(run_yaml).policies]
-    for i, name in enumerate(names):
+def policies(run_yaml: Path) -> dict[str, int]:
+    """The run's policy names, each usable in a Kubernetes object name, with their nodes."""
+    nodes = {p.name: p.nnodes for p in load_trainer_config(run_yaml).policies}
+    for i, name in enumerate(nodes):
         if not LABEL.fullmatch(name) or len(name) > LABEL_MAX:
             raise SystemExit(
                 f"{run_yaml}: trainer.policies[{i}].name {name!r}: a Kubernetes deployment needs "
                 f"lower-case letters, digits and '-' (at most {LABEL_MAX}, starting and ending "
                 "alphanumeric)")
-    return names
+    return nodes
 
 
-def trainers_yaml(names: list[str], template: str) -> str:
+def _objects(template: str, name: str) -> string.Template:
     body = template.split("\napiVersion:", 1)  # the template's own header comment is dropped
     if len(body) != 2:
-        raise SystemExit("trainer.template.yaml: no object after its header comment")
-    objects = string.Template("apiVersion:" + body[1])
-    return GENERATED.format(source="run.yaml and trainer.template.yaml") + "---\n".join(
-        f"# ---- policy {name}\n" + objects.substitute(policy=name) for name in names)
+        raise SystemExit(f"{name}: no object after its header comment")
+    return string.Template("apiVersion:" + body[1])
+
+
+def trainers_yaml(nodes: dict[str, int], template: str, nodes_template: str) -> str:
+    one, several = (_objects(template, "trainer.template.yaml"),
+                    _objects(nodes_template, "trainer-nodes.template.yaml"))
+    return GENERATED.format(source="run.yaml and trainer*.template.yaml") + "---\n".join(
+        f"# ---- policy {name}" + (f" on {n} nodes" if n > 1 else "") + "\n"
+        + (several if n > 1 else one).substitute(policy=name, nnodes=n)
+        for name, n in nodes.items())
 
 
 def tokens_env(names: list[str], auth_env: Path) -> str:
@@ -73,10 +82,12 @@ def main(argv: list[str]) -> int:
                         help="Write nothing; exit 1 when a file differs from what it would be.")
     args = parser.parse_args(argv)
     base: Path = args.base
-    names = policies(base / "run.yaml")
+    nodes = policies(base / "run.yaml")
+    names = list(nodes)
     wanted = {
         base / "trainers.yaml": trainers_yaml(
-            names, (base / "trainer.template.yaml").read_text("utf-8")),
+            nodes, (base / "trainer.template.yaml").read_text("utf-8"),
+            (base / "trainer-nodes.template.yaml").read_text("utf-8")),
         base / "policy-tokens.env": tokens_env(names, base / "auth.env"),
     }
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text("utf-8") != text]

@@ -178,3 +178,32 @@ def test_a_trainer_that_refuses_its_config_ends_up_with_2_unrestarted(tmp_path: 
     assert failures == ["trainer-a exited with code 1: mutualrl train: policies[a]: "
                         "task.rewards[states_number].fn: cannot import"] * 2, failures
     assert "restarting trainer-a (1/1)" in console.export_text()
+
+
+def test_a_gang_restarts_together_when_one_member_dies(tmp_path: Path) -> None:
+    """The nodes of one policy: one dies, the other is stopped (SIGTERM) and both start again;
+    the stopped one's exit is not reported as a failure of its own."""
+    record = tmp_path / "terms.txt"
+    sup = Supervisor(log=lambda m: None)
+    nodes = [sup.start(ProcessSpec(name=name, argv=[sys.executable, "-c", ON_TERM, str(record),
+                                                    name],
+                                   log_path=tmp_path / f"{name}.log", gang="trainer-p",
+                                   finishes=True))
+             for name in ("trainer-p", "trainer-p-node1")]
+    alone = sup.start(ProcessSpec(name="trainer-q", argv=[sys.executable, "-c", ON_TERM,
+                                                          str(record), "trainer-q"],
+                                  log_path=tmp_path / "q.log", finishes=True))
+    time.sleep(1.0)  # let the children install their handlers
+    os.kill(nodes[1].pid, signal.SIGKILL)
+    nodes[1].proc.wait(timeout=10)
+    [(dead, code)] = sup.poll()
+    assert (dead.spec.name, code) == ("trainer-p-node1", -signal.SIGKILL)
+    fresh = sup.restart_gang(dead, grace=10)
+    assert [c.spec.name for c in fresh] == ["trainer-p", "trainer-p-node1"]
+    assert [line.split()[0] for line in record.read_text().splitlines()] == ["trainer-p"]
+    assert nodes[0].proc.returncode == 0  # stopped by the gang, not failed
+    assert all(c.restarts == 1 and "--resume" in c.spec.argv for c in fresh)
+    assert sup.poll() == []  # the stopped member's exit is the gang's, not a failure
+    assert all(sup.children[c.spec.name] is c and c.proc.poll() is None for c in fresh)
+    assert sup.children["trainer-q"] is alone and alone.proc.poll() is None
+    sup.stop_all(grace=10)

@@ -8,6 +8,15 @@ two gloo ranks through the elastic launcher, FSDP2 shards the policy over them.
   a bound) and the supervisor restarts it from the last checkpoint; SIGTERM then stops both
   ranks after the same round, with a checkpoint, and exit status 0.
 
+One policy across nodes (`nnodes`): two `mutualrl train --node-rank K` launchers on loopback
+join one c10d rendezvous (node 0 serves it), one gloo rank each:
+
+- 2 nodes x 1 rank end 3 rounds with the parameters of 1 node x 2 ranks (and of one process),
+  with FSDP2 over both ranks and with HSDP (replicated across the nodes);
+- a checkpoint of 2 nodes resumes on one process, and one process's on 2 nodes;
+- a launch across nodes without a rendezvous endpoint, or with a node rank out of range, is
+  refused before anything starts (exit 2, the field named).
+
 Plain GRPO (`services.local`): no SEE; the probe plan's broadcast is still exercised (rank 0
 plans, rank 1 receives it). A tiny warm start gives groups with reward variance, so every
 test has gradients to get wrong.
@@ -27,6 +36,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from mutualrl.launch.probes import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,7 +66,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         [*CLI, "sft", "--preset", "llama-char", "--regime", "short", "--steps", "25",
          "--batch", "16", "--lr", "3e-3", "--eval-every", "0", "--seed", "3",
          "--cache-dir", str(cache), "--out", str(out), "--no-progress"],
-        check=True, env=_env(), capture_output=True, timeout=180)
+        check=True, env=_env(), capture_output=True, timeout=400)
     return out, cache
 
 
@@ -76,7 +87,7 @@ def _config(root: Path, warm: tuple[Path, Path], rounds: int = ROUNDS, **grpo: A
     return path
 
 
-def _train(cfg: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _train(cfg: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([*CLI, "train", "-c", str(cfg), *args], env=_env(), text=True,
                           capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -234,3 +245,117 @@ def test_a_dead_rank_brings_the_policy_down_and_the_supervisor_resumes_it(
 
 def checkpoint_round(ckpts: Path) -> int:
     return int(sorted(p.name for p in ckpts.glob("round-*"))[-1].removeprefix("round-"))
+
+def _nodes_config(root: Path, warm: tuple[Path, Path], **policy: Any) -> Path:
+    path = _config(root, warm)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["trainer"]["policies"][0].update(nnodes=2, **policy)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train_nodes(cfg: Path, *args: str, timeout: float = 480) -> list[str]:
+    """Both nodes' launchers, started together; asserts each exits 0, returns their logs
+    (files, not pipes: a pipe nobody reads while waiting on the other node fills and blocks
+    that node's ranks, and with them the collectives of both)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    logs = [cfg.parent / f"node{k}.log" for k in (1, 0)]
+    procs = []
+    for k, log in zip((1, 0), logs, strict=True):  # node 1 first: it waits for node 0's store
+        with log.open("w") as fh:
+            procs.append(subprocess.Popen(
+                [*CLI, "train", "-c", str(cfg), "--node-rank", str(k), "--rdzv-endpoint",
+                 endpoint, *args], env=_env(), stdout=subprocess.DEVNULL, stderr=fh))
+    deadline = time.monotonic() + timeout
+    try:
+        for proc, log in zip(procs, logs, strict=True):
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert code == 0, log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [log.read_text() for log in logs]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(warm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, Path]:
+    """The same 3 rounds on 2 nodes x 1 rank, sharded (fsdp) and replicated (hsdp)."""
+    roots = {}
+    for sharding in ("fsdp", "hsdp"):
+        root = tmp_path_factory.mktemp(f"nodes-{sharding}")
+        _train_nodes(_nodes_config(root, warm, sharding=sharding))
+        roots[sharding] = root
+    return roots
+
+
+@pytest.mark.timeout(1800)  # the 1-node and 2-node runs it compares
+@pytest.mark.parametrize("sharding", ["fsdp", "hsdp"])
+def test_two_nodes_train_what_two_ranks_of_one_node_train(
+    runs: dict[int, Path], two_nodes: dict[str, Path], sharding: str,
+) -> None:
+    one_node, nodes = _rows(runs[2]), _rows(two_nodes[sharding])
+    assert [r["round"] for r in nodes] == list(range(ROUNDS))  # rank 0 of both nodes logs
+    for a, b in zip(one_node, nodes, strict=True):
+        assert a["reward_mean"] == b["reward_mean"]  # the same samples (per-prompt seeds)
+        assert a["tokens"] == b["tokens"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+    final = f"round-{ROUNDS:06d}"
+    w_nodes = _weights(_ckpts(two_nodes[sharding]) / final)
+    assert _max_diff(_weights(_ckpts(runs[2]) / final), w_nodes) <= ATOL
+    assert _max_diff(_weights(_ckpts(runs[1]) / final), w_nodes) <= ATOL
+    manifest = yaml.safe_load((_ckpts(two_nodes[sharding]) / final / "checkpoint.json")
+                              .read_text())
+    assert manifest["world"] == 2 and manifest["dcp"] is True
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("written_by", "resumed_on"), [("nodes", "one"), ("one", "nodes")])
+def test_resume_across_world_sizes(
+    runs: dict[int, Path], two_nodes: dict[str, Path], warm: tuple[Path, Path],
+    tmp_path: Path, written_by: str, resumed_on: str,
+) -> None:
+    src = _ckpts(two_nodes["fsdp"] if written_by == "nodes" else runs[1])
+    last = f"round-{ROUNDS - 1:06d}"
+    cfg = _nodes_config(tmp_path, warm)  # the same run, as a 2-node policy
+    shutil.copytree(src / last, _ckpts(tmp_path) / last)
+    if resumed_on == "nodes":
+        logs = "".join(_train_nodes(cfg, "--resume"))
+    else:
+        proc = subprocess.run([*CLI, "train", "-c", str(cfg), "--nnodes", "1", "--resume"],
+                              env=_env(), text=True, capture_output=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logs = proc.stderr
+    assert f"{last} (round {ROUNDS - 1})" in logs
+    resumed = _weights(_ckpts(tmp_path) / f"round-{ROUNDS:06d}")
+    straight = _weights(_ckpts(runs[1]) / f"round-{ROUNDS:06d}")
+    assert _max_diff(resumed, straight) <= ATOL
+    written = yaml.safe_load((_ckpts(tmp_path) / f"round-{ROUNDS:06d}" / "checkpoint.json")
+                             .read_text())
+    assert written.get("world", 1) == (2 if resumed_on == "nodes" else 1)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "nnodes 2 needs rdzv_endpoint (or --rdzv-endpoint)"),
+    (("--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:29400"), "--node-rank 2: one of 0..1"),
+    (("--rdzv-endpoint", "node0"), "--rdzv-endpoint 'node0': not host:port"),
+])
+def test_a_launch_across_nodes_without_its_rendezvous_is_refused(
+    warm: tuple[Path, Path], tmp_path: Path, args: tuple[str, ...], message: str,
+) -> None:
+    cfg = _nodes_config(tmp_path, warm)
+    proc = subprocess.run([*CLI, "train", "-c", str(cfg), *args], env=_env(), text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not _ckpts(tmp_path).exists()
+
+
+def test_the_endpoint_in_the_run_file_is_checked(warm: tuple[Path, Path],
+                                                 tmp_path: Path) -> None:
+    cfg = _nodes_config(tmp_path, warm, rdzv_endpoint="node0:http")
+    proc = subprocess.run([*CLI, "train", "-c", str(cfg)], env=_env(), text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert "rdzv_endpoint 'node0:http' is not host:port" in proc.stderr

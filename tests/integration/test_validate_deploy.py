@@ -1,5 +1,5 @@
 """scripts/validate_deploy.sh names each kind of planted error, and deploy/k8s/trainers.py
-deploys any number of policies from the run config.
+deploys any number of policies from the run config, a policy across nodes as one set of pods.
 
 The repository's own files passing is `make validate-deploy` (which `make test` runs); here every
 error is planted in a temporary copy of the deployment files at once, and one run of the script
@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,7 +39,8 @@ def tree(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "deploy", tmp_path / "deploy",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "configs").mkdir()
-    shutil.copy2(REPO / "configs" / "demo.yaml", tmp_path / "configs" / "demo.yaml")
+    for name in ("demo.yaml", "demo-nodes.yaml"):
+        shutil.copy2(REPO / "configs" / name, tmp_path / "configs" / name)
     return tmp_path
 
 
@@ -82,7 +84,9 @@ def test_each_planted_error_fails_its_check(tree: Path) -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     failed = set(re.findall(r"^FAIL  (.+)$", out, flags=re.MULTILINE))
-    targets = ["base"] + [f"overlays/{o}" for o in OVERLAYS]
+    # Every overlay is also rendered for a run with a policy across two nodes.
+    targets = [f"{t}{suffix}" for t in ["base"] + [f"overlays/{o}" for o in OVERLAYS]
+               for suffix in ("", " (two-node policy)")]
     assert failed == {
         "compose: Compose specification schema",
         *(f"kubernetes {t}: schemas (kubernetes-validate --strict)" for t in targets),
@@ -142,3 +146,59 @@ def test_a_policy_name_kubernetes_cannot_use_is_named(tree: Path) -> None:
     assert result.returncode != 0
     assert "trainer.policies[1].name 'Llama_Char'" in result.stderr
     assert not (base / "trainers.yaml").read_text().count("Llama_Char")
+
+
+def _render(tree: Path, overlay: str) -> list[dict[str, Any]]:
+    rendered = subprocess.run(["kubectl", "kustomize", str(tree / "deploy/k8s/overlays" /
+                                                           overlay)],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def _references(docs: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "deploy/k8s/references.py"), "x", "-"],
+                          input=yaml.safe_dump_all(docs), capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_a_policy_across_nodes_deploys_as_one_set_of_pods(tree: Path) -> None:
+    base = tree / "deploy/k8s/base"
+    shutil.copy2(tree / "configs/demo-nodes.yaml", base / "run.yaml")
+    assert generate(base).returncode == 0
+    docs = _render(tree, "gpu")
+    objs = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    sts = objs[("StatefulSet", "trainer-llama-char")]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert objs[("StatefulSet", "trainer-gpt2-bpe")]["spec"]["replicas"] == 1
+    service = objs[("Service", "trainer-llama-char")]["spec"]
+    assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
+    assert objs[("PodDisruptionBudget", "trainer-llama-char")]["spec"]["minAvailable"] == 2
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MUTUALRL_RDZV_ENDPOINT"]["value"] == \
+        "trainer-llama-char-0.trainer-llama-char:29400"
+    assert env["MUTUALRL_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    # One GPU set per pod: each pod's ranks, one per GPU it holds.
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert env["MUTUALRL_NPROC"]["value"] == "1"
+    # The pods share one run volume (each rank writes its shards of a checkpoint there).
+    claim = next(v for v in pod["volumes"] if v["name"] == "run-dir")
+    pvc = objs[("PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "100Gi"
+    assert "volumeClaimTemplates" not in sts["spec"]
+    assert _references(docs).returncode == 0
+
+    # What references.py holds a set to, each broken once.
+    sts["spec"]["podManagementPolicy"] = "OrderedReady"
+    env["MUTUALRL_RDZV_ENDPOINT"]["value"] = "trainer-llama-char:29400"
+    objs[("PodDisruptionBudget", "trainer-llama-char")]["spec"]["minAvailable"] = 1
+    del service["publishNotReadyAddresses"]
+    out = _references(docs).stdout
+    for problem in ("podManagementPolicy is not Parallel",
+                    "MUTUALRL_RDZV_ENDPOINT=trainer-llama-char:29400 is not pod 0's name",
+                    "no PodDisruptionBudget keeps all 2 pods",
+                    "Service trainer-llama-char is not headless with publishNotReadyAddresses"):
+        assert problem in out, out

@@ -95,3 +95,20 @@ def test_a_run_whose_up_still_runs_is_seen(tmp_path: Path) -> None:
     (tmp_path / "up.json").write_text(json.dumps({"stopped": False,
                                                   "pids": {"trainer-a": child.pid}}))
     assert running_up(tmp_path) is None  # that `up` died; its children with it
+
+
+def test_a_policy_across_nodes_is_one_gang_of_launchers(tmp_path: Path) -> None:
+    from mutualrl.launch.supervisor import Restart
+    from mutualrl.launch.up import trainer_specs
+
+    [one] = trainer_specs("a", 1, tmp_path / "run.yaml", tmp_path, {}, Restart.NEVER, 0)
+    assert one.name == "trainer-a" and one.gang is None and "--node-rank" not in one.argv
+    specs = trainer_specs("b", 3, tmp_path / "run.yaml", tmp_path, {"X": "1"},
+                          Restart.ON_FAILURE, 2)
+    assert [s.name for s in specs] == ["trainer-b", "trainer-b-node1", "trainer-b-node2"]
+    assert {s.gang for s in specs} == {"trainer-b"}
+    assert [s.argv[s.argv.index("--node-rank") + 1] for s in specs] == ["0", "1", "2"]
+    endpoints = {s.argv[s.argv.index("--rdzv-endpoint") + 1] for s in specs}
+    assert len(endpoints) == 1 and next(iter(endpoints)).startswith("127.0.0.1:")
+    assert [s.log_path.name for s in specs] == [f"{s.name}.log" for s in specs]
+    assert all(s.finishes and s.max_restarts == 2 and s.env == {"X": "1"} for s in specs)

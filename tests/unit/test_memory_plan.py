@@ -17,6 +17,7 @@ from mutualrl.trainer.runtime.memory import (
     PlanInputs,
     model_shape,
     plan,
+    render,
 )
 
 # Llama: vocab 1000, hidden 64, ffn 128, 2 layers, 4 heads / 2 KV heads (head_dim 16), tied.
@@ -399,3 +400,36 @@ def test_dry_run_plans_a_rollout_worker_beside_the_learner(
     assert main(["train", "-c", str(path), "--dry-run", "--device-memory-gb", f"{gb:.6f}",
                  "--prompt-tokens", "16"]) == 2
     assert "policies[].rollout_worker" in capsys.readouterr().err
+
+
+def test_plan_of_one_rank_of_a_policy_across_nodes(llama_dir: Path) -> None:
+    shape = model_shape(llama_dir)
+    one_node = plan(shape, _inputs(nproc=4), 1 << 40)
+    # 2 nodes x 2 ranks plan as 4 ranks on one node: FSDP2 shards over every rank, and each
+    # samples a quarter of the round.
+    assert plan(shape, _inputs(nproc=2, nnodes=2), 1 << 40).items == one_node.items
+    # HSDP: the state sharded over a node's 2 ranks only (replicated across nodes); the
+    # rollouts still split over all 4.
+    hsdp = plan(shape, _inputs(nproc=2, nnodes=2, hsdp=True), 1 << 40)
+    two = plan(shape, _inputs(nproc=2), 1 << 40)
+    for item in ("weights", "gradients", "optimizer"):
+        assert hsdp.items[item] == two.items[item] > one_node.items[item], item
+    assert hsdp.items["kv_cache"] == one_node.items["kv_cache"]
+
+
+def test_a_plan_that_does_not_fit_names_nnodes(llama_dir: Path) -> None:
+    shape = model_shape(llama_dir)
+    small = plan(shape, _inputs(nproc=2, nnodes=2), 2 << 20)
+    assert not small.fits
+    assert "policies[].nnodes: 4 (FSDP2 over 8 ranks" in small.problems[0]
+    hsdp = plan(shape, _inputs(nproc=2, nnodes=2, hsdp=True), 2 << 20)
+    assert "policies[].sharding: fsdp (shards over all 4 ranks, not a node's 2)" in \
+        hsdp.problems[0]
+    assert "policies[].nnodes" not in hsdp.problems[0]
+    x = _inputs(nproc=2, nnodes=2, hsdp=True)
+    text = render("p", hsdp, x, shape)
+    assert "1/2 per rank" in text
+    assert x.sharding() == ("HSDP: sharded over a node's 2 devices, replicated over 2 nodes "
+                            "(4 ranks)")
+    assert _inputs(nproc=2, nnodes=2).sharding() == \
+        "FSDP2 over 4 devices (2 nodes x 2 ranks, one device each)"

@@ -254,3 +254,23 @@ def test_a_sharing_run_too_short_to_read_a_peer_is_refused_naming_the_field() ->
     TrainerConfig.model_validate({**run, "grpo": {"rounds": 3}})  # round 2 reads round 0
     TrainerConfig.model_validate({**run, "grpo": {"rounds": 1}, "probe": {"kind": "none"}})
     TrainerConfig.model_validate({**run, "grpo": {"rounds": 1}, "policies": two[:1]})
+
+
+def test_a_policy_across_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  policies:\n    - {name: a, preset: llama-char, nnodes: 2, "
+                    "nproc: 4, rdzv_endpoint: 'node0.example:29400'}\n")
+    policy = load_trainer_config(path).policies[0]
+    assert (policy.nnodes, policy.ranks, policy.sharding) == (2, 8, "fsdp")
+    assert load_trainer_config(path, nnodes=1).policies[0].ranks == 4  # --nnodes wins
+    for endpoint in ("node0", ":29400", "node0:http", "node0:0", "node0:70000"):
+        with pytest.raises(ValidationError, match=f"rdzv_endpoint {endpoint!r} is not "
+                                                  "host:port"):
+            TrainerConfig.model_validate({"policies": [
+                {"name": "a", "preset": "llama-char", "nnodes": 2, "rdzv_endpoint": endpoint}]})
+    with pytest.raises(ValidationError, match="nnodes"):
+        TrainerConfig.model_validate({"policies": [
+            {"name": "a", "preset": "llama-char", "nnodes": 0}]})
+    with pytest.raises(ValidationError, match="sharding"):
+        TrainerConfig.model_validate({"policies": [
+            {"name": "a", "preset": "llama-char", "sharding": "ddp"}]})

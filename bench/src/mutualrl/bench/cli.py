@@ -272,7 +272,12 @@ def _rollout(commands: Commands) -> None:
 
 
 def _shape_bench(args: argparse.Namespace) -> int:
-    from mutualrl.bench.shape import run_shape
+    from mutualrl.bench.shape import run_shape, write_run
+
+    if args.write_run is not None:
+        print(write_run(args.shape, args.write_run, args.device, args.prompts, args.group,
+                        args.new_tokens, {"fast_path": args.fast_path == "true"}))
+        return 0
 
     print(_emit(run_shape(args.shape, args.device, args.rounds, args.prompts, args.group,
                           args.new_tokens, args.cache_dir,

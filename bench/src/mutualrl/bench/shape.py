@@ -145,6 +145,22 @@ def run_shape(shape: str = "qwen2.5-1.5b", device: str = "cuda", rounds: int = 3
         s.close()
 
 
+def write_run(shape: str, out: Path, device: str, prompts: int, group: int, new_tokens: int,
+              hf: dict[str, Any]) -> Path:
+    """The benchmark's run file at `shape` (`trainer_config`), its model a config without
+    weights (`shapes.write_config`): what the memory plan of this shape reads."""
+    import yaml
+
+    from mutualrl.bench.shapes import write_config
+
+    model = write_config(shape, out / "tokenizers", out / "model")
+    cfg = trainer_config(model.resolve(), out.resolve(), device, prompts, group, new_tokens,
+                         1, hf)
+    path = out / "run.yaml"
+    path.write_text(yaml.safe_dump({"trainer": cfg}, sort_keys=False))
+    return path
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="Write the result JSON here.")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b",
@@ -161,3 +177,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(grpo.max_off_policy_steps; policies[].rollout_worker).")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="Where the model is built (default: a temporary directory).")
+    p.add_argument("--write-run", type=Path, default=None, metavar="DIR",
+                   help="Train nothing: write the shape's config and tokenizer (no weights) "
+                        "to DIR/model and this run's file to DIR/run.yaml, for `mutualrl "
+                        "train -c DIR/run.yaml --dry-run` (add --nproc, --nnodes).")

@@ -4,11 +4,15 @@ over as many code points as the vocabulary holds (printable ASCII and newline fi
 synthetic tasks' prompts and answers tokenize; then code points from U+10000), so every
 sampled id decodes.
 
-| shape | architecture (all tie the head) | parameters | vocabulary |
+| shape | architecture (the head tied but in qwen2.5-7b) | parameters | vocabulary |
 |---|---|---|---|
 | `tiny` | Llama, hidden 512, 8 layers, 8 heads of 64, ffn 1536 | ~105 M | 151,936 |
 | `qwen2.5-1.5b` | Qwen2: hidden 1536, 28 layers, 12 heads / 2 KV, ffn 8960 | 1.54 B | 151,936 |
 | `llama-3.2-1b` | Llama: hidden 2048, 16 layers, 32 heads / 8 KV, ffn 8192 | 1.24 B | 128,256 |
+| `qwen2.5-7b` | Qwen2: hidden 3584, 28 layers, 28 heads / 4 KV, ffn 18944 | 7.62 B | 152,064 |
+
+`write_config` saves a shape's config and tokenizer alone (no weights): enough for the memory
+plan (`mutualrl train --dry-run`), which reads configs only.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ SHAPES: dict[str, Shape] = {
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
         tie_word_embeddings=True, rope_theta=500_000.0)),
+    "qwen2.5-7b": Shape("qwen2", 152_064, dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, max_position_embeddings=32768, tie_word_embeddings=False,
+        rope_theta=1_000_000.0)),
 }
 
 
@@ -64,19 +72,35 @@ def tokenizer(vocab: int, cache_dir: Path) -> Any:
     return tok
 
 
+def _config(shape: str, tok: Any) -> tuple[Any, Any]:
+    """(the shape's transformers config, its model class)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    spec = SHAPES[shape]
+    config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if spec.family == "qwen2"
+                             else (LlamaConfig, LlamaForCausalLM))  # type: Any, Any
+    cfg = config_cls(vocab_size=spec.vocab, pad_token_id=tok.pad_token_id,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **spec.body)
+    return cfg, model_cls
+
+
+def write_config(shape: str, cache_dir: Path, out: Path) -> Path:
+    """`out` holding the shape's config.json and tokenizer, no weights."""
+    tok = tokenizer(SHAPES[shape].vocab, cache_dir)
+    cfg, _ = _config(shape, tok)
+    cfg.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def build(shape: str, cache_dir: Path, device: str = "cpu", seed: int = 0,
           save: Path | None = None) -> tuple[Any, Any]:
     """(float32 model on `device`, tokenizer) of `shape`, random init from `seed`; with `save`,
     also written there (engines that load a directory: vLLM, SGLang)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    spec = SHAPES[shape]
-    tok = tokenizer(spec.vocab, cache_dir)
-    config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if spec.family == "qwen2"
-                             else (LlamaConfig, LlamaForCausalLM))  # type: Any, Any
-    cfg = config_cls(vocab_size=spec.vocab, pad_token_id=tok.pad_token_id,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **spec.body)
+    tok = tokenizer(SHAPES[shape].vocab, cache_dir)
+    cfg, model_cls = _config(shape, tok)
     torch.manual_seed(seed)
     with torch.device(device):
         model = model_cls(cfg)

@@ -42,6 +42,9 @@ class ProcessSpec:
     """Processes stop in decreasing group order (trainers 2, services 1, redis 0)."""
     finishes: bool = False
     """True for processes whose clean exit means their work is done (trainers)."""
+    gang: str | None = None
+    """Processes of one gang fail and restart together (the nodes of one policy: a node
+    that dies ends their rendezvous, so the survivors are stopped and all start again)."""
 
 
 @dataclass
@@ -134,26 +137,46 @@ class Supervisor:
         fresh.restarts = child.restarts
         return fresh
 
+    def restart_gang(self, child: Child, grace: float = 20.0) -> list[Child]:
+        """Restart `child` with the rest of its gang: the others still running are stopped
+        first (SIGTERM, SIGKILL after `grace`; their exits are not reported by `poll`), then
+        every member starts again (`restart`), with `child`'s restart count."""
+        members = [c for c in self.children.values()
+                   if c.spec.gang is not None and c.spec.gang == child.spec.gang]
+        self._stop([c for c in members if c is not child], grace)
+        out = []
+        for member in members:
+            member.reported = True
+            member.restarts = child.restarts
+            out.append(self.restart(member))
+        return out
+
+    def _stop(self, members: list[Child], grace: float) -> dict[str, int | None]:
+        """SIGTERM `members` (each its process group), SIGKILL whatever outlives `grace`."""
+        codes: dict[str, int | None] = {}
+        for child in members:
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in members:
+            try:
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._log(f"{child.spec.name} did not stop within {grace:.0f}s: killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.proc.wait()
+            codes[child.spec.name] = child.proc.returncode
+        return codes
+
     def stop_all(self, grace: float = 20.0) -> dict[str, int | None]:
         """SIGTERM each stop group in turn (highest first), SIGKILL whatever outlives `grace`."""
         codes: dict[str, int | None] = {}
         groups = sorted({c.spec.stop_group for c in self.children.values()}, reverse=True)
         for group in groups:
-            members = [c for c in self.children.values() if c.spec.stop_group == group]
-            for child in members:
-                if child.proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(child.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            for child in members:
-                try:
-                    child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self._log(f"{child.spec.name} did not stop within {grace:.0f}s: killing it")
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(child.pid, signal.SIGKILL)
-                    child.proc.wait()
-                codes[child.spec.name] = child.proc.returncode
+            codes.update(self._stop([c for c in self.children.values()
+                                     if c.spec.stop_group == group], grace))
         return codes
 
 

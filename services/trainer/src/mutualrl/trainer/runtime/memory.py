@@ -114,7 +114,12 @@ class PlanInputs:
     `gpu_memory_utilization`)."""
     release_memory: bool
     nproc: int = 1
-    """Data-parallel ranks (`policies[].nproc`); the plan is then one rank's (one device's)."""
+    """Data-parallel ranks on a node (`policies[].nproc`); the plan is then one rank's (one
+    device's)."""
+    nnodes: int = 1
+    """Nodes of the policy (`policies[].nnodes`), `nproc` ranks on each."""
+    hsdp: bool = False
+    """`policies[].sharding: hsdp`: the state is sharded over a node's ranks only."""
     engine_bytes: int = 0
     """Bytes of a weight in the engine's own copy (bf16 when served from an fp32 master);
     0: the master's."""
@@ -123,7 +128,7 @@ class PlanInputs:
     the weights), instead of a fraction of the device."""
     train_rows: int | None = None
     """Rows one optimizer step scores on one rank: own samples plus the probe's rows at most,
-    over `mini_batches` and `nproc` (None: `rows`)."""
+    over `mini_batches` and the ranks (None: `rows`)."""
     max_new_tokens: int | None = None
     """Completion budget of a row (None: `seq_tokens`): bounds a micro-batch's logit chunk."""
     runtime_bytes: int = 0
@@ -138,6 +143,27 @@ class PlanInputs:
     """CUDA graphs: the batch is a power of two and the sampler's work stays in their pool."""
     sampler_sort: bool = False
     """top_p < 1: the draw sorts the vocabulary."""
+
+    @property
+    def ranks(self) -> int:
+        """Every rank of the policy (`nnodes x nproc`): each samples its share of a round."""
+        return max(1, self.nproc) * max(1, self.nnodes)
+
+    @property
+    def shards(self) -> int:
+        """Ranks one copy of the state is sharded over: all of them (FSDP2), or a node's
+        (HSDP)."""
+        return max(1, self.nproc) if self.hsdp else self.ranks
+
+    def sharding(self) -> str:
+        """How the state spreads over the ranks, in words."""
+        if self.ranks == 1:
+            return "one device, optimizer state on it"
+        nodes = f"{self.nnodes} nodes x {self.nproc}" if self.nnodes > 1 else f"{self.nproc}"
+        if self.hsdp and self.nnodes > 1:
+            return (f"HSDP: sharded over a node's {self.nproc} devices, replicated over "
+                    f"{self.nnodes} nodes ({self.ranks} ranks)")
+        return f"FSDP2 over {self.ranks} devices ({nodes} ranks, one device each)"
 
     def micro_rows(self) -> int:
         """Rows of the largest micro-batch a round fills (0: one row does not fit)."""
@@ -191,14 +217,15 @@ def layer_activation_values(shape: ModelShape) -> int:
 def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
     """The memory plan of one policy on a device of `device_bytes`."""
     b, a = x.dtype_bytes, x.act_bytes
-    n = max(1, x.nproc)
+    n, s = x.ranks, x.shards
     full = shape.params * b
-    # FSDP2 (nproc > 1): each rank holds 1/n of weights, gradients and optimizer state; the
-    # root unit (embeddings, a tied head) stays gathered from forward to backward and one
-    # block is gathered at a time, with their unsharded gradients before the reduce-scatter.
-    weights = -(-full // n)
-    grads = -(-shape.trainable * b // n)
-    optim = -(-2 * shape.trainable * b // n)
+    # FSDP2 (several ranks): each rank holds 1/s of weights, gradients and optimizer state
+    # (s: every rank, or a node's with HSDP); the root unit (embeddings, a tied head) stays
+    # gathered from forward to backward and one block is gathered at a time, with their
+    # unsharded gradients before the reduce-scatter.
+    weights = -(-full // s)
+    grads = -(-shape.trainable * b // s)
+    optim = -(-2 * shape.trainable * b // s)
     block = max(shape.params - shape.vocab * shape.hidden, 0) // max(shape.layers, 1)
     gathered = 2 * (shape.vocab * shape.hidden + block) * a if n > 1 else 0
     rollout_weights = full if n > 1 else 0  # sampling and the sync gather the whole model
@@ -288,16 +315,14 @@ def plan(shape: ModelShape, x: PlanInputs, device_bytes: int) -> MemoryPlan:
             fix += list(ROUND_FIELDS)
             if x.hf_weights == "copy":
                 fix.append("policies[].hf.sample_weights: autocast")
-        if x.nproc == 1:
-            fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
+        fix += _sharding_fixes(x)
         fix.append("policies[].lora")
         problems.append(f"training needs {_gib(train)} of {_gib(room)} usable: lower or set "
                         + ", ".join(fix))
     if rollout > room:
         fix = ([_share_field(x)] if x.engine in POOLED_ENGINES
                else list(ROUND_FIELDS))
-        if x.nproc == 1:
-            fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
+        fix += _sharding_fixes(x)
         fix.append("policies[].lora")
         problems.append(f"rollouts need {_gib(rollout)} of {_gib(room)} usable: lower "
                         + ", ".join(fix))
@@ -325,6 +350,21 @@ def worker_plan(shape: ModelShape, x: PlanInputs, p: MemoryPlan, slots: int
     return out
 
 
+def _sharding_fixes(x: PlanInputs) -> list[str]:
+    """More devices for the state: a second rank on the node, all nodes' ranks for HSDP's
+    shards, or twice the nodes."""
+    fix = []
+    if x.nproc == 1:
+        fix.append("policies[].nproc: 2 (FSDP2 shards weights, gradients and moments)")
+    if x.hsdp and x.nnodes > 1:
+        fix.append(f"policies[].sharding: fsdp (shards over all {x.ranks} ranks, not a "
+                   f"node's {x.nproc})")
+    else:
+        fix.append(f"policies[].nnodes: {2 * x.nnodes} (FSDP2 over {2 * x.ranks} ranks on "
+                   "as many machines' devices)")
+    return fix
+
+
 _ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 ROUND_FIELDS = ("grpo.prompts_per_round", "grpo.group_size", "grpo.max_new_tokens")
 """What sets a round's rows x length (the longest prompt aside)."""
@@ -343,7 +383,7 @@ def _gib(n: int) -> str:
 
 def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     """The plan as a few aligned lines."""
-    per_rank = f", 1/{x.nproc} per rank (FSDP2)" if x.nproc > 1 else ""
+    per_rank = f", 1/{x.shards} per rank" if x.ranks > 1 else ""
     master = f"{_DTYPE_NAMES[x.dtype_bytes]} master"
     rows = [
         ("parameters", p.items["weights"],
@@ -359,7 +399,7 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
         ("logit chunk", p.items["logit_chunk"],
          f"{x.logit_tokens():,} tokens x {shape.vocab:,} vocab"),
         ("KV cache", p.items["kv_cache"],
-         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.nproc):,} "
+         f"{p.kv_bytes_per_token:,} B/token; {p.rows_at_once:,} of {-(-x.rows // x.ranks):,} "
          f"rollouts of {x.seq_tokens:,} tokens at once"
          + ("; static, held across rounds" if x.engine == "hf" and x.hf_fast else "")),
     ]
@@ -394,9 +434,7 @@ def render(name: str, p: MemoryPlan, x: PlanInputs, shape: ModelShape) -> str:
     out += [f"  {k:<26}{v / GIB:>9.2f} GiB  {note}" for k, v, note in rows]
     out.append(f"  {'peak, rollouts':<26}{p.rollout_peak / GIB:>9.2f} GiB")
     out.append(f"  {'peak, training':<26}{p.train_peak / GIB:>9.2f} GiB")
-    how = (f"FSDP2 over {x.nproc} devices (one rank each)" if x.nproc > 1
-           else "one device, optimizer state on it")
-    out.append(f"  fits: {how}" if p.fits else "  DOES NOT FIT: " + "; ".join(p.problems))
+    out.append(f"  fits: {x.sharding()}" if p.fits else "  DOES NOT FIT: " + "; ".join(p.problems))
     return "\n".join(out)
 
 
@@ -446,7 +484,7 @@ def plan_inputs(cfg: TrainerConfig, policy: PolicySettings, prompt_tokens: int,
     max_new = g.max_new_tokens or getattr(cfg.task, "max_new_tokens", None) or 256
     rows = g.prompts_per_round * g.group_size
     # One step's mini-batch, split over the ranks (each scores its block of the rows).
-    step_rows = -(-(rows + probe_rows(cfg)) // (g.mini_batches * max(policy.nproc, 1)))
+    step_rows = -(-(rows + probe_rows(cfg)) // (g.mini_batches * policy.ranks))
     compute = DTYPE_BYTES[policy.compute]
     if g.autocast_bf16 and on_cuda:
         compute = 2
@@ -466,7 +504,8 @@ def plan_inputs(cfg: TrainerConfig, policy: PolicySettings, prompt_tokens: int,
         reference_copy=policy.lora is None and (g.beta > 0 or cfg.diagnostics.kl_every > 0),
         rows=rows, seq_tokens=prompt_tokens + max_new,
         engine=policy.rollout_engine, mem_fraction_static=share, release_memory=release,
-        nproc=policy.nproc, engine_bytes=served, engine_pool_bytes=pool,
+        nproc=policy.nproc, nnodes=policy.nnodes, hsdp=policy.sharding == "hsdp",
+        engine_bytes=served, engine_pool_bytes=pool,
         train_rows=step_rows, max_new_tokens=max_new,
         runtime_bytes=0 if on_cuda else runtime_bytes,
         hf_fast=policy.rollout_engine == "hf" and hf.fast_path, hf_weights=hf_weights,
@@ -477,7 +516,7 @@ def hf_graphs(policy: PolicySettings, weights: str) -> bool:
     """Whether the HF engine replays CUDA graphs: on CUDA, asked for, and over weights whose
     addresses hold still (its own copy, or one process's module; FSDP2 gathers anew)."""
     return (policy.device.startswith("cuda") and policy.hf.fast_path and policy.hf.cuda_graphs
-            and (weights == "copy" or policy.nproc == 1))
+            and (weights == "copy" or policy.ranks == 1))
 
 
 def sample_weights_choices(policy: PolicySettings) -> list[str]:
@@ -489,7 +528,7 @@ def sample_weights_choices(policy: PolicySettings) -> list[str]:
     if not policy.device.startswith("cuda"):
         return ["master"]
     lower = policy.compute != policy.dtype
-    if lower or policy.nproc > 1:
+    if lower or policy.ranks > 1:
         return ["copy", "autocast" if lower else "master"]
     return ["master"]
 

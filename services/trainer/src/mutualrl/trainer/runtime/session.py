@@ -293,7 +293,7 @@ def build_session(
             # A one-process checkpoint: load it whole, then shard it with the model.
             plain_resume = dist_checkpoint.plain_optimizer_state(
                 last, model, make_optimizer, lambda opt: make_scheduler(opt, g))
-        shard(model, compute_dtype(policy))
+        shard(model, compute_dtype(policy), dist.nodes if policy.sharding == "hsdp" else 1)
     optimizer = make_optimizer(model)
     scheduler = make_scheduler(optimizer, g)
     renderer = renderer_for(tok, policy)

@@ -38,17 +38,18 @@ def _publishes(see: str, run_id: str) -> dict[str, object]:
     tok = AutoTokenizer.from_pretrained(trained_tokenizers()["char"])
     ex = PeerExchange(run_id, "A", f"{run_id}/A", see, None, tok, timeout=10, tau=1.0,
                       outage_budget=0, reads_within_deadline=True, max_failed_publishes=3)
-    got: dict[str, object] = {"results": [], "failures": []}
+    results: list[bool] = []
+    failures: list[int] = []
+    got: dict[str, object] = {"results": results, "failures": failures}
     try:
         ex.join(POLICIES, {})
-        big, small = (lambda k: _round(run_id, k, 2)), (lambda k: _round(run_id, k, 1))
-        assert len(big(0)) == 8 and len(small(0)) == 4
-        for k, records in enumerate((big(0), big(1), small(2), big(3), big(4))):
-            got["results"].append(ex.publish(records))  # type: ignore[attr-defined]
-            got["failures"].append(ex.publish_failures)  # type: ignore[attr-defined]
+        assert len(_round(run_id, 0, 2)) == 8 and len(_round(run_id, 0, 1)) == 4
+        for k, prompts in enumerate((2, 2, 1, 2, 2)):
+            results.append(ex.publish(_round(run_id, k, prompts)))
+            failures.append(ex.publish_failures)
         got["published"] = ex.published
         with pytest.raises(PublishError) as stop:
-            ex.publish(big(5))
+            ex.publish(_round(run_id, 5, 2))
         got["error"] = str(stop.value)
     finally:
         ex.close()

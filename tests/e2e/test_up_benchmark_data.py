@@ -2,9 +2,10 @@
 JSONL benchmark with its own columns (`problem`, `solution`) and answer form (GSM8K's
 `#### x`), next to a training table of other columns with a skill column; a policy of 256
 tokens of context (characters, `max_prompt_tokens: 200`) beside one of 8192 (unigram pieces).
-The benchmark's two problems longer than 200 characters are dropped for both policies, the
-run trains, scores both on the same four problems and reports the two dropped; `mutualrl train
---dry-run` prints, under each policy's plan, the benchmark settings it will use."""
+The benchmark's two problems longer than 256 characters, which the first policy cannot take,
+are dropped for both policies; the run trains, scores both on the same four problems and
+reports the two dropped; `mutualrl train --dry-run` prints, under each policy's plan, the
+benchmark settings it will use."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ LONG = 2
 
 
 def _benchmark(path: Path) -> Path:
-    """Four short sums and two long ones (over 200 characters), GSM8K-style solutions."""
+    """Four short sums and two long ones (over 256 characters), GSM8K-style solutions."""
     rows = [{"problem": f"add:{a}+{b}=", "solution": f"{a} + {b} = {a + b}\n#### {a + b}"}
             for a, b in SHORT]
-    rows += [{"problem": "Add the numbers and give the sum only: " + "+".join(["1"] * (90 + i))
-              + "=", "solution": f"#### {90 + i}"} for i in range(LONG)]
+    rows += [{"problem": "Add the numbers and give the sum only: " + "+".join(["1"] * (120 + i))
+              + "=", "solution": f"#### {120 + i}"} for i in range(LONG)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -50,9 +51,9 @@ def test_a_benchmark_of_its_own_columns_beside_a_256_token_policy(tmp_path: Path
     """Catches a benchmark that inherits the task's columns, answer form or skill column
     (planted: `BenchmarkSettings.dataset` merging `task.dataset`'s fields: "holds no problem
     with a reference answer", exit 2), a long benchmark problem that stops the run or is kept
-    for one policy (planted: `benchmark_tasks` without its drop: "problem ... renders to ...
-    tokens ... past the model's context of 256"), and a drop the results and the dry run do
-    not report."""
+    for one policy (planted: `benchmark_tasks` without its drop: the dry run exits 2, "problem
+    ... renders to 281 tokens, which with grpo.max_new_tokens 6 makes 287, past the model's
+    context of 256 tokens"), and a drop the results and the dry run do not report."""
     presets = tmp_path / "presets"
     cfg = up_config(tmp_path, "bench-data", rounds=2)
     tr = cfg["trainer"]

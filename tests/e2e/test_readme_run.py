@@ -110,6 +110,18 @@ def _warm_cache(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
             else tmp_path / "warm")
 
 
+def _run(cfg: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], Path, list[str]]:
+    """`mutualrl up` of `cfg` with the run's secret set, to a finished run: its results.json,
+    run directory and policy names."""
+    tr = cfg["trainer"]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "runs" / tr["run_id"]
+    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
+    assert summary["status"] == "finished" and summary["failure"] is None
+    return summary, run_dir, [p["name"] for p in tr["policies"]]
+
+
 def test_readme_example_shares_both_ways_with_the_secret_set(
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
     printed = yaml.safe_load(readme_blocks()[0])
@@ -120,14 +132,8 @@ def test_readme_example_shares_both_ways_with_the_secret_set(
     assert len(tr["task"]["rewards"]) >= 2 and tr["task"]["rewards"][1]["weight"] == 0.1
     assert tr["task"]["success_reward"] == "math_verify" and tr["probe"]["kind"] == "sgt"
     assert tr["policies"][1]["chat_template_kwargs"] == {"date_string": "01 Jan 2025"}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-
-    run_dir = tmp_path / "runs" / tr["run_id"]
-    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
-    assert summary["status"] == "finished" and summary["failure"] is None
+    summary, run_dir, names = _run(cfg, tmp_path)
     results = summary["results"]
-    names = [p["name"] for p in tr["policies"]]
     assert set(results) == set(names)
     matrix = summary["see_stats"]["matrix"]
     for name, peer in zip(names, reversed(names), strict=True):
@@ -175,16 +181,9 @@ def test_readme_example_as_printed_shares_both_ways_asynchronously(
     assert "exchange" not in printed["trainer"]  # the printed mode is the default
     cfg = machine(json.loads(json.dumps(printed)), tmp_path, _warm_cache(tmp_path, request),
                   deterministic=False)
-    tr = cfg["trainer"]
-    assert "exchange" not in tr
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-
-    run_dir = tmp_path / "runs" / tr["run_id"]
-    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
-    assert summary["status"] == "finished" and summary["failure"] is None
+    assert "exchange" not in cfg["trainer"]
+    summary, run_dir, names = _run(cfg, tmp_path)
     results = summary["results"]
-    names = [p["name"] for p in tr["policies"]]
     matrix = summary["see_stats"]["matrix"]
     for name, peer in zip(names, reversed(names), strict=True):
         res = results[name]

@@ -15,11 +15,14 @@ from chat_policies import write_problems
 
 from mutualrl.trainer.config.run import BenchmarkSettings, TrainerConfig
 from mutualrl.trainer.config.task import DatasetSettings
+from mutualrl.trainer.data.chat import ContextLengthError
 from mutualrl.trainer.data.dataset_task import DatasetError
 from mutualrl.trainer.runtime.preflight import (
     Renderers,
     benchmark_settings,
     benchmark_tasks,
+    check_benchmarks,
+    policy_dir,
     prepare_dataset_task,
 )
 
@@ -81,7 +84,7 @@ def _config(tmp_path: Path, limits: dict[str, int | None], bench: dict[str, Any]
                                  "answer_form": "gsm8k", "n": 2, **bench}]},
         "services": {"local": True},
         "policies": [{"name": n, "preset": preset, "max_prompt_tokens": limits.get(n)}
-                     for n, preset in (("short", "llama-char"), ("long", "gpt2-bpe"))],
+                     for n, preset in (("chars", "llama-char"), ("bpe", "gpt2-bpe"))],
     })
 
 
@@ -95,12 +98,12 @@ def test_overlong_benchmark_problems_are_dropped_for_every_policy(tmp_path: Path
     """Catches a long benchmark problem kept for a policy that cannot take it, or dropped for
     that policy only (planted: `benchmark_tasks` without its drop: 9 problems scored, 0
     dropped), and a count that is not reported."""
-    cfg = _config(tmp_path, {"short": 24}, {})
+    cfg = _config(tmp_path, {"chars": 24}, {})
     renderers = Renderers(cfg, cache)
-    short = renderers.of(cfg.policy("short"))
+    chars = renderers.of(cfg.policy("chars"))
     task = prepare_dataset_task(cfg, cache, renderers)
     (settings, bench), = benchmark_tasks(cfg, task, cache, renderers)
-    lengths = {p.text: len(short.ids(p)) for p in bench.problems}
+    lengths = {p.text: len(chars.ids(p)) for p in bench.problems}
     assert sorted(lengths) == sorted(SHORT) and max(lengths.values()) <= 24
     assert bench.dropped_overlong == len(LONG)
     assert [p.answer for p in bench.problems] == [str(i) for i in range(len(SHORT))]
@@ -123,3 +126,20 @@ def test_a_benchmark_limit_of_its_own_applies_to_every_policy(tmp_path: Path,
     with pytest.raises(DatasetError, match=r"eval.benchmarks\[own\].max_prompt_tokens: every "
                                            "problem of .*bench.jsonl is longer"):
         benchmark_tasks(tiny, prepare_dataset_task(tiny, cache), cache)
+
+
+def test_a_benchmark_budget_of_its_own_must_fit_each_context(tmp_path: Path,
+                                                            cache: Path) -> None:
+    """A benchmark that samples longer than the run is checked with its own budget: its
+    longest kept problem plus its `max_new_tokens` past a model's context names the field."""
+    cfg = _config(tmp_path, {"chars": 24}, {"max_new_tokens": 240})
+    renderers = Renderers(cfg, cache)
+    benchmarks = benchmark_tasks(cfg, prepare_dataset_task(cfg, cache, renderers), cache,
+                                 renderers)
+    chars, bpe = cfg.policy("chars"), cfg.policy("bpe")
+    check_benchmarks(chars, renderers.of(chars), benchmarks, 4,
+                     policy_dir(chars, cache, cfg.seed))  # 24 + 240 < 256 positions
+    with pytest.raises(ContextLengthError, match=r"eval.benchmarks\[own\].max_new_tokens "
+                                                 "240 makes .* past the model's context"):
+        check_benchmarks(bpe, renderers.of(bpe), benchmarks, 4,
+                         policy_dir(bpe, cache, cfg.seed))  # GPT-2's 128 positions

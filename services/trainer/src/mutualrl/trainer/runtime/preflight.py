@@ -7,7 +7,9 @@ from (`policy_dir`: a policy's weights and tokenizer; `prepare_dataset_task`: th
 - each policy: its chat template renders every problem (`ChatTemplateError`, naming the
   template's file), and its longest rendered prompt plus `max_new_tokens` fits the model's
   context (`ContextLengthError`, naming the prompt, both lengths and the config field the
-  context comes from).
+  context comes from), also with a benchmark's own `max_new_tokens`;
+- each benchmark: its problems some policy renders longer than its limit dropped for every
+  policy (`benchmark_tasks`), so every policy is scored on the same problems.
 
 Each error's message names the field to fix (`dataset_task.ExperimentInputError`). Nothing loads
 a model's weights: tokenizers and config.json only. The prompts measured are every problem of

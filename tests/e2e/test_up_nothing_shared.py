@@ -32,10 +32,9 @@ def exact(completions, answer, **kw):
 
 
 def test_up_fails_naming_the_policy_that_read_no_peer(tmp_path: Path) -> None:
-    """Catches `up` exiting 0 on a run a policy shared nothing of (planted: `final_report`
-    without `failure = failure or nothing_shared(res)`, or `up` not turning the summary's
-    failure into exit 1) and a message naming the wrong policies (planted: `nothing_shared`
-    naming every policy with sharing figures)."""
+    """Catches `up` exiting 0 on a run in which a policy read no peer (planted: `final_report`
+    without `failure = failure or nothing_shared(res)`: "assert 0 == 1", up's exit code) and a
+    failure that names the wrong policies."""
     table = tmp_path / "sums.jsonl"
     table.write_text("".join(json.dumps({"prompt": f"{a}+{a + 1}=", "answer": 2 * a + 1}) + "\n"
                              for a in range(8)))

@@ -49,8 +49,9 @@ def _policy(preset: str, cache: Path, out: Path, context: int) -> Path:
 
 def test_a_benchmark_of_its_own_columns_beside_a_256_token_policy(tmp_path: Path) -> None:
     """Catches a benchmark that inherits the task's columns, answer form or skill column
-    (planted: `BenchmarkSettings.dataset` merging `task.dataset`'s fields: "holds no problem
-    with a reference answer", exit 2), a long benchmark problem that stops the run or is kept
+    (planted: `BenchmarkSettings.dataset` merging `task.dataset`'s fields: the dry run cannot
+    read the benchmark, "eval.benchmarks[own].skill_key: no column 'kind'", and prints no
+    benchmark line), a long benchmark problem that stops the run or is kept
     for one policy (planted: `benchmark_tasks` without its drop: the dry run exits 2, "problem
     ... renders to 281 tokens, which with grpo.max_new_tokens 6 makes 287, past the model's
     context of 256 tokens"), and a drop the results and the dry run do not report."""

@@ -40,8 +40,8 @@ reward = st.one_of(st.floats(-1.0, 1.0), st.floats(-MOST / 8, MOST / 8),
 logprob = st.floats(max_value=0.0, width=32, allow_nan=False, allow_infinity=False)
 # Problem ids: a hash of the problem (the default) or a table's id column.
 prompt_id = st.one_of(st.text("0123456789abcdef", min_size=16, max_size=16),
-                      st.text(st.characters(blacklist_categories=("Cc", "Cs"),
-                                            blacklist_characters="|"), min_size=1, max_size=40))
+                      st.text(st.characters(exclude_categories=("Cc", "Cs"),
+                                            exclude_characters="|"), min_size=1, max_size=40))
 RENDER_CHARS = 1024  # SEE's default limit on a meta value
 
 
@@ -79,8 +79,11 @@ def rounds(draw: st.DrawFn) -> dict[str, Any]:
     prompts, group = draw(st.integers(1, 3)), draw(st.integers(1, 5))
     n = prompts * group
     eos = draw(st.one_of(st.none(), st.integers(0, 2**31 - 1)))
-    rendering = st.one_of(st.none(), st.text(max_size=8), st.text(min_size=RENDER_CHARS - 2,
-                                                                  max_size=RENDER_CHARS + 40))
+    # renderings up to and past SEE's limit, built by repetition (cheap to draw)
+    around_limit = st.tuples(st.text(min_size=1, max_size=8),
+                             st.integers(RENDER_CHARS - 2, RENDER_CHARS + 40)).map(
+        lambda x: (x[0] * (x[1] // len(x[0]) + 1))[:x[1]])
+    rendering = st.one_of(st.none(), st.text(max_size=8), around_limit)
     return {
         "weights": draw(st.lists(st.floats(-2.0, 2.0), min_size=n_fns, max_size=n_fns)),
         "success": draw(st.integers(0, n_fns - 1)),

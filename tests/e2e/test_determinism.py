@@ -23,6 +23,7 @@ from service_loop import LoopThread, delete_keys
 from warm_start import TASK, WARM, start_training, warm_checkpoints
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.timeout(360)  # above the 300 s a run's thread is joined for
 
 ROUNDS = 3
 DEADLINE_S = 0.5

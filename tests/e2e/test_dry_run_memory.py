@@ -21,7 +21,7 @@ import yaml
 from chat_policies import chat_policy, write_problems
 from tiny_up import up_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1260)]
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.25
 MIB = 1 << 20

@@ -13,7 +13,7 @@ import yaml
 from chat_policies import chat_policy, write_problems
 from tiny_up import run_up
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(960)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,5 +1,6 @@
 """README's "Train your own checkpoints" example, as printed, through `mutualrl up` with the
-run's secret set and the deterministic exchange: two policies of two families with their own
+run's secret set, in the mode it prints (the asynchronous exchange) and in the deterministic
+one: two policies of two families with their own
 chat templates, a GSM8K-style parquet table, math-verify plus README's own reward function
 (weighted), SGT. Records cross both ways, every round publishes, SGT rescues prompts both ways
 with the peer's verified successes, and the results say so.
@@ -7,8 +8,8 @@ with the peer's verified successes, and the results say so.
 The test reads the YAML block and the Python block of README's section and changes only what
 a CPU test must (`MACHINE`, below, names every change): paths to the tables, the reward file
 and the tiny chat policies this test writes; devices and dtypes; sizes and rounds; the fields
-the done-when check adds (the deterministic mode, `up`'s supervision). Everything else runs as
-printed.
+the done-when check adds (the deterministic mode in one test, `up`'s supervision). Everything
+else runs as printed.
 
 The policies are complementary, as SGT needs: each is warm-started (on the prompts the run
 renders, README's system prompt in its own chat template) to answer its own half of the
@@ -27,8 +28,9 @@ from chat_policies import CHATML, LLAMA3, chat_policy
 from tiny_up import metrics_rows, run_up
 from warm_start import warm_on_table
 
-# A first run warm-starts the two policies (~40 s on one free core; cached after)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# A first run warm-starts the two policies (~40 s on one free core, minutes on a loaded one;
+# cached after) before `up` runs within its own 600 s
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "readme-secret-3a9"
 # The training table: eight problems with eight different sums (a policy that does not know a
@@ -63,8 +65,10 @@ def question(a: int, b: int) -> str:
     return f"{a}+{b}?"
 
 
-def machine(cfg: dict[str, Any], tmp: Path, warm_cache: Path) -> dict[str, Any]:
-    """MACHINE: every change to README's example, and nothing else."""
+def machine(cfg: dict[str, Any], tmp: Path, warm_cache: Path,
+            deterministic: bool = True) -> dict[str, Any]:
+    """MACHINE: every change to README's example, and nothing else (`deterministic`: the
+    done-when check's exchange mode; False keeps the printed default, asynchronous)."""
     from mutualrl.trainer.config.run import TrainerConfig
 
     tr = cfg["trainer"]
@@ -94,33 +98,43 @@ def machine(cfg: dict[str, Any], tmp: Path, warm_cache: Path) -> dict[str, Any]:
     tr["task"]["max_new_tokens"] = 6
     tr["eval"]["benchmarks"][0]["n"] = 2
     # the done-when check: the deterministic exchange (every round reads its peers' records)
-    tr["exchange"] = {"mode": "deterministic"}
+    if deterministic:
+        tr["exchange"] = {"mode": "deterministic"}
     cfg["up"] = {"restart": "never", "health_timeout": 120, "stop_grace": 60,
                  "status_every": 0.5}
     return cfg
+
+
+def _warm_cache(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    return (Path(pytest_cache.mkdir("mutualrl-readme-warm")) if pytest_cache is not None
+            else tmp_path / "warm")
+
+
+def _run(cfg: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], Path, list[str]]:
+    """`mutualrl up` of `cfg` with the run's secret set, to a finished run: its results.json,
+    run directory and policy names."""
+    tr = cfg["trainer"]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "runs" / tr["run_id"]
+    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
+    assert summary["status"] == "finished" and summary["failure"] is None
+    return summary, run_dir, [p["name"] for p in tr["policies"]]
 
 
 def test_readme_example_shares_both_ways_with_the_secret_set(
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
     printed = yaml.safe_load(readme_blocks()[0])
     assert set(printed) == {"trainer"}
-    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    warm_cache = (Path(pytest_cache.mkdir("mutualrl-readme-warm")) if pytest_cache is not None
-                  else tmp_path / "warm")
-    cfg = machine(json.loads(json.dumps(printed)), tmp_path, warm_cache)
+    cfg = machine(json.loads(json.dumps(printed)), tmp_path, _warm_cache(tmp_path, request))
     tr = cfg["trainer"]
     # What the example is about stays as printed.
     assert len(tr["task"]["rewards"]) >= 2 and tr["task"]["rewards"][1]["weight"] == 0.1
     assert tr["task"]["success_reward"] == "math_verify" and tr["probe"]["kind"] == "sgt"
     assert tr["policies"][1]["chat_template_kwargs"] == {"date_string": "01 Jan 2025"}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-
-    run_dir = tmp_path / "runs" / tr["run_id"]
-    summary, _ = run_up(path, run_dir, timeout=600, env={"MUTUALRL_AUTH_TOKEN": SECRET})
-    assert summary["status"] == "finished" and summary["failure"] is None
+    summary, run_dir, names = _run(cfg, tmp_path)
     results = summary["results"]
-    names = [p["name"] for p in tr["policies"]]
     assert set(results) == set(names)
     matrix = summary["see_stats"]["matrix"]
     for name, peer in zip(names, reversed(names), strict=True):
@@ -154,3 +168,35 @@ def test_readme_example_shares_both_ways_with_the_secret_set(
         print(f"{name}: rescued {rescued:g} prompts with {peer}'s successes; records "
               f"published {res['records_published']}, taken {res['records_taken']}")
     assert "records published" in (run_dir / "results.md").read_text()
+
+
+def test_readme_example_as_printed_shares_both_ways_asynchronously(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """README's example in the mode it prints (no `exchange`: the asynchronous default), with
+    the secret set: every round's publish went out (`publish_failed` 0, which only this mode
+    can count: the deterministic mode stops at a failed publish) and each policy took the
+    other's records. Catches a publish that fails every round in the asynchronous mode (planted:
+    `PeerExchange.publish` sending to a run that does not exist) and a run whose policies take
+    nothing from each other."""
+    printed = yaml.safe_load(readme_blocks()[0])
+    assert "exchange" not in printed["trainer"]  # the printed mode is the default
+    cfg = machine(json.loads(json.dumps(printed)), tmp_path, _warm_cache(tmp_path, request),
+                  deterministic=False)
+    assert "exchange" not in cfg["trainer"]
+    summary, run_dir, names = _run(cfg, tmp_path)
+    results = summary["results"]
+    matrix = summary["see_stats"]["matrix"]
+    for name, peer in zip(names, reversed(names), strict=True):
+        res = results[name]
+        rows = metrics_rows(run_dir, name)
+        assert [r["round"] for r in rows] == [0, 1, 2]
+        assert [r["publish_failed"] for r in rows] == [0.0, 0.0, 0.0], rows
+        assert res["publish_failed_rounds"] == 0, res
+        assert res["records_published"] >= 3 * 4 * (4 + 1), res
+        assert res["records_taken"] > 0, res
+        # the asynchronous mode's default lead bound (0) waits for the peer's round itself,
+        # so every round read the peer's statistics
+        assert res["sharing"]["shared"] == 3, res
+        assert matrix["REWARD_STATS"][name][peer] > 0, matrix
+        print(f"{name}: published {res['records_published']}, took {res['records_taken']} "
+              f"({matrix['REWARD_STATS'][name][peer]} of {peer}'s statistics)")

@@ -23,7 +23,7 @@ import pytest
 import torch
 from warm_start import TASK, WARM, start_training, warm_checkpoints
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 torch.set_num_threads(1)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from tiny_up import up_config, write_yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 
 def _config(tmp_path: Path, rounds: int) -> Path:

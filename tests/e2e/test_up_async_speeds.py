@@ -10,7 +10,7 @@ import pytest
 import yaml
 from tiny_up import metrics_rows, run_up
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(960)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from chat_policies import chat_policy, write_problems
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

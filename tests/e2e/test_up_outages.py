@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tiny_up import up_config, write_yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(780)]
 
 ROUNDS = 9
 POLICIES = ("gpt2-bpe", "llama-char")

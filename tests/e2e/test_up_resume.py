@@ -18,7 +18,7 @@ import pytest
 import yaml
 from tiny_up import up_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3060)]
 
 POLICIES = ("gpt2-bpe", "llama-char")
 PROMPTS = 4

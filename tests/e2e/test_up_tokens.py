@@ -17,7 +17,7 @@ from tiny_up import see_records, up_config, write_yaml
 
 from mutualrl.common.auth import derive_token
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SECRET = "up-secret-5d2e"
 POLICIES = ("gpt2-bpe", "llama-char")

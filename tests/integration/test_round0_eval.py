@@ -29,7 +29,8 @@ def _config(tmp_path: Path, rounds: int) -> TrainerConfig:
         "eval": {"every": 1, "benchmarks": [
             {"name": "additions", "path": str(write_problems(tmp_path / "test.parquet", 4,
                                                              start=6)),
-             "split": "test", "n": 2, "temperature": 1.0}]},
+             "split": "test", "n": 2, "temperature": 1.0, "prompt_key": "query",
+             "answer_key": "gold", "skill_key": "kind"}]},
         "checkpoint": {"every": 1},
         "metrics": {"tensorboard": False, "progress": False, "see": False},
         "services": {"local": True},

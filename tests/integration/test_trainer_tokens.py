@@ -2,7 +2,8 @@
 trainers, each holding only its policy's token, walk everything a round does against real SEE,
 THL and MWRA servers with the run's secret set (join, both publishes, the deterministic mode's
 wait for a round, peer stats, successes, rollouts and their acks, retokenization, alignment,
-MWRA's registration, allocation and cost report, and the live metric rows). The servers' own
+MWRA's registration, the policy heartbeat a trainer sends while it waits for its peers to
+register, allocation and cost report, and the live metric rows). The servers' own
 call counter (`mutualrl_grpc_requests`, by method and status) shows which methods were called
 and that none was refused."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -37,8 +39,8 @@ EXPECTED = {
     "mutualrl.v1.ExperienceExchange": {"GetRun", "Publish", "GetRoundStats",
                                        "GetVerifiedSuccesses", "FetchRollouts", "Ack"},
     "mutualrl.v1.Alignment": {"RegisterTokenizer", "Retokenize", "AlignTrace"},
-    "mutualrl.v1.Allocator": {"RegisterPolicy", "GetAllocation", "ReportStepCost",
-                              "DeregisterPolicy"},
+    "mutualrl.v1.Allocator": {"RegisterPolicy", "PolicyHeartbeat", "GetAllocation",
+                              "ReportStepCost", "DeregisterPolicy"},
     "mutualrl.v1.RunMetrics": {"ReportMetrics"},
 }
 
@@ -73,15 +75,21 @@ def _round(run_id: str, policy: str, tok: Any) -> list[Any]:
                          success=[[1.0, 0.0] for _ in prompts])
 
 
-def _walk(see: str, thl: str, mwra: str, run_id: str, tokenizer: str) -> dict[str, Any]:
-    """What each trainer's round does, with its own policy token only."""
+def _walk(see: str, thl: str, mwra: str, run_id: str, tokenizer: str,
+          before: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """What each trainer's round does, with its own policy token only (`before`: the call
+    counter before the walk)."""
     tok = AutoTokenizer.from_pretrained(tokenizer)
     ex = {p: PeerExchange(run_id, p, f"{run_id}/{p}", see, thl, tok,
                           token=derive_token(SECRET, f"policy:{p}"), timeout=10, tau=1.0,
                           outage_budget=0, reads_within_deadline=False)
           for p in POLICIES}
-    alloc = {p: AllocatorClient(mwra, run_id, p, 1, 4, token=derive_token(SECRET, f"policy:{p}"),
-                                timeout=10, outage_budget=0) for p in POLICIES}
+
+    def allocator(p: str) -> AllocatorClient:
+        return AllocatorClient(mwra, run_id, p, 1, 4, token=derive_token(SECRET, f"policy:{p}"),
+                               timeout=10, outage_budget=0, peers=POLICIES, peers_wait_s=60)
+
+    alloc = {"A": allocator("A")}
     got: dict[str, Any] = {}
     try:
         for p in POLICIES:
@@ -89,8 +97,20 @@ def _walk(see: str, thl: str, mwra: str, run_id: str, tokenizer: str) -> dict[st
         ex["A"].publish_soon(_round(run_id, "A", tok))  # the deterministic mode's publish
         ex["A"].flush()
         assert ex["B"].publish(_round(run_id, "B", tok))  # the asynchronous mode's
+        # A asks for round 0 before B registers: it waits for B, beating its policy lease
+        # (every 10 s) meanwhile; B registers once A has beaten.
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(alloc["A"].allocation, 0)
+            deadline = time.monotonic() + 30
+            while not any(m.endswith("/PolicyHeartbeat") and c == "OK"
+                          and n > before.get((m, c), 0) for (m, c), n in _calls().items()):
+                assert time.monotonic() < deadline, "A sent no PolicyHeartbeat while it waited"
+                assert not first.done(), "A's round 0 did not wait for B to register"
+                time.sleep(0.2)
+            alloc["B"] = allocator("B")
+            first.result(timeout=30)
+        alloc["B"].allocation(0)
         for p in POLICIES:
-            alloc[p].allocation(0)
             ex[p].await_round(0, ["q0", "q1"], timeout_s=10)
         deadline = time.monotonic() + 10
         for p in POLICIES:
@@ -116,12 +136,17 @@ def _walk(see: str, thl: str, mwra: str, run_id: str, tokenizer: str) -> dict[st
     finally:
         for p in POLICIES:
             ex[p].close()
-            alloc[p].close()
+        for a in alloc.values():
+            a.close()
     return got
 
 
 async def test_every_rpc_of_a_trainer_is_allowed_with_its_policy_token(
         redis_url: str, run_id: str) -> None:
+    """Catches an RPC a trainer makes that its policy token may not (a method denied) and a
+    wait for peers without the policy heartbeat that keeps the waiting policy's MWRA lease
+    (planted: `AllocatorClient._await_peers` without its `policy_keepalive`: "A sent no
+    PolicyHeartbeat while it waited")."""
     from mutualrl.mwra.config import MwraConfig
     from mutualrl.mwra.server import start_mwra
     from mutualrl.thl.config import ThlConfig
@@ -139,7 +164,7 @@ async def test_every_rpc_of_a_trainer_is_allowed_with_its_policy_token(
             async with AsyncSeeClient(ClientOptions(address=see.address, token=SECRET)) as admin:
                 await admin.create_run(run_id, list(POLICIES), 1.0)
             got = await asyncio.to_thread(_walk, see.address, thl.address, mwra.address, run_id,
-                                          tokenizer)
+                                          tokenizer, before)
     finally:
         await thl.stop(0)
         await mwra.stop(0)

@@ -75,9 +75,11 @@ def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
             {"round": 1, "bench/gsm/avg@4": 0.25, "bench/gsm/pass@4": 0.5,
              "bench/gsm/small/avg@4": 0.5, "bench/gsm/problems": 8.0},
             {"round": 3, "bench/gsm/avg@4": 0.5, "bench/gsm/pass@4": 0.75,
-             "bench/gsm/small/avg@4": 1.0, "bench/gsm/problems": 8.0}]
+             "bench/gsm/small/avg@4": 1.0, "bench/gsm/problems": 8.0,
+             "bench/gsm/dropped_overlong": 3.0}]
     b = benchmarks(rows)["gsm"]
-    assert b["final"] == {"avg@4": 0.5, "pass@4": 0.75, "problems": 8.0}
+    assert b["final"] == {"avg@4": 0.5, "pass@4": 0.75, "problems": 8.0,
+                          "dropped_overlong": 3.0}
     assert b["skills"] == {"small": {"avg@4": 1.0}}
     assert b["start"] == {"avg@4": 0.125, "pass@4": 0.25}  # before round 0: 0 rounds done
     assert [c["round"] for c in b["curve"]] == [0, 2, 4] and b["curve"][1]["pass@4"] == 0.5
@@ -94,6 +96,7 @@ def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
                                    "lead_wait_s": 0.0}
     md = results_markdown(res)
     assert "| b | gsm | pass@4 | 0.250 | 0.750 |" in md and "| b | 0 of 1 | 0.00 |" in md
+    assert "| gsm | 8 | 3 |" in md  # problems scored, dropped as over-long
     from rich.console import Console
 
     from mutualrl.launch.report import benchmark_table, sharing_table
@@ -104,6 +107,8 @@ def test_benchmark_figures_and_curves_reach_the_results(tmp_path: Path) -> None:
         console.print(table)
     text = console.export_text()
     assert "0.125→0.500" in text and "0.250→0.750" in text and "0/1" in text
+    assert "gsm: 8 problems scored, 3 dropped as longer than a policy's limit" in " ".join(
+        text.split())
     console.print(status_table(plan, set()))  # type: ignore[arg-type]
     line = next(x for x in console.export_text().splitlines() if " b " in x)
     assert "0.500" in line  # b's held-out column: the benchmark's avg@4 (its reward is 0)

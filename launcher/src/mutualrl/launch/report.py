@@ -303,6 +303,11 @@ def results_markdown(res: dict[str, Any]) -> str:
     if spent:
         lines += ["", "| " + " | ".join(COMPUTE_HEAD) + " |", "|" + "---|" * len(COMPUTE_HEAD)]
         lines += [f"| {n} | " + " | ".join(_compute_cells(c)) + " |" for n, c in spent]
+    counts = benchmark_problems(res)
+    if counts:
+        lines += ["", "| benchmark | problems scored | dropped (longer than a policy's limit) |",
+                  "|---|---|---|"]
+        lines += [f"| {b} | {n:.0f} | {d:.0f} |" for b, (n, d) in counts.items()]
     reads = [(name, r["sharing"]) for name, r in res.items() if r.get("sharing")]
     if reads:
         lines += ["", "| policy | rounds that read peer data | fraction |", "|---|---|---|"]
@@ -342,6 +347,18 @@ def sharing_table(res: dict[str, Any]) -> Table | None:
     return table
 
 
+def benchmark_problems(res: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per benchmark: (problems scored, problems dropped as longer than some policy's limit),
+    the same for every policy (a problem one policy cannot take is dropped for all)."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in res.values():
+        for b, figs in r.get("benchmarks", {}).items():
+            final = figs["final"]
+            if "problems" in final:
+                out.setdefault(b, (final["problems"], final.get("dropped_overlong", 0.0)))
+    return out
+
+
 def benchmark_table(res: dict[str, Any]) -> Table | None:
     """Every benchmark's final avg@n and pass@k per policy."""
     rows = [(name, b, figs["final"]) for name, r in res.items()
@@ -350,7 +367,10 @@ def benchmark_table(res: dict[str, Any]) -> Table | None:
         return None
     metrics = sorted({m for _, _, f in rows for m in f if "@" in m},
                      key=lambda m: (m.split("@")[0] != "avg", int(m.split("@")[1])))
-    table = Table(title="benchmarks: start → final (before round 0 → the last evaluation)")
+    table = Table(title="benchmarks: start → final (before round 0 → the last evaluation)",
+                  caption="; ".join(f"{b}: {n:.0f} problems scored, {d:.0f} dropped as longer "
+                                    "than a policy's limit"
+                                    for b, (n, d) in benchmark_problems(res).items()) or None)
     for col in ("policy", "benchmark", *metrics):
         table.add_column(col, justify="left" if col in ("policy", "benchmark") else "right")
     for name, b, f in rows:

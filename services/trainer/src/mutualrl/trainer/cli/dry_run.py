@@ -4,7 +4,8 @@ problems as the policy renders them (`mutualrl.trainer.runtime.preflight`: its l
 sets a rollout's length; where the task's files or the tokenizer are not at hand,
 `--prompt-tokens` or a 512-token allowance stands in, and the plan says so). A CPU policy's
 plan counts the trainer process's own share of host memory as measured here, after importing
-what a trainer imports."""
+what a trainer imports. Under each plan: the benchmarks the policy will be scored on, each
+with its table, columns, problems scored and dropped, and sampling settings."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from mutualrl.trainer.runtime.memory import (
     render,
     worker_plan,
 )
-from mutualrl.trainer.runtime.preflight import check_inputs, policy_dir
+from mutualrl.trainer.runtime.preflight import PromptBudget, check_inputs, policy_dir
 
 
 @dataclass
@@ -55,21 +56,21 @@ def runtime_bytes(engines: set[str]) -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def prompt_lengths(cfg: TrainerConfig, names: list[str], cache_dir: Path | None
-                   ) -> tuple[dict[str, int], str]:
-    """Each policy's longest rendered prompt (`preflight.check_inputs`), or the allowance
-    for all with the reason when the problems cannot be rendered here. A prompt that does
-    not fit the model's context raises (ContextLengthError): that run cannot start."""
+def prompt_budgets(cfg: TrainerConfig, names: list[str], cache_dir: Path | None
+                   ) -> tuple[dict[str, PromptBudget], str]:
+    """Each policy's longest rendered prompt and benchmark settings
+    (`preflight.check_inputs`), or none with the reason when the problems cannot be rendered
+    here (the allowance stands in). A prompt that does not fit the model's context raises
+    (ContextLengthError): that run cannot start."""
     try:
         budgets = check_inputs(cfg, names, cache_dir)
     except ContextLengthError:
         raise
     except (ValueError, OSError, TypeError) as err:
         reason = str(err).splitlines()[0][:300]
-        return {n: PROMPT_ALLOWANCE for n in names}, (
-            f"prompt allowance {PROMPT_ALLOWANCE} tokens (the problems could not be rendered "
-            f"here: {reason})")
-    return {b.policy: b.prompt_tokens for b in budgets}, ""
+        return {}, (f"prompt allowance {PROMPT_ALLOWANCE} tokens (the problems could not be "
+                    f"rendered here: {reason})")
+    return {b.policy: b for b in budgets}, ""
 
 
 def worker_lines(items: dict[str, int], p: MemoryPlan) -> str:
@@ -103,10 +104,11 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
     None: each policy's longest rendered prompt (see the module docstring)."""
     names = names or [p.name for p in cfg.policies]
     note = ""
+    budgets: dict[str, PromptBudget] = {}
     if prompt_tokens is None:
-        longest, note = prompt_lengths(cfg, names, cache_dir)
-    else:
-        longest = {n: prompt_tokens for n in names}
+        budgets, note = prompt_budgets(cfg, names, cache_dir)
+    longest = {n: budgets[n].prompt_tokens if n in budgets else prompt_tokens or PROMPT_ALLOWANCE
+               for n in names}
     on_cpu: set[str] = {cfg.policy(n).rollout_engine for n in names
               if not cfg.policy(n).device.startswith("cuda")}
     runtime = runtime_bytes(on_cpu) if on_cpu else 0
@@ -134,5 +136,7 @@ def memory_plans(cfg: TrainerConfig, names: list[str] | None = None,
                 p.problems.append(f"policies[].rollout_worker: the worker's "
                                   f"{sum(worker.values()) / GIB:.2f} GiB does not fit beside "
                                   "training: set rollout_worker: false")
+        if name in budgets:
+            text += "".join(f"\n  {line}" for line in budgets[name].benchmarks)
         out.append(PolicyPlan(name, shape, x, p, text))
     return out

@@ -16,13 +16,13 @@ from pydantic import ValidationError
 
 from mutualrl.trainer.config.run import TrainerConfig, first_error, load_trainer_config
 from mutualrl.trainer.data.chat import renderer_for
-from mutualrl.trainer.data.evaluation import benchmark_task, run_benchmark
+from mutualrl.trainer.data.evaluation import run_benchmark
 from mutualrl.trainer.data.task_factory import make_task
 from mutualrl.trainer.engines.factory import make_engine
 from mutualrl.trainer.runtime import checkpoint
 from mutualrl.trainer.runtime.distributed import SINGLE
 from mutualrl.trainer.runtime.export import ExportError, export, find_checkpoint
-from mutualrl.trainer.runtime.preflight import policy_dir
+from mutualrl.trainer.runtime.preflight import benchmark_tasks, policy_dir
 from mutualrl.trainer.runtime.presets import load_policy
 
 
@@ -44,8 +44,7 @@ def evaluate_policy(cfg: TrainerConfig, policy_name: str, model_dir: Path) -> di
     out: dict[str, Any] = {"policy": policy.name, "model": str(model_dir), "benchmarks": {}}
     t0 = time.perf_counter()
     with torch.no_grad():
-        for bench in cfg.eval.benchmarks:
-            problems = benchmark_task(bench, task)
+        for bench, problems in benchmark_tasks(cfg, task, cfg.output_dir / "presets"):
             out["benchmarks"][bench.name] = run_benchmark(
                 bench, problems, render, engine, SINGLE, max_new, cfg.probe.tau, cfg.seed)
     out["seconds"] = time.perf_counter() - t0

@@ -25,6 +25,7 @@ from mutualrl.trainer.algos.modes import (
     aggregation_mode,
 )
 from mutualrl.trainer.config.task import (
+    PRESETS,
     AnswerForm,
     DatasetSettings,
     DatasetTaskConfig,
@@ -331,8 +332,15 @@ class DiagnosticsSettings(Config):
     """Own samples (the first ones of the round) the KL estimate uses."""
 
 
+TableField = Literal["prompt_key", "answer_key", "answer_form", "skill_key", "id_key"]
+"""A dataset field a benchmark may take from `task.dataset` (`from_task`)."""
+
+
 class BenchmarkSettings(Config):
-    """One benchmark of `eval.benchmarks` (scored with the task's `success_reward`)."""
+    """One benchmark of `eval.benchmarks` (scored with the task's `success_reward`). It reads
+    its own table by its own fields: `preset`, the fields given here and the defaults of
+    `task.dataset` (`prompt`, `answer`, `as_is`), never the training table's columns unless
+    `from_task` names them."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Its name in metrics (`bench/<name>/avg@n`)."""
@@ -341,15 +349,22 @@ class BenchmarkSettings(Config):
     split: str = "test"
     """The split to read."""
     preset: Literal["gsm8k", "math"] | None = None
-    """GSM8K or MATH column names, as `task.dataset.preset`."""
+    """GSM8K or MATH column names and answer form, as `task.dataset.preset`."""
     prompt_key: str | None = None
-    """Column of the problem (default: the task dataset's)."""
+    """Column of the problem (default `prompt`, or the preset's)."""
     answer_key: str | None = None
-    """Column of the reference answer (default: the task dataset's)."""
+    """Column of the reference answer (default `answer`, or the preset's)."""
     answer_form: AnswerForm | None = None
-    """How the reference is read (default: the task dataset's)."""
+    """How the reference is read: `as_is` (default), `gsm8k`, `boxed` (or the preset's)."""
     skill_key: str | None = None
-    """Column naming each problem's skill (per-skill figures; default: the task dataset's)."""
+    """Column naming each problem's skill (per-skill figures; default none, or the
+    preset's)."""
+    id_key: str | None = None
+    """Column of unique problem ids (default: a hash of the problem text)."""
+    from_task: list[TableField] = Field(default_factory=list)
+    """Fields taken from `task.dataset` (after its preset) where this benchmark gives none,
+    e.g. `[prompt_key, answer_key]` for a test split of the training table's columns. Default
+    none: a benchmark reads like the data it names."""
     n: int = Field(8, ge=1)
     """Samples per problem."""
     k: list[int] | None = None
@@ -364,8 +379,12 @@ class BenchmarkSettings(Config):
     """Drop tokens below this share of the most likely one's probability (0: off)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Token budget per completion (default: the run's)."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Problems some policy renders longer than this are dropped for every policy (each is
+    scored on the same problems); default: each policy's `policies[].max_prompt_tokens`.
+    The count is the metric `bench/<name>/dropped_overlong`, in results.json and results.md."""
     limit: int | None = Field(None, ge=1)
-    """Evaluate the first N problems only."""
+    """Evaluate the first N problems only (counted before over-long ones are dropped)."""
 
     @model_validator(mode="after")
     def _ks_fit(self) -> BenchmarkSettings:
@@ -375,14 +394,21 @@ class BenchmarkSettings(Config):
         return self
 
     def dataset(self, train: DatasetSettings | None) -> DatasetSettings:
-        """The benchmark's table settings: its own fields over the task dataset's columns."""
-        base = {} if train is None else train.resolved().model_dump(
-            include={"prompt_key", "answer_key", "answer_form", "skill_key"}, exclude_none=True)
-        if self.preset is not None:
-            base = {}
+        """The benchmark's table settings: its own fields, its preset's and the defaults, with
+        the `from_task` fields of the task's table (`train`) where it gives none."""
         own = self.model_dump(include={"path", "split", "preset", "prompt_key", "answer_key",
-                                       "answer_form", "skill_key", "limit"}, exclude_none=True)
-        return DatasetSettings.model_validate({**base, **own}).resolved()
+                                       "answer_form", "skill_key", "id_key", "limit"},
+                              exclude_none=True)
+        taken: dict[str, Any] = {}
+        if self.from_task:
+            if train is None:
+                raise ValueError(f"eval.benchmarks[{self.name}].from_task: the task reads no "
+                                 "table (a generated task); name the benchmark's columns")
+            given = set(own) | set(PRESETS.get(self.preset or "", {}))
+            base = train.resolved().model_dump(include={str(k) for k in self.from_task},
+                                              exclude_none=True)
+            taken = {k: v for k, v in base.items() if k not in given}
+        return DatasetSettings.model_validate({**taken, **own}).resolved()
 
 
 class EvalSettings(Config):
@@ -731,10 +757,10 @@ class TrainerConfig(Config):
     @model_validator(mode="after")
     def _tokenizer_ids_valid(self) -> TrainerConfig:
         for i, p in enumerate(self.policies):
-            if not ids.TOKENIZER_ID.valid(self.tokenizer_id(p.name)):
-                raise ValueError(f"policies[{i}].name: tokenizer id "
-                                 f"{self.tokenizer_id(p.name)!r} (<run_id>/<name>) is not "
-                                 f"{ids.TOKENIZER_ID.described}; shorten the run id or name")
+            tid = self.tokenizer_id(p.name)
+            if not ids.TOKENIZER_ID.valid(tid):
+                raise ValueError(f"policies[{i}].name: tokenizer id {tid!r} (<run_id>/<name>) "
+                                 f"is not {ids.TOKENIZER_ID.described}; shorten the run id or name")
         return self
 
     @model_validator(mode="after")

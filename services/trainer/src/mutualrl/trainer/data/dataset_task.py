@@ -165,15 +165,16 @@ class DatasetTask:
                       messages=tuple(messages))
 
     # ---- the shared order ----------------------------------------------------------------
-    def drop_overlong(self, too_long: Sequence[Callable[[Prompt], bool]]) -> int:
+    def drop_overlong(self, too_long: Sequence[Callable[[Prompt], bool]],
+                      field: str = "policies[].max_prompt_tokens") -> int:
         """Drop every problem that some policy renders longer than its limit (`too_long[i]`:
         policy i's check): all policies then train on the same problems. Returns how many were
-        dropped."""
+        dropped. `field`: the setting of the limit, for the message."""
         keep = [p for p in self.problems if not any(f(p) for f in too_long)]
         self.dropped_overlong += len(self.problems) - len(keep)
         if not keep:
-            raise DatasetError("policies[].max_prompt_tokens: every problem of "
-                               f"{self.ds.path} is longer than some policy's limit")
+            raise DatasetError(f"{field}: every problem of {self.ds.path} is longer than some "
+                               "policy's limit")
         self.problems = keep
         self._orders.clear()
         return self.dropped_overlong

@@ -90,5 +90,7 @@ def run_benchmark(bench: BenchmarkSettings, task: DatasetTask, renderer: PromptR
         stop=task.stop, seeds=[prompt_seed(seed, -1, i) for i in mine])
     samples = [row for rows in dist.all_gather(part) for row in rows]
     correct = score_round(task, problems, samples, tau).correct
-    return summarize(bench.name, [p.skill for p in problems], [sum(r) for r in correct],
-                     bench.n, bench.k or default_ks(bench.n))
+    out = summarize(bench.name, [p.skill for p in problems], [sum(r) for r in correct],
+                    bench.n, bench.k or default_ks(bench.n))
+    out[f"bench/{bench.name}/dropped_overlong"] = float(task.dropped_overlong)
+    return out

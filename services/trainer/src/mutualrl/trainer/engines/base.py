@@ -130,6 +130,16 @@ def completion_offsets(tokenizer: PreTrainedTokenizerFast, token_ids: list[int]
     return text, offsets
 
 
+def check_request(prompts: Sequence[object], n: int, max_new_tokens: int,
+                  seeds: Sequence[int] | None, top_p: float, top_k: int, min_p: float) -> None:
+    """ValueError naming the first argument of a `generate` call out of range."""
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError("n and max_new_tokens must be >= 1")
+    check_truncation(top_p, top_k, min_p)
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError("seeds: one per prompt")
+
+
 def check_truncation(top_p: float, top_k: int, min_p: float) -> None:
     """ValueError naming the first sampling truncation knob out of range."""
     if not 0 < top_p <= 1:

@@ -41,7 +41,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from mutualrl.trainer.engines.base import (
     Sample,
-    check_truncation,
+    check_request,
     completion_offsets,
     encode_prompt,
     prompt_seed,
@@ -162,13 +162,9 @@ class HFEngine:
                  seed: int | None = None, seeds: list[int] | None = None, top_k: int = 0,
                  min_p: float = 0.0) -> list[list[Sample]]:
         """`n` samples per prompt; rows of one prompt are adjacent (prompt-major order)."""
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError("n and max_new_tokens must be >= 1")
-        check_truncation(top_p, top_k, min_p)
+        check_request(prompts, n, max_new_tokens, seeds, top_p, top_k, min_p)
         if not prompts:
             return []
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError("seeds: one per prompt")
         model, tok = self._sampler(), self.tokenizer
         device = _device_of(model)
         stop_t = tuple(s for s in (stop or []) if s)

@@ -35,7 +35,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrain
 
 from mutualrl.trainer.engines.base import (
     Sample,
-    check_truncation,
+    check_request,
     completion_offsets,
     encode_prompt,
 )
@@ -173,13 +173,9 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError("n and max_new_tokens must be >= 1")
-        check_truncation(top_p, top_k, min_p)
+        check_request(prompts, n, max_new_tokens, seeds, top_p, top_k, min_p)
         if not prompts:
             return []
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError("seeds: one per prompt")
         tok = self.tokenizer
         prompt_ids = [encode_prompt(tok, p) for p in prompts]
         t = self._set_temperature(temperature)

@@ -7,7 +7,9 @@ from (`policy_dir`: a policy's weights and tokenizer; `prepare_dataset_task`: th
 - each policy: its chat template renders every problem (`ChatTemplateError`, naming the
   template's file), and its longest rendered prompt plus `max_new_tokens` fits the model's
   context (`ContextLengthError`, naming the prompt, both lengths and the config field the
-  context comes from).
+  context comes from), also with a benchmark's own `max_new_tokens`;
+- each benchmark: its problems some policy renders longer than its limit dropped for every
+  policy (`benchmark_tasks`), so every policy is scored on the same problems.
 
 Each error's message names the field to fix (`dataset_task.ExperimentInputError`). Nothing loads
 a model's weights: tokenizers and config.json only. The prompts measured are every problem of
@@ -19,12 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mutualrl.thl.tokenizers import load_tokenizer
-from mutualrl.trainer.config.run import PolicySettings, TrainerConfig
+from mutualrl.trainer.config.run import BenchmarkSettings, PolicySettings, TrainerConfig
 from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import ContextLengthError, PromptRenderer, renderer_for
 from mutualrl.trainer.data.dataset_task import DatasetTask
@@ -58,6 +60,8 @@ class PromptBudget:
     """Where `context` comes from, e.g. `n_positions in models/gpt2/config.json`."""
     problems: int
     """Problems rendered to find the longest."""
+    benchmarks: tuple[str, ...] = ()
+    """What each benchmark reads and how it samples for this policy (`benchmark_settings`)."""
 
     @property
     def seq_tokens(self) -> int:
@@ -81,7 +85,37 @@ def policy_dir(policy: PolicySettings, cache_dir: Path, seed: int) -> Path:
     return ensure_preset(policy.preset, cache_dir, seed)
 
 
-def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
+class Renderers:
+    """Every policy's renderer (its tokenizer and chat template), loaded on first use: what
+    measures a problem as each policy will render it."""
+
+    def __init__(self, cfg: TrainerConfig, cache: Path) -> None:
+        self.cfg, self.cache = cfg, cache
+        self._loaded: dict[str, PromptRenderer] = {}
+
+    def of(self, policy: PolicySettings) -> PromptRenderer:
+        if policy.name not in self._loaded:
+            tok = load_tokenizer(policy_dir(policy, self.cache, self.cfg.seed))
+            self._loaded[policy.name] = renderer_for(tok, policy)
+        return self._loaded[policy.name]
+
+    def too_long(self, limits: dict[str, int | None]) -> list[Callable[[Prompt], bool]]:
+        """Per policy with a limit in `limits` (name -> tokens): whether it renders a problem
+        longer than that."""
+        out = []
+        for p in self.cfg.policies:
+            limit = limits.get(p.name)
+            if limit is not None:
+                out.append(_longer_than(self.of(p), limit))
+        return out
+
+
+def _longer_than(renderer: PromptRenderer, limit: int) -> Callable[[Prompt], bool]:
+    return lambda prompt: len(renderer.ids(prompt)) > limit
+
+
+def prepare_dataset_task(cfg: TrainerConfig, cache: Path,
+                         renderers: Renderers | None = None) -> DatasetTask:
     """The run's table with the problems some policy renders longer than its
     `max_prompt_tokens` dropped (every trainer drops the same ones: each renders with every
     policy's tokenizer), and its reward functions called once, so that a problem shows before
@@ -89,17 +123,65 @@ def prepare_dataset_task(cfg: TrainerConfig, cache: Path) -> DatasetTask:
     assert isinstance(cfg.task, DatasetTaskConfig)
     task = DatasetTask(cfg.task)
     task.check_rewards()
-    checks = []
-    for p in cfg.policies:
-        if p.max_prompt_tokens is None:
-            continue
-        r = renderer_for(load_tokenizer(policy_dir(p, cache, cfg.seed)), p)
-        checks.append(lambda prompt, r=r, limit=p.max_prompt_tokens: len(r.ids(prompt)) > limit)
+    checks = (renderers or Renderers(cfg, cache)).too_long(
+        {p.name: p.max_prompt_tokens for p in cfg.policies})
     if checks:
         n = task.drop_overlong(checks)
         log.info("task.dataset: %d of %d problems dropped as longer than a policy's "
                  "max_prompt_tokens", n, n + len(task.problems))
     return task
+
+
+def benchmark_tasks(cfg: TrainerConfig, task: Task, cache: Path,
+                    renderers: Renderers | None = None
+                    ) -> list[tuple[BenchmarkSettings, DatasetTask]]:
+    """Each of `eval.benchmarks` with its problems, less those some policy renders longer
+    than the benchmark's `max_prompt_tokens` (default: the policy's own): dropped for every
+    policy, so each is scored on the same problems (`DatasetTask.dropped_overlong` counts
+    them)."""
+    renderers = renderers or Renderers(cfg, cache)
+    out = []
+    for b in cfg.eval.benchmarks:
+        bench = benchmark_task(b, task)
+        checks = renderers.too_long({p.name: b.max_prompt_tokens or p.max_prompt_tokens
+                                     for p in cfg.policies})
+        if checks:
+            bench.drop_overlong(checks, f"eval.benchmarks[{b.name}].max_prompt_tokens")
+            log.info("eval.benchmarks[%s]: %d of %d problems dropped as longer than a "
+                     "policy's limit", b.name, bench.dropped_overlong,
+                     bench.dropped_overlong + len(bench.problems))
+        out.append((b, bench))
+    return out
+
+
+def check_benchmarks(policy: PolicySettings, renderer: PromptRenderer,
+                     benchmarks: Sequence[tuple[BenchmarkSettings, DatasetTask]],
+                     max_new_tokens: int, model_dir: Path) -> None:
+    """A benchmark with a larger completion budget than the run's: its longest problem plus
+    that budget fits the model's context (ContextLengthError naming the benchmark's field)."""
+    for b, bench in benchmarks:
+        if b.max_new_tokens is not None and b.max_new_tokens > max_new_tokens:
+            prompt_budget(policy, renderer, bench.problems, b.max_new_tokens, model_dir,
+                          f"eval.benchmarks[{b.name}].max_new_tokens")
+
+
+def benchmark_settings(benchmarks: Sequence[tuple[BenchmarkSettings, DatasetTask]],
+                       max_new_tokens: int) -> list[str]:
+    """What each benchmark reads and how it samples, for a policy whose run budget is
+    `max_new_tokens`: one line a benchmark (`--dry-run` prints them per policy)."""
+    lines = []
+    for b, bench in benchmarks:
+        ds = bench.ds
+        columns = ", ".join(f"{k}={getattr(ds, k)}" for k in
+                            ("prompt_key", "answer_key", "answer_form", "skill_key", "id_key")
+                            if getattr(ds, k) is not None)
+        taken = ", ".join(b.from_task) or "nothing"
+        lines.append(
+            f"benchmark {b.name}: {ds.path} (split {ds.split}): {columns}; from task.dataset: "
+            f"{taken}; {len(bench.problems)} problems scored, {bench.dropped_overlong} dropped "
+            f"as longer than a policy's limit; n={b.n}, max_new_tokens="
+            f"{b.max_new_tokens or max_new_tokens}, temperature={b.temperature:g}")
+    return lines
 
 
 def model_context(model_dir: Path, policy: PolicySettings) -> tuple[int | None, str]:
@@ -172,12 +254,14 @@ def check_inputs(cfg: TrainerConfig, names: Sequence[str] | None = None,
     (see the module docstring); returns each policy's longest rollout. A policy whose warm start
     is not made yet is checked with the model it starts from (the same tokenizer)."""
     cache = cache_dir or cfg.output_dir / "presets"
-    task = prepare_dataset_task(cfg, cache) if isinstance(cfg.task, DatasetTaskConfig) \
+    renderers = Renderers(cfg, cache)
+    task = prepare_dataset_task(cfg, cache, renderers) if isinstance(cfg.task,
+                                                                     DatasetTaskConfig) \
         else make_task(cfg.task)
     if isinstance(task, DatasetTask):  # a table too small for one round says so now
         task.round_prompts(0, cfg.grpo.prompts_per_round, cfg.seed)
-    benchmarks = [benchmark_task(b, task) for b in cfg.eval.benchmarks]
-    problems = problems_to_render(task, benchmarks)
+    benchmarks = benchmark_tasks(cfg, task, cache, renderers)
+    problems = problems_to_render(task, [t for _, t in benchmarks])
     out = []
     for name in names or [p.name for p in cfg.policies]:
         pcfg = cfg.for_policy(name)
@@ -192,7 +276,8 @@ def check_inputs(cfg: TrainerConfig, names: Sequence[str] | None = None,
         max_new = pcfg.grpo.max_new_tokens or task.max_new_tokens
         budget = prompt_budget(policy, renderer, problems, max_new, Path(start),
                                max_new_tokens_field(pcfg))
+        check_benchmarks(policy, renderer, benchmarks, max_new, Path(start))
+        budget = replace(budget, benchmarks=tuple(benchmark_settings(benchmarks, max_new)))
         log.info("%s", budget.describe())
         out.append(budget)
     return out
-

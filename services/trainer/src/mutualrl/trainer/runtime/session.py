@@ -26,7 +26,6 @@ from mutualrl.trainer.config.run import (
 from mutualrl.trainer.config.task import DatasetTaskConfig
 from mutualrl.trainer.data.chat import PromptRenderer, renderer_for
 from mutualrl.trainer.data.dataset_task import DatasetTask
-from mutualrl.trainer.data.evaluation import benchmark_task
 from mutualrl.trainer.data.task_factory import make_task
 from mutualrl.trainer.data.tasks import Prompt, Task
 from mutualrl.trainer.engines.base import RolloutEngine
@@ -46,6 +45,8 @@ from mutualrl.trainer.runtime.memory import (
 )
 from mutualrl.trainer.runtime.metrics import MetricsSink
 from mutualrl.trainer.runtime.preflight import (
+    benchmark_tasks,
+    check_benchmarks,
     max_new_tokens_field,
     policy_dir,
     prepare_dataset_task,
@@ -300,11 +301,12 @@ def build_session(
     task = make_task(cfg.task) if not isinstance(cfg.task, DatasetTaskConfig) else \
         prepare_dataset_task(cfg, cache)
     max_new = g.max_new_tokens or task.max_new_tokens
-    benchmarks = [(b, benchmark_task(b, task)) for b in cfg.eval.benchmarks]
+    benchmarks = benchmark_tasks(cfg, task, cache)
     # Every problem rendered now: a chat template that does not render, or a prompt that does
     # not fit the model's context with its completion, stops the trainer before round 0.
     budget = prompt_budget(policy, renderer, problems_to_render(task, [t for _, t in benchmarks]),
                            max_new, Path(start), max_new_tokens_field(cfg))
+    check_benchmarks(policy, renderer, benchmarks, max_new, Path(start))
     log.info("%s", budget.describe())
     engine_kw: dict[str, Any] = {}
     if policy.rollout_engine == "hf":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -354,16 +354,19 @@ class PeerExchange:
         resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         pooled: dict[str, RewardStats] = {}
         best: dict[str, float] = {}
+        for prompt_id, _, s in self._peer_entries(resp):
+            pooled[prompt_id] = pooled.get(prompt_id, RewardStats()).merge(_reward_stats(s))
+            top = s.success_max if s.HasField("success_max") else s.max
+            best[prompt_id] = max(best.get(prompt_id, float("-inf")), float(top))
+        return pooled, best, bool(resp.complete)
+
+    def _peer_entries(self, resp: Any) -> Iterator[tuple[str, str, Any]]:
+        """(prompt id, peer, its RewardStats message) of each peer's entry of a GetRoundStats
+        answer; this policy's own entries are left out."""
         for p in resp.prompts:
             for ps in p.policies:
-                if ps.policy_id == self.policy:
-                    continue
-                s = ps.stats
-                pooled[p.prompt_id] = pooled.get(p.prompt_id, RewardStats()).merge(
-                    RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
-                top = s.success_max if s.HasField("success_max") else s.max
-                best[p.prompt_id] = max(best.get(p.prompt_id, float("-inf")), float(top))
-        return pooled, best, bool(resp.complete)
+                if ps.policy_id != self.policy:
+                    yield p.prompt_id, ps.policy_id, ps.stats
 
     def _round_stats(self, round_k: int, prompt_ids: Sequence[str], deadline: float,
                      expect: Sequence[str] | None) -> Any:
@@ -389,13 +392,8 @@ class PeerExchange:
         when the call returned (waits up to deadline, as `peer_stats`)."""
         resp = self._round_stats(round_k, prompt_ids, deadline, expect)
         per_policy: dict[str, RewardStats] = {}
-        for p in resp.prompts:
-            for ps in p.policies:
-                if ps.policy_id == self.policy:
-                    continue
-                s = ps.stats
-                per_policy[ps.policy_id] = per_policy.get(ps.policy_id, RewardStats()).merge(
-                    RewardStats(int(s.count), float(s.sum), float(s.sum_sq)))
+        for _, peer, s in self._peer_entries(resp):
+            per_policy[peer] = per_policy.get(peer, RewardStats()).merge(_reward_stats(s))
         return per_policy, bool(resp.complete)
 
     def peer_successes(
@@ -525,6 +523,11 @@ class PeerExchange:
                     chunk_sender_logp=chunk_logp if chunk_level else [],
                     multi_token_chunk_share=tr.residual.multi_token_chunk_share)
         return [s for s in slots if s is not None]
+
+
+def _reward_stats(s: pb.RewardStats) -> RewardStats:
+    """A REWARD_STATS record's sums as the pooling arithmetic holds them."""
+    return RewardStats(int(s.count), float(s.sum), float(s.sum_sq))
 
 
 _FINISH = {"stop": "FINISH_REASON_STOP", "length": "FINISH_REASON_LENGTH",

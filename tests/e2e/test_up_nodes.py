@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from tiny_up import metrics_rows, run_up, up_config, write_yaml
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2600)]
 
 ROUNDS = 3
 ATOL = 1e-5

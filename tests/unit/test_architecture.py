@@ -156,6 +156,7 @@ LATE_IMPORTS = {
     "torch.distributed.checkpoint": "data-parallel checkpoints (DCP) only",
     "torch.distributed.elastic": "the elastic launcher of data-parallel runs only",
     "torch.distributed.launcher": "the elastic launcher of data-parallel runs only",
+    "torch.distributed.device_mesh": "HSDP runs only (a 2-D mesh over nodes and ranks)",
 }
 
 

@@ -220,10 +220,8 @@ class RolloutWorker:
     """The learner's handle on its rollout worker: starts it, publishes weights, sends jobs,
     takes results; restarts it when it dies."""
 
-    def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int,
-                 exact: bool) -> None:
+    def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int) -> None:
         self.spec = spec
-        self.exact = exact
         self.ctx = mp.get_context("spawn")
         self.shared = _Shared(params, slots, self.ctx)
         self.jobs: Any = self.ctx.Queue()
@@ -437,8 +435,7 @@ class Rollouts:
         if self.worker is None:
             if self.spec is None:
                 raise ValueError("a rollout worker needs the policy's WorkerSpec")
-            self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d),
-                                        self.exact)
+            self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d))
             self.worker.publish(_trainable(self.model), self.version)
         return self.worker
 

@@ -43,8 +43,11 @@ from transformers import PreTrainedModel
 from mutualrl.trainer.config.run import GRPOSettings, LoraSettings
 from mutualrl.trainer.data.tasks import Prompt, Task
 from mutualrl.trainer.engines.base import RolloutEngine, Sample, prompt_seed
+from mutualrl.trainer.engines.factory import make_engine
+from mutualrl.trainer.model import lora
 from mutualrl.trainer.runtime.allocator import RoundAllocation
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered
+from mutualrl.trainer.runtime.presets import load_policy
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +178,6 @@ class _Shared:
 
 def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
     """The worker process: build the model and engine, then answer jobs until None."""
-    from mutualrl.trainer.engines.factory import make_engine
-    from mutualrl.trainer.model import lora
-    from mutualrl.trainer.runtime.presets import load_policy
-
     torch.set_num_threads(spec.threads)
     try:
         model, tok = load_policy(spec.start, spec.dtype, spec.device)

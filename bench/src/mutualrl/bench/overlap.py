@@ -5,7 +5,8 @@ each, the learner and the worker).
 
 Cases: the demo's policies (GPT-2 + byte BPE, Llama + characters: 16 prompts x 8 samples of
 the short regime's 6 tokens), and a ~10 M Llama (`llama-10m`) whose rollouts and update take
-about as long (`balanced`: 4 prompts x 8 samples of 48 tokens). Each policy trains alone, no
+about as long at one thread each, the split a worker runs with on two (`balanced`: 4 prompts
+x 8 samples of 96 tokens). Each policy trains alone, no
 services, probe `none`, the asynchronous exchange mode. Runs alternate in-process / worker per
 repeat so load drift hits both; a run's round time is the median over its rounds after the
 first `skip` (the worker's start, warm-up). ratio = in-process round time / worker round time
@@ -25,7 +26,7 @@ from typing import Any
 CASES: dict[str, dict[str, Any]] = {
     "demo-gpt2-bpe": {"preset": "gpt2-bpe", "prompts": 16, "group": 8, "new_tokens": None},
     "demo-llama-char": {"preset": "llama-char", "prompts": 16, "group": 8, "new_tokens": None},
-    "balanced-llama-10m": {"preset": "llama-10m", "prompts": 4, "group": 8, "new_tokens": 48},
+    "balanced-llama-10m": {"preset": "llama-10m", "prompts": 4, "group": 8, "new_tokens": 96},
 }
 
 

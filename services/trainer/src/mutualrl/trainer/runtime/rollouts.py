@@ -43,8 +43,11 @@ from transformers import PreTrainedModel
 from mutualrl.trainer.config.run import GRPOSettings, LoraSettings
 from mutualrl.trainer.data.tasks import Prompt, Task
 from mutualrl.trainer.engines.base import RolloutEngine, Sample, prompt_seed
+from mutualrl.trainer.engines.factory import make_engine
+from mutualrl.trainer.model import lora
 from mutualrl.trainer.runtime.allocator import RoundAllocation
 from mutualrl.trainer.runtime.distributed import SINGLE, Dist, gathered
+from mutualrl.trainer.runtime.presets import load_policy
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +178,6 @@ class _Shared:
 
 def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
     """The worker process: build the model and engine, then answer jobs until None."""
-    from mutualrl.trainer.engines.factory import make_engine
-    from mutualrl.trainer.model import lora
-    from mutualrl.trainer.runtime.presets import load_policy
-
     torch.set_num_threads(spec.threads)
     try:
         model, tok = load_policy(spec.start, spec.dtype, spec.device)
@@ -220,10 +219,8 @@ class RolloutWorker:
     """The learner's handle on its rollout worker: starts it, publishes weights, sends jobs,
     takes results; restarts it when it dies."""
 
-    def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int,
-                 exact: bool) -> None:
+    def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int) -> None:
         self.spec = spec
-        self.exact = exact
         self.ctx = mp.get_context("spawn")
         self.shared = _Shared(params, slots, self.ctx)
         self.jobs: Any = self.ctx.Queue()
@@ -437,8 +434,7 @@ class Rollouts:
         if self.worker is None:
             if self.spec is None:
                 raise ValueError("a rollout worker needs the policy's WorkerSpec")
-            self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d),
-                                        self.exact)
+            self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d))
             self.worker.publish(_trainable(self.model), self.version)
         return self.worker
 

@@ -38,8 +38,10 @@ def test_threads_rollout_workers_and_overlap_per_policy(see: tuple[str, str],
                                     "step_s": 47.0, "cost_s": 3.5}),
             # round 1: smol holds both threads, one of them its rollout worker's; the rollouts
             # of its next round ran beside its update (3 + 2.5 s in a 4 s round)
+            # (a worker's row: `rollout_s` the learner's wait, `generate_s` the sampling)
             metric_row("smol", 1, {"threads": 2, "rollout_workers": 1, "rollout_threads": 1,
-                                   "rollout_s": 3.0, "update_s": 2.5, "step_s": 4.0,
+                                   "rollout_s": 0.01, "generate_s": 3.0, "update_s": 2.5,
+                                   "step_s": 4.0,
                                    "cost_s": 4.0}),
             metric_row("llama", 1, {"threads": 1, "rollout_s": 1.0, "update_s": 2.0,
                                     "step_s": 4.0, "cost_s": 3.5}),

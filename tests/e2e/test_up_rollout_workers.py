@@ -18,7 +18,7 @@ from tiny_up import metrics_rows, see_records, up_config, write_yaml
 
 from mutualrl.common.auth import derive_token
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1100)]
 
 SECRET = "up-workers-7c1a"
 RUN = "up-workers"

@@ -135,7 +135,8 @@ def compute(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "threads_max": max(threads, default=None),
         "rollout_workers": int(last.get("rollout_workers", 0)),
         "rollout_threads": int(last.get("rollout_threads", 0)),
-        "mean_rollout_s": _mean(rows, "rollout_s"),
+        # sampling time: with a rollout worker `rollout_s` is only the learner's wait for it
+        "mean_rollout_s": _mean(rows, "generate_s" if "generate_s" in last else "rollout_s"),
         "mean_update_s": _mean(rows, "update_s"),
         "mean_step_s": _mean(rows, "step_s"),
     }

@@ -112,6 +112,11 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
+        "rollout_workers": float(s.rollouts.uses_worker(alloc)),
+        "rollout_threads": float(s.rollouts.threads(alloc)[1] if s.rollouts.uses_worker(alloc)
+                                 else 0),
+        # what sampling and the update ran side by side: their sum past the round's work
+        "overlap_s": max(0.0, batch.generate_s + t_update - (step_s - wait_s)),
         "peak_rss_mib": peak_rss_mib(),
         "publish_failed": float(not published),
         "data/dropped_overlong": float(getattr(s.task, "dropped_overlong", 0)),

@@ -9,8 +9,10 @@ export const POLL_MS = 1000;
 // round's own time (its waits for peers left out) by. 0 when they ran one after the other.
 export function withOverlap(v) {
   const round = v.cost_s ?? v.step_s;
-  if (v.overlap_s === undefined && v.rollout_s !== undefined && v.update_s !== undefined && round !== undefined)
-    v.overlap_s = Math.max(0, v.rollout_s + v.update_s - round);
+  // with a rollout worker `rollout_s` is the learner's wait; `generate_s` the sampling itself
+  const sampling = v.generate_s ?? v.rollout_s;
+  if (v.overlap_s === undefined && sampling !== undefined && v.update_s !== undefined && round !== undefined)
+    v.overlap_s = Math.max(0, sampling + v.update_s - round);
   return v;
 }
 

@@ -33,7 +33,7 @@ export class ComputeTable {
       const v = round === null ? {} : live.rows.get(p).get(round);
       const threads = v.threads, rt = v.rollout_threads ?? 0;
       const cells = [round, threads, v.rollout_workers ?? 0, rt,
-        threads === undefined ? undefined : threads - rt, v.rollout_s, v.update_s, v.overlap_s, v.step_s];
+        threads === undefined ? undefined : threads - rt, v.generate_s ?? v.rollout_s, v.update_s, v.overlap_s, v.step_s];
       return h("tr", { dataset: { policy: p } },
         h("td", {}, h("i", { class: "dot", style: { background: colorOf(this.policies, p) } }), " ", p),
         cells.map((x, i) => h("td", { dataset: { col: HEAD[i + 1] } }, x === undefined || x === null ? "–" : fmt(x, 2))));

@@ -12,7 +12,8 @@ import torch
 log = logging.getLogger(__name__)
 
 TIMING_KEYS = frozenset({"time", "step_s", "wait_s", "cost_s", "rollout_s", "probe_s",
-                         "tokens_per_s", "diag_s", "peak_rss_mib", "rollout/capture_s"})
+                         "tokens_per_s", "diag_s", "peak_rss_mib", "rollout/capture_s",
+                         "generate_s", "update_s", "overlap_s"})
 """Round metrics that measure the machine (wall time, the process's memory); every other value
 is a function of seed and round."""
 

@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from service_loop import LoopThread, delete_keys
 
 import mutualrl.v1
-from mutualrl.common.auth import derive_token
+from mutualrl.common.auth import bearer_metadata, derive_token
 
 INTS = (0, 1, -1, 2, 7, 100, 4096, 30_000, 2**31 - 1, -(2**31), 2**31, 2**32, 2**53,
         2**63 - 1, -(2**63), 2**64 - 1, 2**64)
@@ -462,7 +462,7 @@ class Answer:
 def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None
           ) -> Answer:
     path = f"/{method.containing_service.full_name}/{method.name}"
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    metadata = bearer_metadata(token)
     start = time.perf_counter()
     try:
         if method.server_streaming:
@@ -533,7 +533,7 @@ def _peer_round_stats(stack: Stack, codes: set[grpc.StatusCode]) -> Any:
         try:
             token = derive_token(ADMIN, "policy:p1")
             reply = pb_grpc.ExperienceExchangeStub(channel).GetRoundStats(
-                request, metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+                request, metadata=bearer_metadata(token), timeout=5)
         except grpc.RpcError as err:
             assert err.code() in codes, (err.code(), err.details())
             return None

@@ -295,7 +295,8 @@ def boundary_sweep(desc: Descriptor, strings: dict[str, tuple[bytes, ...]]) -> I
 ADMIN = "fuzz-admin-token"
 READ_TOKEN = derive_token(ADMIN, "read")
 P0_TOKEN = derive_token(ADMIN, "policy:p0")
-"""Scoped tokens (`mutualrl.common.auth`): their refusals are PERMISSION_DENIED."""
+"""Scoped tokens (`mutualrl.common.auth`): their refusals are PERMISSION_DENIED. P0's calls
+also name another policy, or none, in their metadata."""
 OK_CODES = frozenset({
     grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
@@ -459,10 +460,10 @@ class Answer:
     """Bytes of the answer (of a stream's first message)."""
 
 
-def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None
-          ) -> Answer:
+def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None,
+          acts_for: str | None = None) -> Answer:
     path = f"/{method.containing_service.full_name}/{method.name}"
-    metadata = bearer_metadata(token)
+    metadata = bearer_metadata(token, acts_for)
     start = time.perf_counter()
     try:
         if method.server_streaming:
@@ -498,14 +499,14 @@ def _verdict(method: MethodDescriptor, answer: Answer, waits: bool) -> str | Non
     return None
 
 
-def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token: str | None
-            ) -> Answer:
+def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token: str | None,
+            acts_for: str | None = None) -> Answer:
     """`_call`, once more when the first answer missed the 1 s: the machine running the suite
     may be loaded (other tests, two cores); work that grows with the request misses twice."""
-    answer = _call(channel, method, body.data, token)
+    answer = _call(channel, method, body.data, token, acts_for)
     if answer.code == grpc.StatusCode.DEADLINE_EXCEEDED and not method.server_streaming \
             and not body.asks_to_wait:
-        answer = _call(channel, method, body.data, token)
+        answer = _call(channel, method, body.data, token, acts_for)
     codes = CALLS.setdefault(method.full_name, {})
     codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
     return answer
@@ -588,12 +589,15 @@ def test_every_rpc_answers_bad_requests_with_a_client_error(stack: Stack,
     address = _address(stack, method)
 
     @st.composite
-    def requests(draw: Any) -> tuple[Built, str | None]:
-        mode = draw(st.integers(0, 11))
+    def requests(draw: Any) -> tuple[Built, str | None, str | None]:
+        mode = draw(st.integers(0, 13))
         if mode == 0:
-            return Built(draw(st.binary(max_size=256))), ADMIN
+            return Built(draw(st.binary(max_size=256))), ADMIN, None
         body = draw(message_bytes(method.input_type, stack.strings))
-        return body, {1: None, 2: "wrong", 3: READ_TOKEN, 4: P0_TOKEN}.get(mode, ADMIN)
+        token, acts_for = {1: (None, None), 2: ("wrong", None), 3: (READ_TOKEN, None),
+                           4: (P0_TOKEN, None), 5: (P0_TOKEN, "p1"), 6: (P0_TOKEN, "")
+                           }.get(mode, (ADMIN, None))
+        return body, token, acts_for
 
     stack.errors.take()
     with grpc.insecure_channel(address, options=[
@@ -602,11 +606,11 @@ def test_every_rpc_answers_bad_requests_with_a_client_error(stack: Stack,
 
         @FUZZ_SETTINGS
         @given(request=requests())
-        def fuzz(request: tuple[Built, str | None]) -> None:
-            body, token = request
-            note(f"{method.full_name} token={token!r} request={body.summary} "
-                 f"bytes={body.data[:80]!r}")
-            answer = _answer(channel, method, body, token)
+        def fuzz(request: tuple[Built, str | None, str | None]) -> None:
+            body, token, acts_for = request
+            note(f"{method.full_name} token={token!r} acts_for={acts_for!r} "
+                 f"request={body.summary} bytes={body.data[:80]!r}")
+            answer = _answer(channel, method, body, token, acts_for)
             codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
             problem = _verdict(method, answer, body.asks_to_wait)
             assert problem is None, problem

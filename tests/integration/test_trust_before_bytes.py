@@ -1,11 +1,13 @@
 """No byte is parsed before it is trusted: a `mutualrl see serve` process with the run's secret
 refuses a call without a valid token, or with a token whose scope the method's metadata already
 rules out (a policy's token whose metadata names another policy, or none, for a method that
-acts for a policy), before the call's body is read. Its parse counter (`mutualrl_grpc_request_bodies`
-on /metrics) does not move and its peak resident memory (VmHWM, reset before the calls) grows by
-less than `REFUSED_GROWTH` for three 60 MiB calls. And calls admitted hold the service's bytes
-budget together: with room for eight maximal requests, a ninth waits and is then refused
-RESOURCE_EXHAUSTED naming the budget, while the eight are answered.
+acts for a policy), before the call's body is read. Its parse counter
+(`mutualrl_grpc_request_bodies` on /metrics) does not move and its peak resident memory (VmHWM,
+reset before the calls) grows by less than `REFUSED_GROWTH` for three 60 MiB calls. A policy's
+call whose metadata names its own policy but whose rows are another's is read, then refused
+from the rows' policies, unparsed. And calls admitted hold the service's bytes budget together:
+with room for eight maximal requests, a ninth waits and is then refused RESOURCE_EXHAUSTED
+naming the budget, while the eight are answered.
 
 Memory figures are the service process's own (/proc/<pid>/status), so other processes on the
 machine do not move them.

@@ -232,6 +232,7 @@ class Trust:
         match what the request names; Unauthenticated / PermissionDenied when it may not."""
         if self._secret is None or method.startswith(self._exempt):
             return None
+        metadata = tuple(metadata)
         header = next((v for k, v in metadata if k == "authorization"), None)
         principal = identify(header if isinstance(header, str) else None, self._secret)
         if principal is None:

@@ -7,8 +7,8 @@ Redis. Each method gets random bytes and requests built field by field from its 
 (counts, sums and rounds at 0, +-2^31, 2^63 - 1, -2^63, 2^64 - 1 and 2^64 (an over-long
 varint), NaN/inf/1e308, empty / 10 kB / 1 MiB / NUL / non-UTF-8 strings, 100,000-entry repeated
 fields), with the admin token, a read or policy token (its metadata naming its own policy,
-another or none), a wrong token or none. Every answer must
-come within 1 s with a code a client's mistake may get (never UNKNOWN or INTERNAL), no answer
+another or none), a wrong token or none. Every answer must come within 1 s with a code a
+client's mistake may get (never UNKNOWN or INTERNAL), no answer
 or stream message may be larger than its service's byte budget (SEE's is set small here, so
 its pages end early), and afterwards the server is SERVING, nothing was logged at ERROR, and a
 peer's GetRoundStats of the fuzzed run still answers. `test_hostile_reward_stats_*` publishes

@@ -6,8 +6,9 @@ Three real servers (SEE, THL, MWRA) run with auth on, each on its own event loop
 Redis. Each method gets random bytes and requests built field by field from its descriptor
 (counts, sums and rounds at 0, +-2^31, 2^63 - 1, -2^63, 2^64 - 1 and 2^64 (an over-long
 varint), NaN/inf/1e308, empty / 10 kB / 1 MiB / NUL / non-UTF-8 strings, 100,000-entry repeated
-fields), with the admin token, a read or policy token, a wrong token or none. Every answer must
-come within 1 s with a code a client's mistake may get (never UNKNOWN or INTERNAL), no answer
+fields), with the admin token, a read or policy token (its metadata naming its own policy,
+another or none), a wrong token or none. Every answer must come within 1 s with a code a
+client's mistake may get (never UNKNOWN or INTERNAL), no answer
 or stream message may be larger than its service's byte budget (SEE's is set small here, so
 its pages end early), and afterwards the server is SERVING, nothing was logged at ERROR, and a
 peer's GetRoundStats of the fuzzed run still answers. `test_hostile_reward_stats_*` publishes
@@ -46,7 +47,7 @@ from hypothesis import strategies as st
 from service_loop import LoopThread, delete_keys
 
 import mutualrl.v1
-from mutualrl.common.auth import derive_token
+from mutualrl.common.auth import bearer_metadata, derive_token
 
 INTS = (0, 1, -1, 2, 7, 100, 4096, 30_000, 2**31 - 1, -(2**31), 2**31, 2**32, 2**53,
         2**63 - 1, -(2**63), 2**64 - 1, 2**64)
@@ -295,7 +296,8 @@ def boundary_sweep(desc: Descriptor, strings: dict[str, tuple[bytes, ...]]) -> I
 ADMIN = "fuzz-admin-token"
 READ_TOKEN = derive_token(ADMIN, "read")
 P0_TOKEN = derive_token(ADMIN, "policy:p0")
-"""Scoped tokens (`mutualrl.common.auth`): their refusals are PERMISSION_DENIED."""
+"""Scoped tokens (`mutualrl.common.auth`): their refusals are PERMISSION_DENIED. P0's calls
+also name another policy, or none, in their metadata."""
 OK_CODES = frozenset({
     grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
@@ -459,10 +461,10 @@ class Answer:
     """Bytes of the answer (of a stream's first message)."""
 
 
-def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None
-          ) -> Answer:
+def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes, token: str | None,
+          acts_for: str | None = None) -> Answer:
     path = f"/{method.containing_service.full_name}/{method.name}"
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    metadata = bearer_metadata(token, acts_for)
     start = time.perf_counter()
     try:
         if method.server_streaming:
@@ -498,14 +500,14 @@ def _verdict(method: MethodDescriptor, answer: Answer, waits: bool) -> str | Non
     return None
 
 
-def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token: str | None
-            ) -> Answer:
+def _answer(channel: grpc.Channel, method: MethodDescriptor, body: Built, token: str | None,
+            acts_for: str | None = None) -> Answer:
     """`_call`, once more when the first answer missed the 1 s: the machine running the suite
     may be loaded (other tests, two cores); work that grows with the request misses twice."""
-    answer = _call(channel, method, body.data, token)
+    answer = _call(channel, method, body.data, token, acts_for)
     if answer.code == grpc.StatusCode.DEADLINE_EXCEEDED and not method.server_streaming \
             and not body.asks_to_wait:
-        answer = _call(channel, method, body.data, token)
+        answer = _call(channel, method, body.data, token, acts_for)
     codes = CALLS.setdefault(method.full_name, {})
     codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
     return answer
@@ -533,7 +535,7 @@ def _peer_round_stats(stack: Stack, codes: set[grpc.StatusCode]) -> Any:
         try:
             token = derive_token(ADMIN, "policy:p1")
             reply = pb_grpc.ExperienceExchangeStub(channel).GetRoundStats(
-                request, metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+                request, metadata=bearer_metadata(token), timeout=5)
         except grpc.RpcError as err:
             assert err.code() in codes, (err.code(), err.details())
             return None
@@ -588,12 +590,15 @@ def test_every_rpc_answers_bad_requests_with_a_client_error(stack: Stack,
     address = _address(stack, method)
 
     @st.composite
-    def requests(draw: Any) -> tuple[Built, str | None]:
-        mode = draw(st.integers(0, 11))
+    def requests(draw: Any) -> tuple[Built, str | None, str | None]:
+        mode = draw(st.integers(0, 13))
         if mode == 0:
-            return Built(draw(st.binary(max_size=256))), ADMIN
+            return Built(draw(st.binary(max_size=256))), ADMIN, None
         body = draw(message_bytes(method.input_type, stack.strings))
-        return body, {1: None, 2: "wrong", 3: READ_TOKEN, 4: P0_TOKEN}.get(mode, ADMIN)
+        token, acts_for = {1: (None, None), 2: ("wrong", None), 3: (READ_TOKEN, None),
+                           4: (P0_TOKEN, None), 5: (P0_TOKEN, "p1"), 6: (P0_TOKEN, "")
+                           }.get(mode, (ADMIN, None))
+        return body, token, acts_for
 
     stack.errors.take()
     with grpc.insecure_channel(address, options=[
@@ -602,11 +607,11 @@ def test_every_rpc_answers_bad_requests_with_a_client_error(stack: Stack,
 
         @FUZZ_SETTINGS
         @given(request=requests())
-        def fuzz(request: tuple[Built, str | None]) -> None:
-            body, token = request
-            note(f"{method.full_name} token={token!r} request={body.summary} "
-                 f"bytes={body.data[:80]!r}")
-            answer = _answer(channel, method, body, token)
+        def fuzz(request: tuple[Built, str | None, str | None]) -> None:
+            body, token, acts_for = request
+            note(f"{method.full_name} token={token!r} acts_for={acts_for!r} "
+                 f"request={body.summary} bytes={body.data[:80]!r}")
+            answer = _answer(channel, method, body, token, acts_for)
             codes[answer.code.name] = codes.get(answer.code.name, 0) + 1
             problem = _verdict(method, answer, body.asks_to_wait)
             assert problem is None, problem

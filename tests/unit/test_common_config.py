@@ -3,7 +3,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mutualrl.common.auth import bearer_metadata, token_matches
+from mutualrl.common.auth import (
+    POLICY_HEADER,
+    acting_for,
+    bearer_metadata,
+    derive_token,
+    token_matches,
+)
 from mutualrl.common.channel import ClientOptions
 from mutualrl.common.config import ServiceConfig, load_section
 
@@ -17,6 +23,19 @@ def test_token_matches_only_exact_bearer() -> None:
     assert not token_matches(None, "s3cret")
     assert bearer_metadata("x") == (("authorization", "Bearer x"),)
     assert bearer_metadata(None) == ()
+
+
+def test_a_policy_tokens_calls_name_its_policy() -> None:
+    """Every client call with a policy token carries the policy in its metadata; an explicit
+    policy (or "" for none) is sent as given, and read back by the same module."""
+    token = derive_token("s3cret", "policy:team.a")
+    sent = bearer_metadata(token)
+    assert sent == (("authorization", f"Bearer {token}"), (POLICY_HEADER, "team.a"))
+    assert acting_for(sent) == "team.a"
+    assert acting_for(bearer_metadata(token, "b")) == "b"
+    assert acting_for(bearer_metadata(token, "")) is None
+    assert acting_for(bearer_metadata(derive_token("s3cret", "read"))) is None
+    assert acting_for(ClientOptions(token=token).metadata()) == "team.a"
 
 
 def test_load_section_reads_one_section_and_overrides(tmp_path: Path) -> None:

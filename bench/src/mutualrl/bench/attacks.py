@@ -5,11 +5,14 @@ attacker on the network can send, and under the largest calls a policy may make.
 Per service, the attacks run one after another against one process; before each its peak
 (VmHWM) is reset to its RSS (`base`); after each, `peak` is VmHWM - base and `parsed` the
 request bodies the service parsed meanwhile (its `mutualrl_grpc_request_bodies` counter, read
-from its /metrics):
+from its /metrics; `read` the bodies it read off the wire):
 
 - SEE: a 57 MiB ReportMetrics with no token (10 in turn, then 8 at once), a wrong token, the
-  read token, another policy's token (rows of policy `a` under policy `b`'s token: the only
-  refusal that needs the body, read from its lengths, not parsed); a GetRoundStats of
+  read token, another policy's token (rows of policy `a` under policy `b`'s token, its metadata
+  naming policy `a` (`other_policy_token`) or none (`other_policy_token_unnamed`): refused
+  from the metadata, unread); the same rows under `b`'s token with metadata that lies, naming
+  `b` (`lying_policy_header`: the only refusal that needs the body, read and scanned from its
+  lengths, not parsed; a policy may send that much for itself); a GetRoundStats of
   4,000,000 prompt ids (11 MiB) with no token and with `a`'s token (over the method's
   4 MiB limit: refused from its length); then 8 concurrent accepted maximal ReportMetrics of
   `a`'s own rows (admitted against the bytes budget, the rest RESOURCE_EXHAUSTED), and its RSS
@@ -20,7 +23,8 @@ from its /metrics):
   their count from the request's lengths, 8 times.
 
 Targets: a refused call grows a service's peak by less than 16 MiB and parses no body; the
-accepted ones peak within the service's documented bound and settle within 64 MiB of base.
+accepted ones peak within the service's documented bound and settle within 64 MiB of base; a
+lying call parses no body and peaks within the bound.
 """
 
 from __future__ import annotations
@@ -161,25 +165,27 @@ Call = Callable[[], Awaitable[str]]
 
 
 async def raw_answer(address: str, method: str, body: bytes, token: str | None,
-                     timeout: float = 120) -> tuple[str, str]:
-    """One call of `method` with `body` as it is: its status code's name and details."""
+                     timeout: float = 120, acts_for: str | None = None) -> tuple[str, str]:
+    """One call of `method` with `body` as it is: its status code's name and details.
+    `acts_for`: the policy the call's metadata names (`bearer_metadata`: by default a policy
+    token's own, "" none)."""
     async with grpc.aio.insecure_channel(address, options=[
             ("grpc.max_send_message_length", 128 * MiB),
             ("grpc.max_receive_message_length", 128 * MiB)]) as channel:
         stub = channel.unary_unary(method)
         try:
-            await stub(body, timeout=timeout, metadata=bearer_metadata(token))
+            await stub(body, timeout=timeout, metadata=bearer_metadata(token, acts_for))
         except grpc.aio.AioRpcError as err:
             return err.code().name, err.details() or ""
         return "OK", ""
 
 
 def raw_call(address: str, method: str, body: bytes, token: str | None,
-             timeout: float = 120) -> Call:
+             timeout: float = 120, acts_for: str | None = None) -> Call:
     """`raw_answer`'s status code name, as a call to make later."""
 
     async def call() -> str:
-        return (await raw_answer(address, method, body, token, timeout))[0]
+        return (await raw_answer(address, method, body, token, timeout, acts_for))[0]
 
     return call
 
@@ -190,7 +196,7 @@ async def measure(service: Service, calls: list[Call], concurrent: bool,
     await asyncio.sleep(0.5)
     base = service.rss()
     reset_peak(service.pid)
-    parsed = service.parsed()
+    read, parsed = service.read(), service.parsed()
     start = time.perf_counter()
     if concurrent:
         codes = list(await asyncio.gather(*(c() for c in calls)))
@@ -202,7 +208,7 @@ async def measure(service: Service, calls: list[Call], concurrent: bool,
         "calls": len(calls), "codes": {c: codes.count(c) for c in sorted(set(codes))},
         "seconds": round(seconds, 2), "base_mib": round(base / MiB, 1),
         "peak_mib": round(peak / MiB, 1), "peak_growth_mib": round((peak - base) / MiB, 1),
-        "parsed": service.parsed() - parsed}
+        "read": service.read() - read, "parsed": service.parsed() - parsed}
     if settle_s:
         await asyncio.sleep(settle_s)
         out["settled_mib"] = round(service.rss() / MiB, 1)
@@ -225,14 +231,16 @@ async def _see(redis_url: str, settle_s: float) -> dict[str, Any]:
                                      prompt_ids=["p"] * 4_000_000).SerializeToString()
         out: dict[str, Any] = {"request_mib": round(len(body) / MiB, 1)}
 
-        def metrics(token: str | None) -> Call:
-            return raw_call(see.address, SEE_METRICS, body, token)
+        def metrics(token: str | None, acts_for: str | None = None) -> Call:
+            return raw_call(see.address, SEE_METRICS, body, token, acts_for=acts_for)
 
         out["no_token_10"] = await measure(see, [metrics(None)] * 10, False)
         out["no_token_8_at_once"] = await measure(see, [metrics(None)] * 8, True)
         out["wrong_token"] = await measure(see, [metrics("policy.a.0000")] * 4, False)
         out["read_token"] = await measure(see, [metrics(read)] * 4, False)
-        out["other_policy_token"] = await measure(see, [metrics(b)] * 4, False)
+        out["other_policy_token"] = await measure(see, [metrics(b, "a")] * 4, False)
+        out["other_policy_token_unnamed"] = await measure(see, [metrics(b, "")] * 4, False)
+        out["lying_policy_header"] = await measure(see, [metrics(b, "b")] * 4, False)
         out["round_stats_no_token"] = await measure(
             see, [raw_call(see.address, ROUND_STATS, stats, None)] * 4, False)
         out["round_stats_over_limit"] = await measure(
@@ -281,6 +289,10 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
                 checks[f"{service}.{name}.peak_within_bound"] = (
                     got["peak_mib"] <= BOUND_MIB[service])
                 checks[f"{service}.{name}.settled"] = got["settled_growth_mib"] <= SETTLED_MIB
+            elif name.startswith("lying"):
+                checks[f"{service}.{name}.peak_within_bound"] = (
+                    got["peak_mib"] <= BOUND_MIB[service])
+                checks[f"{service}.{name}.parsed_none"] = got["parsed"] == 0
             else:
                 checks[f"{service}.{name}.peak_growth"] = (
                     got["peak_growth_mib"] < REFUSED_GROWTH_MIB)

@@ -14,7 +14,10 @@ service needs no list of tokens, only the secret:
 declares per method what it needs (`Access`); a method it does not list is admin only. A valid
 token that may not call a method gets PERMISSION_DENIED (HTTP 403); a missing or unknown token
 UNAUTHENTICATED (HTTP 401). Both are decided before the request's body is read (`Trust`), so a
-refused call costs the service neither the body's bytes nor its parse.
+refused call costs the service neither the body's bytes nor its parse. A policy token's call
+of a method that acts for a policy names that policy in its metadata (`POLICY_HEADER`, which
+`bearer_metadata` sets), so a call for another policy is refused unread too; the policies its
+body names are then checked against it from the body's tags and lengths.
 """
 
 from __future__ import annotations
@@ -118,9 +121,29 @@ def token_matches(header_value: str | None, token: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
 
 
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """Call metadata that authenticates a client call (empty when no token)."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
+POLICY_HEADER = "x-mutualrl-policy"
+"""The call metadata naming the policy a call acts for. A policy token's call of a method that
+acts for a policy must carry it, naming the token's own policy: the service refuses the call
+from its metadata (PERMISSION_DENIED) before reading its body otherwise, and refuses it after
+reading when the policies the body names are not this one."""
+
+
+def bearer_metadata(token: str | None, acts_for: str | None = None
+                    ) -> tuple[tuple[str, str], ...]:
+    """Call metadata that authenticates a client call (empty when no token): the bearer token
+    and, under `POLICY_HEADER`, the policy the call acts for: `acts_for`, by default the policy
+    a policy token claims (`claimed_policy`); "" sends no such header."""
+    if not token:
+        return ()
+    policy = claimed_policy(token) if acts_for is None else acts_for
+    bearer = ("authorization", f"Bearer {token}")
+    return (bearer, (POLICY_HEADER, policy)) if policy else (bearer,)
+
+
+def acting_for(metadata: Iterable[tuple[str, Any]]) -> str | None:
+    """The policy a call's metadata says it acts for (`POLICY_HEADER`), None without one."""
+    value = next((v for k, v in metadata if k == POLICY_HEADER), None)
+    return value if isinstance(value, str) else None
 
 
 ActsAs = Callable[[bytes, Descriptor], Iterable[str]]
@@ -209,6 +232,7 @@ class Trust:
         match what the request names; Unauthenticated / PermissionDenied when it may not."""
         if self._secret is None or method.startswith(self._exempt):
             return None
+        metadata = tuple(metadata)
         header = next((v for k, v in metadata if k == "authorization"), None)
         principal = identify(header if isinstance(header, str) else None, self._secret)
         if principal is None:
@@ -219,10 +243,26 @@ class Trust:
         if access.read:
             return None
         if principal.role == Role.POLICY and access.acts_as is not None:
-            return _acts_as_check(principal.policy, method, access.acts_as)
+            return _acts_as_check(_named(principal.policy, method, metadata), method,
+                                  access.acts_as)
         scope = ("read-only" if principal.role == Role.READ
                  else f"policy {quote(principal.policy)}")
         raise PermissionDenied("", f"a {scope} token may not call {method}")
+
+
+def _named(policy: str, method: str, metadata: Iterable[tuple[str, Any]]) -> str:
+    """`policy`, the policy a policy token acts as, when the call's metadata names it
+    (`POLICY_HEADER`); PermissionDenied naming the header when it names none or another: a
+    token's call is refused by its credentials alone, like any other refusal of them, so the
+    body of a call for another policy is never read."""
+    named = acting_for(metadata)
+    if named is None:
+        raise PermissionDenied(POLICY_HEADER, f"a policy token's call of {method} must name "
+                               "the policy it acts for in this metadata")
+    if named != policy:
+        raise PermissionDenied(POLICY_HEADER, f"the token of policy {quote(policy)} may not "
+                               f"call {method} for policy {quote(named)}")
+    return policy
 
 
 def _acts_as_check(policy: str, method: str, acts_as: ActsAs) -> BodyCheck:

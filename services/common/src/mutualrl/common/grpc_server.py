@@ -119,15 +119,15 @@ class _Held:
 class Gate(grpc.aio.ServerInterceptor):
     """What every call of every method meets before its body is read or parsed, in order:
 
-    1. its credentials, from its metadata alone (`Trust`): refused UNAUTHENTICATED or
-       PERMISSION_DENIED by a handler that never reads the body, which the transport then
-       never receives;
+    1. its credentials, from its metadata alone (`Trust`; a policy token's call names the
+       policy it acts for there): refused UNAUTHENTICATED or PERMISSION_DENIED by a handler
+       that never reads the body, which the transport then never receives;
     2. room for it in the service's bytes budget (`BytesBudget`): the method's largest request
        (`RequestLimits`) is held before the body is read, then the body's length;
        RESOURCE_EXHAUSTED naming the budget after a brief wait;
     3. the body's length against the method's largest request (RESOURCE_EXHAUSTED naming it),
        and, for a method a policy calls for itself, the policies it names, read from its tags
-       and lengths (PERMISSION_DENIED);
+       and lengths: any but the one its metadata names is PERMISSION_DENIED;
     4. only then is the body parsed (INVALID_ARGUMENT naming the message type when it does not
        parse) and handed to the method (SEE's Publish and THL's Retokenize and AlignTrace take
        the bytes and parse them as they go).

@@ -326,3 +326,11 @@ def test_off_policy_config_pairs_sgt_and_none_at_both_lags() -> None:
         assert r.trainer["grpo"] == {**base.regimes["short"].trainer["grpo"],
                                      **({"max_off_policy_steps": 1} if lag else {})}
     assert cfg.time_budget_s is not None and plan.eta_s < cfg.time_budget_s
+    half, _ = load_experiment(CONFIG.with_name("off-policy-comparison-150.yaml"))
+    short = build_plan(half, Path("/tmp/x"))
+    assert [(r.probe, r.seed) for r in short.runs] == [(r.probe, r.seed) for r in plan.runs]
+    for a, b in zip(short.runs, plan.runs, strict=True):
+        assert a.rounds == 150 and a.trainer["grpo"] == {**b.trainer["grpo"], "rounds": 150}
+        assert {k: v for k, v in a.trainer.items() if k not in ("grpo", "run_id")} == {
+            k: v for k, v in b.trainer.items() if k not in ("grpo", "run_id")}
+    assert half.time_budget_s is not None and short.eta_s < half.time_budget_s

@@ -144,7 +144,8 @@ def _three_policy_summary() -> dict[str, Any]:
                  "C": rows({"add": 0.9, "rev": gain + 2 * e}, -3.0, {})}
             see = {"matrix": {"VERIFIED_SUCCESS": {"A": {"B": 6}, "B": {"A": 2, "C": 1}}}
                    if arm == "sgt" else {}}
-            runs.append(RunResult(f"r-{arm}-{seed}", "w3", arm, seed, r, 10.0, "ok", see))
+            wall = 10.0 + seed if arm == "sgt-self" else 12.0 + 1.2 * seed  # sgt: 1.2x
+            runs.append(RunResult(f"r-{arm}-{seed}", "w3", arm, seed, r, wall, "ok", see))
     warm = {p: {"add": 0.9 if p != "B" else 0.0, "rev": 0.8 if p == "B" else 0.0}
             for p in "ABC"}
     strong = {"A": ["add"], "B": ["rev"], "C": ["add"]}
@@ -160,6 +161,8 @@ def test_controls_transfer_matrix_and_tradeoff_for_three_policies(tmp_path: Path
     assert (c["a"], c["b"], c["seeds"]) == ("sgt", "sgt-self", [0, 1, 2])
     assert c["policies"]["A"]["rev"]["mean"] == pytest.approx(0.3)
     assert c["both"]["mean"] == pytest.approx((0.15 + 0.075 + 0.15) / 3)
+    # sgt's wall time over sgt-self's of the same seed
+    assert c["wall_ratio"]["mean"] == pytest.approx(1.2) and c["wall_ratio"]["n"] == 3
     t = s["transfer"]["sgt"]
     assert set(t) == {"A", "B", "C"} and "A" not in t["A"]
     assert t["A"]["B"]["see_taken"] == 6 and t["A"]["B"]["demos"] == {"rev": 8.0}
@@ -183,6 +186,8 @@ def test_controls_transfer_matrix_and_tradeoff_for_three_policies(tmp_path: Path
     for text in ("| sgt − sgt-self |", "Transfer matrix under `sgt`", "Stability–support",
                  "| receiver \\ donor | A | B | C |", "all − none"):
         assert text in md, text
+    row = next(line for line in md.splitlines() if line.startswith("| sgt − sgt-self |"))
+    assert row.endswith("| 1.200 [1.200, 1.200] |"), row
     (png,) = plot_tradeoff(results, tmp_path)
     assert png.name == "tradeoff-w3.png" and png.stat().st_size > 20_000
 

@@ -258,3 +258,79 @@ def test_a_regime_on_its_own_reuses_a_finished_warm_start_of_the_same_sft_config
     reused = {w.policy: w.out_dir for w in build_plan(alone, tmp_path).warm_starts}
     assert reused["gpt2-bpe"] == short["gpt2-bpe"].out_dir
     assert reused["gpt2-bpe-b"] == fresh["gpt2-bpe-b"]
+
+
+def test_an_arm_sets_every_policys_fields_over_the_regimes() -> None:
+    """An arm's `policies` fields reach every policy of its runs, over the regime's own
+    policy fields, and only its runs: the other arms of the seed keep the regime's."""
+    cfg = _cfg(probes=["none", "sgt-d1"],
+               arms={"sgt-d1": {"kind": "sgt", "grpo": {"max_off_policy_steps": 1},
+                                "policies": {"rollout_worker": True, "threads": 2}}},
+               regimes={"short": {"policies": [
+                   {"name": "A", "preset": "gpt2-bpe", "strong_skills": ["add"],
+                    "trainer": {"threads": 3, "dtype": "float32"}},
+                   {"name": "B", "preset": "llama-char", "strong_skills": ["sub"]}]}})
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    runs = {r.probe: r.trainer for r in build_plan(cfg, Path("/tmp/x")).runs if r.seed == 0}
+    d1 = TrainerConfig.model_validate(runs["sgt-d1"])
+    assert [(p.name, p.rollout_worker, p.threads) for p in d1.policies] == [
+        ("A", True, 2), ("B", True, 2)]
+    assert d1.policies[0].dtype == "float32" and d1.probe.kind == "sgt"
+    assert d1.grpo.max_off_policy_steps == 1 and "policies" not in runs["sgt-d1"]["probe"]
+    none = TrainerConfig.model_validate(runs["none"])
+    assert [(p.rollout_worker, p.threads) for p in none.policies] == [(False, 3), (False, 1)]
+    assert none.grpo.max_off_policy_steps == 0
+
+
+def test_an_arms_policy_fields_are_refused_naming_the_field() -> None:
+    def arm(policies: Any) -> ExperimentConfig:
+        return _cfg(probes=["none", "x"], arms={"x": {"kind": "none", "policies": policies}})
+
+    with pytest.raises(ValidationError, match=r"arms\.x\.policies\.rollout_worker: Input"):
+        arm({"rollout_worker": "sometimes"})
+    with pytest.raises(ValidationError, match=r"arms\.x\.policies\.rollout_workers: Extra"):
+        arm({"rollout_workers": True})
+    with pytest.raises(ValidationError, match=r"arms\.x\.policies must not set \['preset'\]"):
+        arm({"preset": "gpt2-bpe"})
+    with pytest.raises(ValidationError, match=r"arms\.x\.policies: .*rollout_worker with nproc"):
+        arm({"rollout_worker": True, "nproc": 2})
+    with pytest.raises(ValidationError, match=r"arms\.x\.policies must be a mapping"):
+        arm([{"rollout_worker": True}])
+    with pytest.raises(ValidationError, match=r"arms\.x\.grpo must be a mapping"):
+        _cfg(probes=["x"], arms={"x": {"kind": "none", "grpo": 1}})
+
+
+def test_off_policy_config_pairs_sgt_and_none_at_both_lags() -> None:
+    """none and sgt on-policy in-process (d = 0) and with a rollout worker one version behind
+    (d = 1), on the probe comparison's `short` regime, warm starts and paired seeds, in the
+    deterministic exchange mode; the four arms of a seed differ only in probe, lag and
+    worker; both lags report SGT − none."""
+    cfg, _ = load_experiment(CONFIG.with_name("off-policy-comparison.yaml"))
+    base, _ = load_experiment(CONFIG)
+    plan = build_plan(cfg, Path("/tmp/x"))
+    assert len(cfg.seeds) >= 3 and len(plan.runs) == 4 * len(cfg.seeds)
+    assert {("sgt", "none"), ("sgt-d1", "none-d1")} <= set(cfg.contrasts)
+    base_warm = {w.key: w.sft for w in build_plan(base, Path("/tmp/x")).warm_starts}
+    assert {w.key: w.sft for w in plan.warm_starts} == {
+        k: v for k, v in base_warm.items() if k.startswith("short/")}
+    from mutualrl.trainer.config.run import TrainerConfig
+
+    for r in plan.runs:
+        t = TrainerConfig.model_validate(r.trainer)
+        lag = 1 if r.probe.endswith("-d1") else 0
+        assert t.probe.kind == r.probe.removesuffix("-d1") and r.regime == "short"
+        assert t.grpo.max_off_policy_steps == lag and t.grpo.off_policy_correction == "tis"
+        assert all(p.rollout_worker is bool(lag) for p in t.policies)
+        assert t.exchange.mode == "deterministic"
+        assert r.trainer["grpo"] == {**base.regimes["short"].trainer["grpo"],
+                                     **({"max_off_policy_steps": 1} if lag else {})}
+    assert cfg.time_budget_s is not None and plan.eta_s < cfg.time_budget_s
+    half, _ = load_experiment(CONFIG.with_name("off-policy-comparison-150.yaml"))
+    short = build_plan(half, Path("/tmp/x"))
+    assert [(r.probe, r.seed) for r in short.runs] == [(r.probe, r.seed) for r in plan.runs]
+    for a, b in zip(short.runs, plan.runs, strict=True):
+        assert a.rounds == 150 and a.trainer["grpo"] == {**b.trainer["grpo"], "rounds": 150}
+        assert {k: v for k, v in a.trainer.items() if k not in ("grpo", "run_id")} == {
+            k: v for k, v in b.trainer.items() if k not in ("grpo", "run_id")}
+    assert half.time_budget_s is not None and short.eta_s < half.time_budget_s

@@ -208,8 +208,9 @@ def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
         entry["see"] = see_summary([by_probe[p][s].see for s in seeds], policies)
         out["probes"][p] = entry
     out["curves"] = curves(by_probe, policies, warm)
+    walls = {p: {s: r.wall_s for s, r in rs.items()} for p, rs in by_probe.items()}
     out["contrasts"] = [c for a, b in contrasts if a in fb and b in fb and fb[a] and fb[b]
-                        for c in [contrast(fb, a, b, policies, skills)]]
+                        for c in [contrast(fb, a, b, policies, skills, walls)]]
     if strong:
         out["strong"] = {p: list(strong.get(p, [])) for p in policies}
         out["transfer"] = {arm: transfer_matrix(by_probe, fb, arm, policies, skills, strong)
@@ -226,9 +227,10 @@ def summarize_regime(runs: Sequence[RunResult], policies: Sequence[str],
 FB = dict[str, dict[int, dict[str, tuple[dict[str, float], dict[str, float]]]]]
 
 
-def contrast(fb: FB, a: str, b: str, policies: Sequence[str],
-             skills: Sequence[str]) -> dict[str, Any]:
-    """Paired final reward@1 differences a − b: over all policies, per policy, per skill."""
+def contrast(fb: FB, a: str, b: str, policies: Sequence[str], skills: Sequence[str],
+             walls: dict[str, dict[int, float]] | None = None) -> dict[str, Any]:
+    """Paired final reward@1 differences a − b: over all policies, per policy, per skill;
+    with `walls` (arm -> seed -> a run's wall seconds) also a's wall time over b's."""
     seeds = sorted(set(fb[a]) & set(fb[b]))
 
     def final(arm: str, s: int, pol: str, k: str) -> float:
@@ -243,6 +245,8 @@ def contrast(fb: FB, a: str, b: str, policies: Sequence[str],
         "policies": {pol: {k: diff([final(a, s, pol, k) for s in seeds],
                                    [final(b, s, pol, k) for s in seeds])
                            for k in [*skills, "mean"]} for pol in policies},
+        "wall_ratio": est([walls[a][s] / walls[b][s] for s in seeds if walls[b][s] > 0])
+        if walls else None,
     }
 
 
@@ -574,11 +578,12 @@ def contrasts_markdown(reg: dict[str, Any]) -> list[str]:
     allp = mean_label(pols)
     out = ["### Controls: paired differences of final held-out reward@1", "",
            "SGT − sgt-self: what peer information adds over the same amount of own supervision; "
-           "oracle − SGT: what a perfect peer would add over the real ones.", ""]
+           "oracle − SGT: what a perfect peer would add over the real ones. Wall a / b: a "
+           "run's wall time over b's of the same seed.", ""]
     rows = [[f"{c['a']} − {c['b']}", f"{fmt(c['both'], True)}{_mark(c['both'])}",
              *(f"{fmt(c['policies'][p]['mean'], True)}{_mark(c['policies'][p]['mean'])}"
-               for p in pols)] for c in cs]
-    return [*out, *md_table(["contrast", allp, *pols], rows), ""]
+               for p in pols), fmt(c.get("wall_ratio"))] for c in cs]
+    return [*out, *md_table(["contrast", allp, *pols, "wall a / b"], rows), ""]
 
 
 def transfer_markdown(reg: dict[str, Any]) -> list[str]:

@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, get_args
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from mutualrl.common.config import Config, load_yaml
-from mutualrl.trainer.config.run import ProbeKind
+from mutualrl.trainer.config.run import PolicySettings, ProbeKind
 
 PROBES: tuple[str, ...] = get_args(ProbeKind)
 """Probe kinds (ProbeSettings.kind)."""
@@ -53,9 +53,15 @@ sg(s)^alpha factor (`hacpo-nofloor`), one length on both sides of the sequence r
 (`hacpo-samelen`); and the paper's same-round joint baseline with own rows on the regime's
 GRPO loss and one update a round (`hacpo-grpo`), which separates the baseline from GSPO's
 settings. Besides ProbeSettings fields an arm may set `grpo` and `exchange` fields
-(a method's own optimisation settings), merged over the regime's."""
+(a method's own optimisation settings), merged over the regime's, and `policies` fields
+(PolicySettings, e.g. `rollout_worker`) applied to every policy of the run."""
 ARM_SECTIONS = ("grpo", "exchange")
 """Trainer sections an arm may set besides its ProbeSettings fields."""
+ARM_POLICIES = "policies"
+"""An arm's PolicySettings fields, merged over each policy's own (the regime's `trainer`)."""
+POLICY_OWNED = ("name", "preset", "model_path", "sft_checkpoint")
+"""PolicySettings fields that say which policy and model a run trains: the regime's and the
+warm start's, never an arm's."""
 
 
 class PolicySpec(Config):
@@ -155,7 +161,11 @@ class ExperimentConfig(Config):
     (plain GRPO) is the control every "− none" column is paired against."""
     arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Named arms: ProbeSettings fields with a `kind` (e.g. `prp-none: {kind: prp,
-    prp_weight_mode: none}`); they join (and may replace) the built-in ones."""
+    prp_weight_mode: none}`), and optionally `grpo` and `exchange` fields merged over the
+    regime's and `policies` fields (PolicySettings but name, preset, model_path,
+    sft_checkpoint) over every policy's (e.g. `sgt-d1: {kind: sgt, grpo:
+    {max_off_policy_steps: 1}, policies: {rollout_worker: true}}`); they join (and may
+    replace) the built-in ones."""
     contrasts: list[tuple[str, str]] = Field(
         default_factory=lambda: [("sgt", "sgt-self"), ("oracle", "sgt"), ("sgt", "none")])
     """Paired differences reported as "a − b" when a regime ran both arms (SGT against its
@@ -194,6 +204,11 @@ class ExperimentConfig(Config):
         for name, fields in self.arms.items():
             if fields.get("kind") not in PROBES:
                 raise ValueError(f"arms.{name}.kind must be one of {list(PROBES)}")
+            for section in (*ARM_SECTIONS, ARM_POLICIES):
+                if not isinstance(fields.get(section, {}), dict):
+                    raise ValueError(f"arms.{name}.{section} must be a mapping of its fields, "
+                                     f"got {fields[section]!r}")
+            check_arm_policies(name, fields.get(ARM_POLICIES, {}))
         unknown = [p for p in self.probes if p not in known]
         if unknown:
             raise ValueError(f"probes: unknown {unknown}; expected probe kinds {list(PROBES)} "
@@ -238,6 +253,36 @@ class ExperimentConfig(Config):
         """The whole grid: every regime runs every arm."""
         regimes = {k: v.model_copy(update={"probes": None}) for k, v in self.regimes.items()}
         return self.model_copy(update={"only_regimes": None, "regimes": regimes})
+
+
+def check_arm_policies(arm: str, fields: dict[str, Any]) -> None:
+    """Refuse an arm's `policies` fields that are not PolicySettings fields an arm may set, or
+    whose values PolicySettings refuses, naming the field."""
+    owned = sorted(set(fields) & set(POLICY_OWNED))
+    if owned:
+        raise ValueError(f"arms.{arm}.policies must not set {owned} (the regime names each "
+                         "policy and its model)")
+    try:
+        PolicySettings.model_validate({**fields, "name": "arm", "preset": "arm"})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"arms.{arm}.policies{field_path(PolicySettings, err['loc'])}: "
+                         f"{err['msg']}, got {err['input']!r}") from None
+
+
+def field_path(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """'.a.b' for the keys of `model` (and its sub-models) that an error's `loc` names,
+    without the union members and list indices pydantic adds after a field ('' for a
+    model-level error)."""
+    names: list[str] = []
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if not isinstance(part, str) or fields is None:
+            break
+        names.append(part)  # a field, or the unknown key an extra-field error is about
+        current = fields[part].annotation if part in fields else None
+    return "".join(f".{n}" for n in names)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from mutualrl.common import ids
 from mutualrl.experiment.config import (
+    ARM_POLICIES,
     ARM_SECTIONS,
     ExperimentConfig,
     RegimeSpec,
@@ -151,6 +152,7 @@ def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, pr
                     "checkpoint": {"every": 0, "keep": 1}}, spec.trainer)
     arm = cfg.arm_fields(probe)
     kind = arm.pop("kind")
+    every_policy = arm.pop(ARM_POLICIES, {})
     for section in ARM_SECTIONS:
         if section in arm:
             t[section] = deep_merge(t.get(section) or {}, arm.pop(section))
@@ -161,7 +163,7 @@ def run_trainer_section(cfg: ExperimentConfig, regime: str, spec: RegimeSpec, pr
     t.update(run_id=run_id, seed=seed, output_dir=str(runs_dir.resolve()), task=dict(spec.task))
     t["policies"] = []
     for p in spec.policies:
-        entry: dict[str, Any] = {"name": p.name, **p.trainer}
+        entry: dict[str, Any] = {"name": p.name, **deep_merge(p.trainer, every_policy)}
         if p.name in checkpoints:
             entry["sft_checkpoint"] = str(checkpoints[p.name])
         if p.preset is not None:

@@ -49,7 +49,9 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         s.probe.prefetch(k)  # deterministic, s >= 1: read peers' round k - s meanwhile
     alloc = d.from_main(lambda: s.allocator.allocation(k))
     # MWRA's threads are the policy's: its ranks share them (and its rollout worker).
-    torch.set_num_threads(max(1, s.rollouts.threads(alloc)[0] // d.world))
+    on_worker = s.rollouts.uses_worker(alloc)
+    learner_threads, worker_threads = s.rollouts.threads(alloc)
+    torch.set_num_threads(max(1, learner_threads // d.world))
     # each policy samples from its own rendering of the problem; with a rollout worker and
     # d >= 1 they were sampled beside the last update, from weights no older than k - d
     batch = s.rollouts.take(k, alloc, s)
@@ -112,9 +114,8 @@ def run_round(s: Session, k: int) -> dict[str, float]:
         "probe_s": t_probe,
         "tokens_per_s": n_tokens / step_s,
         "threads": float(alloc.threads),
-        "rollout_workers": float(s.rollouts.uses_worker(alloc)),
-        "rollout_threads": float(s.rollouts.threads(alloc)[1] if s.rollouts.uses_worker(alloc)
-                                 else 0),
+        "rollout_workers": float(on_worker),
+        "rollout_threads": float(worker_threads if on_worker else 0),
         # what sampling and the update ran side by side: their sum past the round's work
         "overlap_s": max(0.0, batch.generate_s + t_update - (step_s - wait_s)),
         "peak_rss_mib": peak_rss_mib(),

@@ -44,6 +44,12 @@ def _worker_of(trainer: int) -> int | None:
     return None
 
 
+def _logs(tmp_path: Path, run_dir: Path) -> str:
+    """The tails of `up`'s log and of each trainer's, for a run that failed or did not end."""
+    paths = [tmp_path / "up.log", *sorted((run_dir / "logs").glob("trainer-*.log"))]
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in paths if p.exists())
+
+
 def _rounds_done(run_dir: Path, name: str) -> int:
     path = run_dir / name / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -84,7 +90,11 @@ def test_up_with_rollout_workers_shares_records_versions_and_survives_a_kill(
             for r in _records(state["endpoints"]["see_rest"]):
                 seen[(r["policy_id"], int(r["round"]))] = int(r["policy_version"])
             time.sleep(1.0)
-        assert proc.wait(timeout=60) == 0, (tmp_path / "up.log").read_text()[-4000:]
+        try:
+            code: int | None = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None  # still running: the logs below say where it stands
+        assert code == 0, _logs(tmp_path, run_dir)
     finally:
         if proc.poll() is None:
             proc.terminate()

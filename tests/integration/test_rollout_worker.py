@@ -6,6 +6,10 @@ Real worker processes (torch.multiprocessing, spawn) on a tiny preset, services 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import torch
 from mutualrl.trainer.config.run import TrainerConfig
 from mutualrl.trainer.runtime.allocator import RoundAllocation
 from mutualrl.trainer.runtime.loop import train
-from mutualrl.trainer.runtime.rollouts import RolloutBatch
+from mutualrl.trainer.runtime.rollouts import MAX_DEATHS_IN_A_ROW, RolloutBatch
 from mutualrl.trainer.runtime.session import Session, build_session
 
 ROUNDS = 3
@@ -105,4 +109,89 @@ def test_a_rollout_older_than_the_bound_is_refused(tmp_path: Path, presets: Path
         assert got is not planted and got.version >= 1
         assert all(len(row) == 4 for row in got.samples)
     finally:
+        s.close()
+
+
+def _publish_within(s: Session, version: int, seconds: float) -> None:
+    """`publish` in a thread: a learner that would wait forever fails the test instead."""
+    done = threading.Thread(target=s.rollouts.publish, args=(s, version), daemon=True)
+    done.start()
+    done.join(seconds)
+    assert not done.is_alive(), f"publishing version {version} hung on a dead worker"
+
+
+def _kill(s: Session) -> None:
+    assert s.rollouts.worker is not None
+    pid = s.rollouts.worker.pid
+    os.kill(pid, signal.SIGKILL)
+    s.rollouts.worker.proc.join(10)
+
+
+def test_a_worker_killed_while_it_waits_for_weights_costs_a_restart(
+        tmp_path: Path, presets: Path) -> None:
+    """Killed while it waits for a version the learner has not published yet: the learner
+    publishes it, and the next round comes from a new worker."""
+    s: Session = build_session(config(tmp_path, worker=True, d=1, rounds=8), "A", cache_dir=presets)
+    try:
+        alloc = RoundAllocation(threads=1, rollout_budget=8)
+        s.rollouts.take(0, alloc, s)  # requests round 1 (version 0) too
+        s.rollouts.publish(s, 1)
+        s.rollouts.take(1, alloc, s)  # requests round 2: version 1
+        s.rollouts.publish(s, 2)
+        s.rollouts.take(2, alloc, s)  # requests round 3: version 2
+        # round 4 asks for version 3, which is not published: the worker waits for it
+        s.rollouts.take(3, alloc, s)
+        time.sleep(1.0)
+        _kill(s)
+        _publish_within(s, 3, 30.0)
+        got = s.rollouts.take(4, alloc, s)
+        assert got.version == 3 and s.rollouts.worker is not None
+        assert s.rollouts.worker.restarts == 1
+    finally:
+        s.close()
+
+
+def test_a_worker_killed_before_it_loads_a_round_does_not_stall_the_publish(
+        tmp_path: Path, presets: Path) -> None:
+    """Killed with a round requested whose weights it never loaded: publishing the version
+    that overwrites them waits for that load, so the learner starts a new worker to do it."""
+    s: Session = build_session(config(tmp_path, worker=True, d=1, rounds=8), "A", cache_dir=presets)
+    try:
+        alloc = RoundAllocation(threads=1, rollout_budget=8)
+        s.rollouts.take(0, alloc, s)
+        s.rollouts.publish(s, 1)
+        s.rollouts.take(1, alloc, s)
+        s.rollouts.take(2, alloc, s)  # round 3 asks for version 2: not published yet
+        time.sleep(1.0)
+        _kill(s)
+        _publish_within(s, 2, 30.0)
+        _publish_within(s, 3, 60.0)  # overwrites version 2 only once round 3 has loaded it
+        assert s.rollouts.worker is not None and s.rollouts.worker.restarts == 1
+        assert s.rollouts.take(3, alloc, s).version == 2
+    finally:
+        s.close()
+
+
+def test_a_worker_that_keeps_dying_fails_the_run(tmp_path: Path, presets: Path) -> None:
+    """Killed again as soon as each new one starts: the learner gives up after
+    MAX_DEATHS_IN_A_ROW deaths with no result, naming the worker, instead of looping."""
+    s: Session = build_session(config(tmp_path, worker=True, d=1, rounds=8), "A",
+                               cache_dir=presets)
+    stop = threading.Event()
+
+    def kill_each() -> None:
+        while not stop.is_set():
+            w = s.rollouts.worker
+            if w is not None and w.proc is not None and w.proc.is_alive():
+                os.kill(w.pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_each, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(RuntimeError, match=f"died {MAX_DEATHS_IN_A_ROW} times in a row"):
+            s.rollouts.take(0, RoundAllocation(threads=1, rollout_budget=8), s)
+    finally:
+        stop.set()
+        killer.join()
         s.close()

@@ -21,7 +21,9 @@ The schedule, with s0 the first round of this start:
   version);
 - a result older than k - d is refused and round k regenerated from the newest weights
   (`refused` counts them); a worker that dies is restarted and its pending rounds requested
-  again (`restarts`).
+  again (`restarts`), wherever the learner was waiting for it (a result, or the load that
+  frees a slot); one that dies `MAX_DEATHS_IN_A_ROW` times with no result between fails the
+  run.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import queue
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,7 +54,14 @@ from mutualrl.trainer.runtime.presets import load_policy
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
-"""How often a wait for the worker checks that it is alive."""
+"""How often a wait for the worker's result checks that it is alive."""
+
+SPIN_S = 0.002
+"""How often either side looks at the ring's stamps while it waits on the other."""
+
+MAX_DEATHS_IN_A_ROW = 3
+"""A worker that dies this many times with no result in between fails the run (it cannot
+start, or is killed as soon as it does), instead of being restarted forever."""
 
 
 @dataclass(frozen=True)
@@ -125,59 +134,82 @@ class _Result:
 
 
 class _Shared:
-    """The weights' ring in shared memory, the versions its slots hold, the last round whose
-    weights the worker loaded, and the condition both sides wait on."""
+    """The weights' ring in shared memory, the version each slot holds (-1 while it is
+    written) and the last round whose weights the worker loaded.
 
-    def __init__(self, params: dict[str, Tensor], slots: int, ctx: Any) -> None:
+    No lock or condition is shared with the worker: a process killed inside a multiprocessing
+    Condition's wait leaves it counting a sleeper that never wakes, and the learner's next
+    notify blocks for good; one killed holding the lock blocks the learner's next acquire.
+    Each side polls the stamps instead, and the reader copies a slot, then checks that its
+    stamp did not change meanwhile (a sequence lock), and copies again if it did."""
+
+    def __init__(self, params: dict[str, Tensor], slots: int) -> None:
         self.slots = [{n: p.detach().clone().share_memory_() for n, p in params.items()}
                       for _ in range(slots)]
         self.version = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
         self.loaded = torch.full((1,), -1, dtype=torch.int64).share_memory_()
-        self.cond = ctx.Condition()
 
-    def write(self, params: dict[str, Tensor], version: int, until_loaded: int) -> float:
+    def write(self, params: dict[str, Tensor], version: int, until_loaded: int,
+              check: Callable[[], None]) -> float:
         """Publish `params` as `version` once the worker has loaded round `until_loaded`'s
-        weights; returns the seconds waited."""
+        weights, calling `check` while it waits (it restarts a dead worker); returns the
+        seconds waited."""
         slot = version % len(self.slots)
         t0 = time.perf_counter()
-        with self.cond:
-            while int(self.loaded[0]) < until_loaded:
-                self.cond.wait(POLL_S)
-            waited = time.perf_counter() - t0
-            with torch.no_grad():
-                for n, t in self.slots[slot].items():
-                    t.copy_(params[n].detach())
-            self.version[slot] = version
-            self.cond.notify_all()
+        while int(self.loaded[0]) < until_loaded:
+            check()
+            time.sleep(SPIN_S)
+        waited = time.perf_counter() - t0
+        self.version[slot] = -1
+        with torch.no_grad():
+            for n, t in self.slots[slot].items():
+                t.copy_(params[n].detach())
+        _settle(self.slots[slot].values())
+        self.version[slot] = version
         return waited
 
     def read(self, params: Mapping[str, Tensor], job: _Job) -> int:
         """Copy the weights `job` names into `params` (waiting for them to be published) and
         mark its round loaded; returns the version copied."""
-        with self.cond:
-            while True:
-                have = self.version.tolist()
-                newest = max(have)
-                if job.exact and job.version in have:
-                    slot = have.index(job.version)
-                    break
-                if newest >= job.version:  # asynchronous; or a restart after the exact one left
-                    slot = have.index(newest)
-                    break
-                parent = mp.parent_process()
+        parent = mp.parent_process()
+        while True:
+            have = self.version.tolist()
+            slot = _slot_for(have, job)
+            if slot is None:
                 if parent is not None and not parent.is_alive():
                     raise SystemExit(0)  # the learner is gone: no version will come
-                self.cond.wait(POLL_S)
+                time.sleep(SPIN_S)
+                continue
             with torch.no_grad():
                 for n, t in self.slots[slot].items():
                     params[n].copy_(t)
-            self.loaded[0] = max(int(self.loaded[0]), job.round)
-            self.cond.notify_all()
-            return have[slot]
+            _settle(params.values())
+            if int(self.version[slot]) == have[slot]:  # not rewritten while it was copied
+                break
+        self.loaded[0] = max(int(self.loaded[0]), job.round)
+        return have[slot]
+
+
+def _slot_for(have: list[int], job: _Job) -> int | None:
+    """The ring slot whose weights `job` may load, or None while none may."""
+    if job.exact and job.version in have:
+        return have.index(job.version)
+    newest = max(have)
+    if newest >= job.version:  # asynchronous; or a restart after the exact one left
+        return have.index(newest)
+    return None
+
+
+def _settle(tensors: Iterable[Tensor]) -> None:
+    """Wait for the copies into CUDA tensors to finish before a stamp says they are done."""
+    devices = {t.device for t in tensors if t.is_cuda}
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
-    """The worker process: build the model and engine, then answer jobs until None."""
+    """The worker process: build the model and engine, then answer jobs until None.
+    `results` is the writing end of a pipe the learner reads."""
     torch.set_num_threads(spec.threads)
     try:
         model, tok = load_policy(spec.start, spec.dtype, spec.device)
@@ -188,7 +220,7 @@ def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
         engine = make_engine(spec.engine, model, tok, model_path=spec.start,
                              **spec.engine_kwargs)
     except Exception:  # the learner raises it: a worker that cannot start fails the run
-        results.put(_Result(-1, -1, [], 0.0, {}, traceback.format_exc()))
+        _answer(results, _Result(-1, -1, [], 0.0, {}, traceback.format_exc()))
         return
     parent = mp.parent_process()
     while True:
@@ -209,36 +241,55 @@ def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
                 samples = engine.generate(job.rendered, n=job.n,
                                           max_new_tokens=job.max_new_tokens, seeds=job.seeds,
                                           **job.sampling)
-            results.put(_Result(job.round, version, samples, time.perf_counter() - t0,
-                                engine.stats()))
+            result = _Result(job.round, version, samples, time.perf_counter() - t0,
+                             engine.stats())
         except Exception:
-            results.put(_Result(job.round, -1, [], 0.0, {}, traceback.format_exc()))
+            result = _Result(job.round, -1, [], 0.0, {}, traceback.format_exc())
+        if not _answer(results, result):
+            return
+
+
+def _answer(results: Any, result: _Result) -> bool:
+    """Send `result` to the learner; False when it is gone."""
+    try:
+        results.send(result)
+    except OSError:  # a broken pipe: nobody will read it
+        return False
+    return True
 
 
 class RolloutWorker:
     """The learner's handle on its rollout worker: starts it, publishes weights, sends jobs,
-    takes results; restarts it when it dies."""
+    takes results; restarts it when it dies.
+
+    Results come through a pipe whose writing end only the worker holds, so its death reads
+    as the end of the pipe, even in the middle of a result (a queue's pipe would have the
+    learner's own copy of that end open, and the read would wait for the rest for good)."""
 
     def __init__(self, spec: WorkerSpec, params: dict[str, Tensor], slots: int) -> None:
         self.spec = spec
         self.ctx = mp.get_context("spawn")
-        self.shared = _Shared(params, slots, self.ctx)
-        self.jobs: Any = self.ctx.Queue()
-        self.results: Any = self.ctx.Queue()
+        self.shared = _Shared(params, slots)
         self.sent: dict[int, _Job] = {}
         """Jobs sent whose result has not been taken."""
         self.early: dict[int, _Result] = {}
         """Results of later rounds that came while an earlier one was awaited."""
         self.restarts = 0
+        self.deaths_in_a_row = 0
         self.publish_wait_s = 0.0
         self.proc: Any = None
+        self.jobs: Any = None
+        self.results: Any = None
         self._start()
 
     def _start(self) -> None:
+        self.jobs = self.ctx.Queue()
+        self.results, child_end = self.ctx.Pipe(duplex=False)
         self.proc = self.ctx.Process(target=_serve, name=f"rollouts-{self.spec.policy}",
-                                     args=(self.spec, self.shared, self.jobs, self.results),
+                                     args=(self.spec, self.shared, self.jobs, child_end),
                                      daemon=True)
         self.proc.start()
+        child_end.close()
 
     @property
     def pid(self) -> int:
@@ -247,22 +298,31 @@ class RolloutWorker:
     def publish(self, params: dict[str, Tensor], version: int) -> None:
         """Make `version` the worker's to load (see the module's schedule)."""
         until = min(version, max(self.sent, default=-1))
-        self.publish_wait_s += self.shared.write(params, version, until)
+        self.publish_wait_s += self.shared.write(params, version, until, self.check)
 
     def send(self, job: _Job) -> None:
         self.sent[job.round] = job
         self.jobs.put(job)
+
+    def check(self) -> None:
+        """Restart the worker if it died."""
+        if not self.proc.is_alive():
+            self._restart()
 
     def result(self, round_k: int) -> _Result:
         """Round `round_k`'s result (sent before); a dead worker is restarted and its jobs sent
         again, a worker's error raised."""
         while True:
             try:
-                r: _Result = self.results.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self.proc.is_alive():
-                    self._restart()
+                r: _Result | None = (self.results.recv() if self.results.poll(POLL_S)
+                                     else None)
+            except (EOFError, OSError):  # the worker is gone, maybe half-way through a result
+                self._restart()
                 continue
+            if r is None:
+                self.check()
+                continue
+            self.deaths_in_a_row = 0
             if r.error is not None:
                 raise RuntimeError(f"policy {self.spec.policy}: the rollout worker failed "
                                    f"(round {r.round}):\n{r.error}")
@@ -280,16 +340,30 @@ class RolloutWorker:
         return r
 
     def _restart(self) -> None:
+        if self.proc.is_alive():  # its pipe ended first: it is on its way out
+            self.proc.kill()
+        self.proc.join()
+        self.deaths_in_a_row += 1
+        if self.deaths_in_a_row >= MAX_DEATHS_IN_A_ROW:
+            raise RuntimeError(f"policy {self.spec.policy}: the rollout worker died "
+                               f"{self.deaths_in_a_row} times in a row with no result (last "
+                               f"exit code {self.proc.exitcode}); see the log above for why")
         self.restarts += 1
         log.warning("policy %s: the rollout worker (pid %s) died (exit code %s); restarting "
                     "it and requesting rounds %s again", self.spec.policy, self.proc.pid,
                     self.proc.exitcode, sorted(self.sent))
-        self.jobs = self.ctx.Queue()  # the dead worker's queue may hold a half-read job
-        self.results = self.ctx.Queue()
+        self._drop_channels()
         self.early.clear()
         self._start()
         for job in sorted(self.sent.values(), key=lambda j: j.round):
             self.jobs.put(job)
+
+    def _drop_channels(self) -> None:
+        """Close the dead worker's queue and pipe (its queue may hold a half-read job, and its
+        feeder thread must not hold up the learner's exit)."""
+        self.jobs.cancel_join_thread()
+        self.jobs.close()
+        self.results.close()
 
     def close(self) -> None:
         if self.proc is None:
@@ -300,6 +374,7 @@ class RolloutWorker:
             if self.proc.is_alive():
                 self.proc.terminate()
                 self.proc.join(timeout=5)
+        self._drop_channels()
         self.proc = None
 
 

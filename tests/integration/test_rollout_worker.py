@@ -195,3 +195,35 @@ def test_a_worker_that_keeps_dying_fails_the_run(tmp_path: Path, presets: Path) 
         stop.set()
         killer.join()
         s.close()
+
+
+def _forward_backward(s: Session) -> None:
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    s.model(input_ids=ids).logits.sum().backward()
+    s.model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "deterministic"])
+def test_the_update_takes_an_idle_workers_threads_and_gives_them_back(
+        tmp_path: Path, presets: Path, mode: str) -> None:
+    """Asynchronous mode, two threads: the learner keeps one while the worker samples and takes
+    both between two layers once it waits; the deterministic mode keeps the split fixed."""
+    cfg = config(tmp_path, worker=True, d=1, mode=mode, rounds=8)
+    cfg.policies[0].threads = 2
+    s: Session = build_session(cfg, "A", cache_dir=presets)
+    try:
+        alloc = RoundAllocation(threads=2, rollout_budget=8)
+        assert s.rollouts.set_threads(alloc) == (1, 1) and torch.get_num_threads() == 1
+        s.rollouts.take(0, alloc, s)
+        s.rollouts.settle()  # round 1 is sampled: the worker waits
+        assert s.rollouts.worker is not None
+        shared = s.rollouts.worker.shared
+        assert int(shared.sampling[0]) == 0
+        _forward_backward(s)
+        assert torch.get_num_threads() == (2 if mode == "asynchronous" else 1)
+        shared.sampling[0] = 1  # as the worker marks a job it samples
+        _forward_backward(s)
+        assert torch.get_num_threads() == 1
+    finally:
+        s.close()
+        torch.set_num_threads(1)

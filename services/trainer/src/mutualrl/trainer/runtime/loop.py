@@ -50,8 +50,7 @@ def run_round(s: Session, k: int) -> dict[str, float]:
     alloc = d.from_main(lambda: s.allocator.allocation(k))
     # MWRA's threads are the policy's: its ranks share them (and its rollout worker).
     on_worker = s.rollouts.uses_worker(alloc)
-    learner_threads, worker_threads = s.rollouts.threads(alloc)
-    torch.set_num_threads(max(1, learner_threads // d.world))
+    _, worker_threads = s.rollouts.set_threads(alloc)
     # each policy samples from its own rendering of the problem; with a rollout worker and
     # d >= 1 they were sampled beside the last update, from weights no older than k - d
     batch = s.rollouts.take(k, alloc, s)

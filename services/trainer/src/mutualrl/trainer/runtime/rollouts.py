@@ -24,6 +24,12 @@ The schedule, with s0 the first round of this start:
   again (`restarts`), wherever the learner was waiting for it (a result, or the load that
   frees a slot); one that dies `MAX_DEATHS_IN_A_ROW` times with no result between fails the
   run.
+
+Threads: the round's budget is split between the learner and the worker (`threads`). On a CPU
+in the asynchronous mode, once the worker has sampled the next round and waits, the update
+takes its threads too, between two layers of a forward or a backward, and gives them back when
+the worker samples again (`lend_idle_threads`): the round is then bounded by the work of both,
+not by the update on its share alone.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 from mutualrl.trainer.config.run import GRPOSettings, LoraSettings
@@ -148,6 +155,8 @@ class _Shared:
                       for _ in range(slots)]
         self.version = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
         self.loaded = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        self.sampling = torch.zeros(1, dtype=torch.int64).share_memory_()
+        """1 while the worker loads weights for a job and samples it, 0 while it waits."""
 
     def write(self, params: dict[str, Tensor], version: int, until_loaded: int,
               check: Callable[[], None]) -> float:
@@ -232,6 +241,7 @@ def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
             continue
         if job is None:
             return
+        shared.sampling[0] = 1
         try:
             torch.set_num_threads(max(1, job.threads))
             version = shared.read(params, job)
@@ -245,6 +255,7 @@ def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
                              engine.stats())
         except Exception:
             result = _Result(job.round, -1, [], 0.0, {}, traceback.format_exc())
+        shared.sampling[0] = 0
         if not _answer(results, result):
             return
 
@@ -415,6 +426,10 @@ class Rollouts:
         self.planted: dict[int, RolloutBatch] = {}
         """Results handed in from outside the worker (a test's stale rollout) that `take`
         checks like any other."""
+        self.own_threads = self.all_threads = 1
+        """The learner's threads while the worker samples, and the round's whole budget (the
+        learner's too while the worker waits): `set_threads`."""
+        self.hooks: list[RemovableHandle] = []
 
     # -- the learner's side ----------------------------------------------------------------
 
@@ -428,6 +443,26 @@ class Rollouts:
     def uses_worker(self, alloc: RoundAllocation) -> bool:
         """Whether round rollouts come from the worker under `alloc`."""
         return self.mode is True or (self.mode == "auto" and alloc.rollout_workers >= 1)
+
+    def set_threads(self, alloc: RoundAllocation) -> tuple[int, int]:
+        """Set the learner's threads for round `alloc` (its ranks share them) and return the
+        round's (learner, worker) split, `threads`."""
+        learner, worker = self.threads(alloc)
+        world = self.dist.world
+        self.own_threads = max(1, learner // world)
+        self.all_threads = max(1, max(1, alloc.threads) // world)
+        torch.set_num_threads(self.own_threads)
+        return learner, worker
+
+    def lend_idle_threads(self) -> None:
+        """Between two layers of the learner's forward or backward: take the worker's threads
+        while it has nothing to sample, give them back once it samples again."""
+        w = self.worker
+        if w is None:
+            return
+        want = self.own_threads if int(w.shared.sampling[0]) else self.all_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
 
     def threads(self, alloc: RoundAllocation) -> tuple[int, int]:
         """(learner, worker) threads of the round's `alloc.threads`: with overlap the worker
@@ -499,6 +534,9 @@ class Rollouts:
         return engine
 
     def close(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
         if self.worker is not None:
             self.worker.close()
             self.worker = None
@@ -511,7 +549,16 @@ class Rollouts:
                 raise ValueError("a rollout worker needs the policy's WorkerSpec")
             self.worker = RolloutWorker(self.spec, _trainable(self.model), max(1, self.d))
             self.worker.publish(_trainable(self.model), self.version)
+            if self.lends_threads() and not self.hooks:
+                self.hooks = between_layers(self.model, self.lend_idle_threads)
         return self.worker
+
+    def lends_threads(self) -> bool:
+        """Whether an idle worker's threads go to the update: on a CPU, one process, in the
+        asynchronous mode (a float sum may depend on the thread count, so the deterministic
+        mode keeps the split fixed: a seed replays bit for bit)."""
+        return (not self.exact and self.dist.world == 1 and self.spec is not None
+                and self.spec.device.startswith("cpu"))
 
     def _send(self, s: RolloutSource, k: int, alloc: RoundAllocation, threads: int,
               version: int | None = None) -> None:
@@ -550,6 +597,23 @@ class Rollouts:
         seconds = time.perf_counter() - t0
         return RolloutBatch(req.prompts, samples, self.version, seconds, seconds,
                             dict(engine.stats()))
+
+
+def between_layers(model: torch.nn.Module, fn: Callable[[], None]) -> list[RemovableHandle]:
+    """Call `fn` before each layer of `model`'s layer stacks (its `ModuleList`s) runs forward,
+    and in a backward when the gradient reaches that layer's input: the points where a long
+    forward or backward can change its thread count. Returns the hooks' handles."""
+
+    def before(_m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        fn()
+        for x in (*args, *kwargs.values()):
+            if isinstance(x, Tensor) and x.requires_grad:
+                x.register_hook(lambda _grad: fn())  # returns None: the gradient is unchanged
+                break
+
+    return [layer.register_forward_pre_hook(before, with_kwargs=True)
+            for stack in model.modules() if isinstance(stack, torch.nn.ModuleList)
+            for layer in stack]
 
 
 def _trainable(model: torch.nn.Module) -> dict[str, Tensor]:

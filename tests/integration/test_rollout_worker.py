@@ -1,6 +1,8 @@
 """Rollouts in a worker process of the policy's own (runtime.rollouts): with d = 0 the run is
 the in-process run bit for bit; with d = 1 in the deterministic mode a seed replays bit for bit
-and round k samples version k - 1; a rollout older than the bound is refused and regenerated.
+and round k samples version k - 1; a rollout older than the bound is refused and regenerated;
+a worker killed wherever the learner waits on it costs a restart, never a hang (one that keeps
+dying fails the run); in the asynchronous mode the update takes an idle worker's threads.
 Real worker processes (torch.multiprocessing, spawn) on a tiny preset, services local."""
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ repeat so load drift hits both; a run's round time is the median over its rounds
 first `skip` (the worker's start, warm-up). ratio = in-process round time / worker round time
 (rounds per second against the in-process anchor); the split says where an in-process round
 went (rollouts, update) and how long the worker sampled one round.
+
+The attainable ratio comes from measured phases too: a third side runs in-process on the
+worker's and the learner's share of the threads, which gives sampling S on the worker's
+threads and the update U_l on the learner's; with the anchor's update U_all on all threads,
+the worker's schedule (sample beside the update, then lend its threads) cannot beat
+`attainable_round_s`. The measured ratio's distance to it is what the two processes cost
+each other; a target above it is out of reach of this schedule on these cores.
 """
 
 from __future__ import annotations
@@ -28,6 +35,20 @@ CASES: dict[str, dict[str, Any]] = {
     "demo-llama-char": {"preset": "llama-char", "prompts": 16, "group": 8, "new_tokens": None},
     "balanced-llama-10m": {"preset": "llama-10m", "prompts": 4, "group": 8, "new_tokens": 96},
 }
+
+
+def attainable_round_s(sampling_s: float, update_learner_s: float, update_all_s: float,
+                       lend: bool = True) -> float:
+    """The shortest overlapped round the measured phases allow: the worker samples for
+    `sampling_s` on its threads while the update runs on the learner's (`update_learner_s`
+    for a whole update); once sampling ends, the rest of the update runs on all threads
+    (`update_all_s` for a whole one) if the idle worker lends its threads (`lend`) and that
+    is faster, else on the learner's. Ignores what the two processes cost each other (caches,
+    memory bandwidth), so a measured round can only be longer."""
+    if sampling_s >= update_learner_s:
+        return sampling_s
+    rest = min(update_all_s, update_learner_s) if lend else update_learner_s
+    return sampling_s + (1.0 - sampling_s / update_learner_s) * rest
 
 
 def _config(out: Path, case: dict[str, Any], worker: bool, rounds: int, threads: int,
@@ -96,20 +117,37 @@ def bench_overlap(cases: list[str], rounds: int = 8, skip: int = 2, repeats: int
     for name in cases:
         case = CASES[name]
         model, _ = _load(ensure_preset(case["preset"], cache, 0))
-        runs: dict[str, list[dict[str, float]]] = {"in_process": [], "worker": []}
+        # the worker's and the learner's share of `threads`, as `Rollouts.threads` splits them
+        worker_t = max(1, threads // 2)
+        learner_t = max(1, threads - worker_t)
+        shares = sorted({worker_t, learner_t})
+        runs: dict[str, list[dict[str, float]]] = {"in_process": [], "worker": [],
+                                                   **{f"in_process_{t}t": [] for t in shares}}
         for _ in range(repeats):
             runs["in_process"].append(one_run(case, False, rounds, skip, threads, cache))
             runs["worker"].append(one_run(case, True, rounds, skip, threads, cache))
+            for t in shares:
+                runs[f"in_process_{t}t"].append(one_run(case, False, rounds, skip, t, cache))
 
         def med(side: str, key: str, runs: dict[str, list[dict[str, float]]] = runs
                 ) -> float:
             return statistics.median(r[key] for r in runs[side])
 
         inp, wk = med("in_process", "round_s"), med("worker", "round_s")
+        sampling = med(f"in_process_{worker_t}t", "rollout_s")
+        u_learner = med(f"in_process_{learner_t}t", "update_s")
+        u_all = med("in_process", "update_s")
+        phases = {"sampling_s": sampling, "update_learner_s": u_learner, "update_all_s": u_all}
+        best = attainable_round_s(sampling, u_learner, u_all)
+        fixed = attainable_round_s(sampling, u_learner, u_all, lend=False)
         result["cases"][name] = {
             "preset": case["preset"], "params": n_params(model),
             "prompts": case["prompts"], "group": case["group"],
             "in_process_round_s": inp, "worker_round_s": wk, "ratio": inp / wk,
+            "attainable": {"threads": {"worker": worker_t, "learner": learner_t},
+                           **phases, "round_s": best, "ratio": inp / best,
+                           "ratio_fixed_split": inp / fixed,
+                           "update_speedup": u_learner / u_all},
             "in_process_split": {"rollout_s": med("in_process", "rollout_s"),
                                  "update_s": med("in_process", "update_s")},
             "worker_split": {"generate_s": med("worker", "generate_s"),

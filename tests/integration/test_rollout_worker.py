@@ -2,7 +2,8 @@
 the in-process run bit for bit; with d = 1 in the deterministic mode a seed replays bit for bit
 and round k samples version k - 1; a rollout older than the bound is refused and regenerated;
 a worker killed wherever the learner waits on it costs a restart, never a hang (one that keeps
-dying fails the run); in the asynchronous mode the update takes an idle worker's threads.
+dying fails the run), and so does one stopped (no heartbeat); in the asynchronous mode the
+update takes an idle worker's threads.
 Real worker processes (torch.multiprocessing, spawn) on a tiny preset, services local."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def presets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(out: Path, worker: bool, d: int, mode: str = "deterministic",
-           **grpo: Any) -> TrainerConfig:
+           stall_s: float = 60.0, **grpo: Any) -> TrainerConfig:
     return TrainerConfig.model_validate({
         "run_id": "rw", "output_dir": str(out), "seed": 3, "services": {"local": True},
         "exchange": {"mode": mode},
@@ -44,7 +45,7 @@ def config(out: Path, worker: bool, d: int, mode: str = "deterministic",
         "eval": {"every": 0}, "checkpoint": {"every": 0},
         "metrics": {"tensorboard": False, "progress": False},
         "policies": [{"name": "A", "preset": "llama-char", "threads": 1,
-                      "rollout_worker": worker}]})
+                      "rollout_worker": worker, "rollout_worker_stall_s": stall_s}]})
 
 
 def run(out: Path, presets: Path, worker: bool, d: int, **grpo: Any
@@ -170,6 +171,31 @@ def test_a_worker_killed_before_it_loads_a_round_does_not_stall_the_publish(
         _publish_within(s, 3, 60.0)  # overwrites version 2 only once round 3 has loaded it
         assert s.rollouts.worker is not None and s.rollouts.worker.restarts == 1
         assert s.rollouts.take(3, alloc, s).version == 2
+    finally:
+        s.close()
+
+
+def test_a_stopped_worker_is_restarted_after_its_heartbeat_stops(
+        tmp_path: Path, presets: Path) -> None:
+    """SIGSTOPped while the learner waits for a round: alive, but no heartbeat for stall_s, so
+    the learner kills it and the round comes from a new worker."""
+    s: Session = build_session(config(tmp_path, worker=True, d=1, rounds=8, stall_s=2.0), "A",
+                               cache_dir=presets)
+    try:
+        alloc = RoundAllocation(threads=1, rollout_budget=8)
+        s.rollouts.take(0, alloc, s)  # requests round 1 (version 0) too
+        w = s.rollouts.worker
+        assert w is not None
+        os.kill(w.pid, signal.SIGSTOP)
+        got: list[RolloutBatch] = []
+        taking = threading.Thread(target=lambda: got.append(s.rollouts.take(1, alloc, s)),
+                                  daemon=True)
+        taking.start()
+        taking.join(60.0)
+        assert not taking.is_alive(), "the learner hung on a stopped worker"
+        assert got and got[0].version == 0
+        assert (w.stalls, w.restarts) == (1, 1)
+        assert got[0].stats["stalls"] == 1.0
     finally:
         s.close()
 

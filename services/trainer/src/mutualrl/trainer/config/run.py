@@ -622,6 +622,11 @@ class PolicySettings(Config):
     a CPU, CUDA IPC handles on a GPU), so that with `grpo.max_off_policy_steps` >= 1 they run
     beside the update. `auto`: in the rounds MWRA grants the policy a rollout worker. False:
     in the trainer's process (one CPU core, or a GPU too small for two copies)."""
+    rollout_worker_stall_s: float = Field(60.0, gt=0)
+    """A rollout worker that is alive but gives no sign of life for this long (a heartbeat
+    from a thread of its own every 0.5 s, so a long model load or generate keeps it) is
+    killed and restarted, as one that died: a stopped or wedged worker costs a delay, not a
+    hung run."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """This policy's own objective: `grpo` fields (lr, beta, aggregation, clip, ...) that
     replace the run's `trainer.grpo` values for this policy only."""

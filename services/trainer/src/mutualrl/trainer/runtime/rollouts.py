@@ -23,7 +23,9 @@ The schedule, with s0 the first round of this start:
   (`refused` counts them); a worker that dies is restarted and its pending rounds requested
   again (`restarts`), wherever the learner was waiting for it (a result, or the load that
   frees a slot); one that dies `MAX_DEATHS_IN_A_ROW` times with no result between fails the
-  run.
+  run. A worker that is alive but shows no sign of life for `stall_s` (stopped, or wedged
+  holding the interpreter) is killed and restarted the same way: its heartbeat is a thread
+  of its own, so a long load or generate keeps beating.
 
 Threads: the round's budget is split between the learner and the worker (`threads`). On a CPU
 in the asynchronous mode, once the worker has sampled the next round and waits, the update
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,6 +68,13 @@ POLL_S = 0.2
 
 SPIN_S = 0.002
 """How often either side looks at the ring's stamps while it waits on the other."""
+
+BEAT_S = 0.5
+"""How often a worker's heartbeat thread says it is alive."""
+
+START_GRACE_S = 120.0
+"""Added to `stall_s` before a new worker's first beat: a spawned process imports torch and
+its engine before its heartbeat starts."""
 
 MAX_DEATHS_IN_A_ROW = 3
 """A worker that dies this many times with no result in between fails the run (it cannot
@@ -113,6 +123,8 @@ class WorkerSpec:
     engine: str
     engine_kwargs: dict[str, Any]
     threads: int
+    stall_s: float = 60.0
+    """Seconds without a heartbeat after which the learner restarts the worker."""
 
 
 @dataclass
@@ -157,6 +169,8 @@ class _Shared:
         self.loaded = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         self.sampling = torch.zeros(1, dtype=torch.int64).share_memory_()
         """1 while the worker loads weights for a job and samples it, 0 while it waits."""
+        self.beat = torch.zeros(1, dtype=torch.int64).share_memory_()
+        """The worker's heartbeat, counted up every BEAT_S."""
 
     def write(self, params: dict[str, Tensor], version: int, until_loaded: int,
               check: Callable[[], None]) -> float:
@@ -216,9 +230,17 @@ def _settle(tensors: Iterable[Tensor]) -> None:
         torch.cuda.synchronize(device)
 
 
+def _heartbeat(beat: Tensor) -> None:
+    while True:
+        beat[0] += 1
+        time.sleep(BEAT_S)
+
+
 def _serve(spec: WorkerSpec, shared: _Shared, jobs: Any, results: Any) -> None:
     """The worker process: build the model and engine, then answer jobs until None.
     `results` is the writing end of a pipe the learner reads."""
+    threading.Thread(target=_heartbeat, args=(shared.beat,), name="heartbeat",
+                     daemon=True).start()
     torch.set_num_threads(spec.threads)
     try:
         model, tok = load_policy(spec.start, spec.dtype, spec.device)
@@ -288,6 +310,10 @@ class RolloutWorker:
         self.restarts = 0
         self.deaths_in_a_row = 0
         self.publish_wait_s = 0.0
+        self.stalls = 0
+        self.beat_seen = (0, 0.0, False)
+        """(the last heartbeat count seen, when it was first seen, whether one came since the
+        worker started)."""
         self.proc: Any = None
         self.jobs: Any = None
         self.results: Any = None
@@ -301,6 +327,7 @@ class RolloutWorker:
                                      daemon=True)
         self.proc.start()
         child_end.close()
+        self.beat_seen = (int(self.shared.beat[0]), time.monotonic(), False)
 
     @property
     def pid(self) -> int:
@@ -316,8 +343,20 @@ class RolloutWorker:
         self.jobs.put(job)
 
     def check(self) -> None:
-        """Restart the worker if it died."""
+        """Restart the worker if it died, or if it stalled: no heartbeat for `stall_s`."""
         if not self.proc.is_alive():
+            self._restart()
+            return
+        beat, since, started = self.beat_seen
+        now, count = time.monotonic(), int(self.shared.beat[0])
+        if count != beat:
+            self.beat_seen = (count, now, True)
+            return
+        limit = self.spec.stall_s + (0.0 if started else START_GRACE_S)
+        if now - since > limit:
+            self.stalls += 1
+            log.warning("policy %s: the rollout worker (pid %s) gave no sign of life for "
+                        "%.0f s; killing it", self.spec.policy, self.proc.pid, now - since)
             self._restart()
 
     def result(self, round_k: int) -> _Result:
@@ -501,6 +540,7 @@ class Rollouts:
         self.pending.pop(k, None)
         batch.wait_s = time.perf_counter() - t0
         batch.stats.update({"refused": float(self.refused), "restarts": float(worker.restarts),
+                            "stalls": float(worker.stalls),
                             "publish_wait_s": worker.publish_wait_s,
                             "worker_threads": float(worker_threads)})
         return batch
@@ -623,11 +663,12 @@ def _trainable(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def worker_spec(policy: str, start: Path, dtype: str, device: str, lora: LoraSettings | None,
-                engine: str, engine_kwargs: dict[str, Any], threads: int) -> WorkerSpec:
+                engine: str, engine_kwargs: dict[str, Any], threads: int,
+                stall_s: float = 60.0) -> WorkerSpec:
     """The worker's recipe from the learner's (engine keywords as the learner's engine got
     them)."""
     return WorkerSpec(policy, str(start), dtype, device, lora, engine, dict(engine_kwargs),
-                      threads)
+                      threads, stall_s)
 
 
 def round_request(task: Task, render: Callable[[Sequence[Prompt]], list[list[int]]],

@@ -328,7 +328,8 @@ def build_session(
     rollouts = Rollouts(
         model, g.max_off_policy_steps, g.rounds, worker=policy.rollout_worker,
         spec=worker_spec(policy.name, Path(start), policy.dtype, dev, policy.lora,
-                         policy.rollout_engine, engine_kw, policy.threads),
+                         policy.rollout_engine, engine_kw, policy.threads,
+                         policy.rollout_worker_stall_s),
         exact=deterministic, dist=dist)
     exchange = None
     svc = cfg.services

@@ -1,6 +1,7 @@
 """The trainer with `rollout_engine: vllm` (runs in .venv-vllm: `make test-vllm`): a LoRA policy
 whose engine serves the merged adapters after each round, `nproc: 2` with one engine per rank,
-and a trainer SIGKILLed mid-run that resumes with its engine serving the resumed weights.
+a trainer SIGKILLed mid-run that resumes with its engine serving the resumed weights, and a
+rollout worker whose own vLLM engine serves each published version.
 
 Plain GRPO (`services.local`) on llama-char; `format_reward` gives groups reward variance, so
 every round moves the weights."""
@@ -153,3 +154,33 @@ def test_two_ranks_each_run_an_engine(tmp_path: Path) -> None:
     assert [r["round"] for r in rows] == [0, 1]
     for r in rows:  # each rank's engine served the weights both ranks hold
         assert r["clip_frac"] == 0.0 and abs(r["approx_kl"]) < 1e-6, r
+
+
+@pytest.mark.parametrize("d", [0, 1])
+def test_a_rollout_worker_samples_with_its_own_vllm_engine(tmp_path: Path, d: int) -> None:
+    """`rollout_worker: true` with `rollout_engine: vllm`: the worker process builds its own
+    vLLM engine and loads each published version through it. With d = 0 round k samples the
+    version its update starts from, so the ratio to vLLM's behaviour log-probs is exactly 1;
+    with d = 1 (deterministic) round k samples version k - 1 and the lag is corrected."""
+    from mutualrl.trainer.runtime.loop import run_round
+
+    cfg = _cfg(tmp_path / "runs", 3, rollout_worker=True)
+    cfg["trainer"]["grpo"]["max_off_policy_steps"] = d
+    cfg["trainer"]["exchange"] = {"mode": "deterministic"}
+    s = _session(cfg, tmp_path)
+    try:
+        rows = [run_round(s, k) for k in range(3)]
+        worker = s.rollouts.worker
+        assert worker is not None and worker.proc.is_alive() and worker.pid != os.getpid()
+    finally:
+        s.engine.close()
+        s.close()
+    assert [r["rollout_workers"] for r in rows] == [1.0, 1.0, 1.0]
+    assert [r["policy_version"] for r in rows] == [max(0, k - d) for k in range(3)]
+    if d == 0:
+        for r in rows:  # the worker's engine served exactly the learner's weights
+            assert r["clip_frac"] == 0.0 and abs(r["approx_kl"]) < 1e-6, r
+    else:
+        # round 1 samples version 0 but updates from version 1: a real lag, corrected
+        assert rows[1]["off_policy_lag"] == 1.0
+        assert abs(rows[1]["offpolicy/ratio_mean"] - 1.0) > 1e-6, rows[1]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mutualrl.bench.overlap import attainable_round_s
+from mutualrl.bench.overlap import attainable_round_s, work_bound_round_s
 
 
 def test_sampling_then_the_rest_of_the_update_on_all_threads() -> None:
@@ -46,3 +46,14 @@ def test_the_bound_is_between_the_phases_and_their_sum(s: float, u_all: float, c
     fastest_update = min(u_all, u_learner)
     assert max(s, fastest_update) - 1e-9 <= best <= s + fastest_update + 1e-9
     assert best <= attainable_round_s(s, u_learner, u_all, lend=False) + 1e-9
+
+
+def test_no_schedule_beats_the_phases_work_over_the_cores() -> None:
+    # sampling 2.0 s on one thread, 1.9 on two; the update 3.6 s on one, 2.0 on two: the
+    # least core-seconds are 2.0 + 3.6, over two cores 2.8 s, longer than either phase alone
+    assert work_bound_round_s({1: 2.0, 2: 1.9}, {1: 3.6, 2: 2.0}, 2) == pytest.approx(2.8)
+    # a phase that is slower than the work's share bounds the round by itself
+    assert work_bound_round_s({1: 5.0, 2: 4.9}, {1: 1.0, 2: 0.6}, 2) == pytest.approx(4.9)
+    # the worker's schedule is one schedule: never below the bound
+    assert attainable_round_s(2.0, 3.6, 2.0) >= work_bound_round_s(
+        {1: 2.0, 2: 1.9}, {1: 3.6, 2: 2.0}, 2)

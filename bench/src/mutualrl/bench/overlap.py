@@ -18,7 +18,9 @@ worker's and the learner's share of the threads, which gives sampling S on the w
 threads and the update U_l on the learner's; with the anchor's update U_all on all threads,
 the worker's schedule (sample beside the update, then lend its threads) cannot beat
 `attainable_round_s`. The measured ratio's distance to it is what the two processes cost
-each other; a target above it is out of reach of this schedule on these cores.
+each other; a target above it is out of reach of this schedule on these cores. And no
+schedule at all beats `work_bound_round_s`: each phase at least its fastest measured time,
+both together at least their least measured core-seconds spread over every core.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,18 @@ def attainable_round_s(sampling_s: float, update_learner_s: float, update_all_s:
         return sampling_s
     rest = min(update_all_s, update_learner_s) if lend else update_learner_s
     return sampling_s + (1.0 - sampling_s / update_learner_s) * rest
+
+
+def work_bound_round_s(sampling_s: Mapping[int, float], update_s: Mapping[int, float],
+                       cores: int) -> float:
+    """A lower bound on any schedule of one round's sampling and update on `cores` cores,
+    from each phase's time at the measured thread counts (threads -> seconds): neither phase
+    ends sooner than its fastest time, and their work, each at its most efficient measured
+    count (least time x threads), fills at least that many core-seconds."""
+    fastest = max(min(sampling_s.values()), min(update_s.values()))
+    work = (min(t * n for n, t in sampling_s.items())
+            + min(t * n for n, t in update_s.items()))
+    return max(fastest, work / cores)
 
 
 def _config(out: Path, case: dict[str, Any], worker: bool, rounds: int, threads: int,
@@ -140,6 +155,11 @@ def bench_overlap(cases: list[str], rounds: int = 8, skip: int = 2, repeats: int
         phases = {"sampling_s": sampling, "update_learner_s": u_learner, "update_all_s": u_all}
         best = attainable_round_s(sampling, u_learner, u_all)
         fixed = attainable_round_s(sampling, u_learner, u_all, lend=False)
+        by_threads = {t: f"in_process_{t}t" for t in shares}
+        by_threads[threads] = "in_process"
+        any_schedule = work_bound_round_s(
+            {t: med(side, "rollout_s") for t, side in by_threads.items()},
+            {t: med(side, "update_s") for t, side in by_threads.items()}, threads)
         result["cases"][name] = {
             "preset": case["preset"], "params": n_params(model),
             "prompts": case["prompts"], "group": case["group"],
@@ -147,6 +167,8 @@ def bench_overlap(cases: list[str], rounds: int = 8, skip: int = 2, repeats: int
             "attainable": {"threads": {"worker": worker_t, "learner": learner_t},
                            **phases, "round_s": best, "ratio": inp / best,
                            "ratio_fixed_split": inp / fixed,
+                           "any_schedule_round_s": any_schedule,
+                           "ratio_any_schedule": inp / any_schedule,
                            "update_speedup": u_learner / u_all},
             "in_process_split": {"rollout_s": med("in_process", "rollout_s"),
                                  "update_s": med("in_process", "update_s")},

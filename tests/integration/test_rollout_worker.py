@@ -34,8 +34,10 @@ def presets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(out: Path, worker: bool, d: int, mode: str = "deterministic",
-           stall_s: float = 60.0, **grpo: Any) -> TrainerConfig:
+           stall_s: float = 60.0, task: dict[str, Any] | None = None,
+           **grpo: Any) -> TrainerConfig:
     return TrainerConfig.model_validate({
+        **({"task": task} if task else {}),
         "run_id": "rw", "output_dir": str(out), "seed": 3, "services": {"local": True},
         "exchange": {"mode": mode},
         "grpo": {"group_size": 4, "prompts_per_round": 2, "rounds": ROUNDS,
@@ -94,6 +96,28 @@ def test_d1_deterministic_replays_bit_for_bit(tmp_path: Path, presets: Path) -> 
     # and it is not the on-policy run: the lag changed what was trained on
     p0, _ = run(tmp_path / "c", presets, worker=True, d=0)
     assert any(not torch.equal(p0[n], p1[n]) for n in p0)
+
+
+def test_the_correction_in_the_updates_forward_is_the_separate_pass(
+        tmp_path: Path, presets: Path) -> None:
+    """With one update a round, truncated IS takes the current log-probs from the update's
+    own forward; masking keeps a scoring pass of its own. With a cap no ratio reaches, both
+    weigh each token by r, so the two paths train the same weights (to float rounding)."""
+    # a format reward gives the untrained policy's groups reward variance: advantages != 0
+    task = {"regime": "short", "skills": ["add", "rev"], "format_reward": 0.5}
+    fused, m1 = run(tmp_path / "tis", presets, worker=True, d=1, task=task, rounds=5,
+                    off_policy_correction="tis", off_policy_cap=1e9)
+    scored, m2 = run(tmp_path / "mis", presets, worker=True, d=1, task=task, rounds=5,
+                     off_policy_correction="mis", off_policy_cap=1e9)
+    for n in fused:
+        torch.testing.assert_close(fused[n], scored[n], rtol=0, atol=1e-5)
+    for a, b in zip(m1[1:], m2[1:], strict=True):
+        assert a["offpolicy/ratio_mean"] != 1.0
+        assert abs(a["offpolicy/ratio_mean"] - b["offpolicy/ratio_mean"]) < 1e-5
+        assert a["offpolicy/truncated"] == b["offpolicy/truncated"] == 0.0
+        # the weights reach the loss (AdamW's step hides a small rescaling of the gradient)
+        assert a["loss_pg"] == pytest.approx(b["loss_pg"], rel=1e-5, abs=1e-7)
+    assert sum(r["loss_pg"] != 0.0 for r in m1[1:]) >= 2
 
 
 def test_a_rollout_older_than_the_bound_is_refused(tmp_path: Path, presets: Path) -> None:

@@ -103,6 +103,9 @@ class Rows:
     rescue: Tensor | None = None
     """[N] bool: a peer row that is a verified success on a prompt this policy failed (the
     row class the gradient diagnostic splits by); None without peer rows."""
+    lag_behaviour: Tensor | None = None
+    """[N, T] the sampler's log-probs of own rows sampled by older weights (0 elsewhere), when
+    their correction is taken from the update's own forward (see `prepare`)."""
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -255,6 +258,17 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     # the round's own weights sampled them, so nothing is computed then).
     lagging = (data.policy_version is not None and data.policy_version < data.round
                and grpo.off_policy_correction != "none")
+    # With one update a round the weights it starts from are the ones its forward runs, so
+    # truncated IS takes the current log-probs from that forward instead of a pass of its
+    # own (a quarter of a rollout worker's update); masking changes which tokens count,
+    # which the loss's coefficients need before the first micro-batch, so it keeps the pass.
+    fused = (lagging and not several and not grpo.ratio_to_behaviour
+             and grpo.off_policy_correction == "tis")
+    lagging = lagging and not fused
+    if fused:
+        own = torch.nonzero(rows.own).reshape(-1)
+        rows.lag_behaviour = torch.zeros_like(rows.mask)
+        rows.lag_behaviour[own] = behaviour_logprobs(data, rows.mask)
     stats: dict[str, float] = {}
     if several or peer or grpo.ratio_to_behaviour or lagging:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
@@ -315,7 +329,8 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
         rows.mask[idx], rows.demo[idx], rows.group[idx], grpo.aggregation, st.max_len,
         st.sgt_lambda).tolist(), strict=True))
     acc = dict.fromkeys(("loss", "loss_pg", "loss_sgt", "kl_sum", "tokens", "clip_low",
-                         "clip_high", "approx_kl_sum", "entropy_sum", *PEER_GRADIENT), 0.0)
+                         "clip_high", "approx_kl_sum", "entropy_sum", *PEER_GRADIENT,
+                         *LAG_SUMS), 0.0)
     # A row the mask leaves out entirely (a group filtered for zero variance, a peer row the
     # weight mode dropped) adds exactly 0 to the loss and its gradient: it takes no forward or
     # backward. One is kept if all are, so the step still sees a (zero) gradient.
@@ -354,6 +369,8 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
                 ref = rows.ref_logp[mb, :t].to(logp) if rows.ref_logp is not None else None
                 adv = rows.advantages[mb].to(logp)
                 weights = rows.weights[mb, :t].to(logp)
+                if rows.lag_behaviour is not None:
+                    weights = weights * _lag_weights(acc, logp, rows, mb, m, grpo)
                 parts = token_loss(logp, old, adv, grpo, ref, weights, m)
                 peer_rows = ~rows.own[mb]
                 if peer_loss is not None and rows.behaviour is not None and bool(peer_rows.any()):
@@ -387,7 +404,32 @@ def accumulate(model: torch.nn.Module, rows: Rows, index: Sequence[int], st: Ste
             "clip_frac_low": acc["clip_low"] / n, "clip_frac_high": acc["clip_high"] / n,
             "approx_kl": acc["approx_kl_sum"] / n,
             **({"entropy": acc["entropy_sum"] / n} if with_entropy else {}),
-            **({k: acc[k] for k in PEER_GRADIENT} if rows.rescue is not None else {})}
+            **({k: acc[k] for k in PEER_GRADIENT} if rows.rescue is not None else {}),
+            **({k: acc[k] for k in LAG_SUMS} if rows.lag_behaviour is not None else {})}
+
+
+LAG_SUMS = ("lag_tokens", "lag_ratio_sum", "lag_truncated_sum")
+"""Per update, when the off-policy correction is taken in the update's forward: own tokens
+sampled by older weights, and the sums over them of r and of truncated tokens."""
+
+
+def _lag_weights(acc: dict[str, float], logp: Tensor, rows: Rows, mb: Sequence[int],
+                 m: Tensor, grpo: GRPOSettings) -> Tensor:
+    """`correct_lag`'s weights of the micro-batch `mb` (1 on rows it does not correct), from
+    its forward's log-probs; adds their stats' sums to `acc`."""
+    assert rows.lag_behaviour is not None
+    own = rows.own[mb].to(logp.device)
+    w = torch.ones_like(logp)
+    if bool(own.any()):
+        t = logp.shape[1]
+        corr = behaviour_weights(logp.detach()[own], rows.lag_behaviour[mb, :t].to(logp)[own],
+                                 m[own], grpo)
+        w[own] = corr.weights.to(w)
+        n = float(m[own].sum())
+        acc["lag_tokens"] += n
+        acc["lag_ratio_sum"] += corr.stats["offpolicy/ratio_mean"] * n
+        acc["lag_truncated_sum"] += corr.stats["offpolicy/truncated"] * n
+    return w
 
 
 PEER_GRADIENT = ("peer_rows_rescue", "peer_grad_rescue", "peer_rows_other", "peer_grad_other")
@@ -456,7 +498,11 @@ def summarise(updates: list[dict[str, float]]) -> dict[str, float]:
         if rows:  # over the round's row-updates: a row may carry gradient in one, not the next
             shares[f"peer_rows_{cls}"] = rows / n
             shares[f"peer_grad_share_{cls}"] = sum(u[f"peer_grad_{cls}"] for u in updates) / rows
-    return {**means, **per_token, **shares,
+    lag = sum(u.get("lag_tokens", 0.0) for u in updates)
+    offpolicy = {"offpolicy/ratio_mean": sum(u["lag_ratio_sum"] for u in updates) / lag,
+                 "offpolicy/truncated": sum(u["lag_truncated_sum"] for u in updates) / lag,
+                 "offpolicy/masked": 0.0} if lag else {}
+    return {**means, **per_token, **shares, **offpolicy,
             "tokens": updates[0]["tokens"] if n == 1 else tokens / n, "updates": float(n)}
 
 

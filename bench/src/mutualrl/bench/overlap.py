@@ -149,17 +149,15 @@ def bench_overlap(cases: list[str], rounds: int = 8, skip: int = 2, repeats: int
             return statistics.median(r[key] for r in runs[side])
 
         inp, wk = med("in_process", "round_s"), med("worker", "round_s")
-        sampling = med(f"in_process_{worker_t}t", "rollout_s")
-        u_learner = med(f"in_process_{learner_t}t", "update_s")
-        u_all = med("in_process", "update_s")
+        # each phase's in-process time by thread count
+        sides = {**{t: f"in_process_{t}t" for t in shares}, threads: "in_process"}
+        rollout = {t: med(side, "rollout_s") for t, side in sides.items()}
+        update = {t: med(side, "update_s") for t, side in sides.items()}
+        sampling, u_learner, u_all = rollout[worker_t], update[learner_t], update[threads]
         phases = {"sampling_s": sampling, "update_learner_s": u_learner, "update_all_s": u_all}
         best = attainable_round_s(sampling, u_learner, u_all)
         fixed = attainable_round_s(sampling, u_learner, u_all, lend=False)
-        by_threads = {t: f"in_process_{t}t" for t in shares}
-        by_threads[threads] = "in_process"
-        any_schedule = work_bound_round_s(
-            {t: med(side, "rollout_s") for t, side in by_threads.items()},
-            {t: med(side, "update_s") for t, side in by_threads.items()}, threads)
+        any_schedule = work_bound_round_s(rollout, update, threads)
         result["cases"][name] = {
             "preset": case["preset"], "params": n_params(model),
             "prompts": case["prompts"], "group": case["group"],

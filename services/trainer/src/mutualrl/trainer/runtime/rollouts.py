@@ -123,7 +123,7 @@ class WorkerSpec:
     engine: str
     engine_kwargs: dict[str, Any]
     threads: int
-    stall_s: float = 60.0
+    stall_s: float
     """Seconds without a heartbeat after which the learner restarts the worker."""
 
 
@@ -311,9 +311,9 @@ class RolloutWorker:
         self.deaths_in_a_row = 0
         self.publish_wait_s = 0.0
         self.stalls = 0
-        self.beat_seen = (0, 0.0, False)
+        self.beat_seen: tuple[int, float, bool]
         """(the last heartbeat count seen, when it was first seen, whether one came since the
-        worker started)."""
+        worker started); set by `_start`."""
         self.proc: Any = None
         self.jobs: Any = None
         self.results: Any = None
@@ -664,7 +664,7 @@ def _trainable(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def worker_spec(policy: str, start: Path, dtype: str, device: str, lora: LoraSettings | None,
                 engine: str, engine_kwargs: dict[str, Any], threads: int,
-                stall_s: float = 60.0) -> WorkerSpec:
+                stall_s: float) -> WorkerSpec:
     """The worker's recipe from the learner's (engine keywords as the learner's engine got
     them)."""
     return WorkerSpec(policy, str(start), dtype, device, lora, engine, dict(engine_kwargs),

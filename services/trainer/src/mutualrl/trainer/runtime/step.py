@@ -264,15 +264,15 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
     # which the loss's coefficients need before the first micro-batch, so it keeps the pass.
     fused = (lagging and not several and not grpo.ratio_to_behaviour
              and grpo.off_policy_correction == "tis")
-    lagging = lagging and not fused
+    scored_lag = lagging and not fused
     if fused:
         own = torch.nonzero(rows.own).reshape(-1)
         rows.lag_behaviour = torch.zeros_like(rows.mask)
         rows.lag_behaviour[own] = behaviour_logprobs(data, rows.mask)
     stats: dict[str, float] = {}
-    if several or peer or grpo.ratio_to_behaviour or lagging:
+    if several or peer or grpo.ratio_to_behaviour or scored_lag:
         # Demonstrations need none: their term is a plain log-likelihood, no ratio.
-        old = score(model, rows, pg if several or lagging else peer, st, device)
+        old = score(model, rows, pg if several or scored_lag else peer, st, device)
         if peer:
             assert plan.peers is not None
             prep = METHODS[rows.peer_method].weights(old[peer], rows.mask[peer], plan.peers,
@@ -283,7 +283,7 @@ def prepare(model: torch.nn.Module, ref_model: torch.nn.Module | None, rows: Row
                 rows.behaviour = torch.zeros_like(rows.mask)
                 rows.behaviour[peer] = prep.behaviour.to(rows.behaviour)
             stats.update({k: float(v) for k, v in prep.stats.items()})
-        if lagging:
+        if scored_lag:
             stats.update(correct_lag(rows, old, data, grpo))
         if grpo.ratio_to_behaviour:
             for i, s in enumerate(c for row in data.samples for c in row):
